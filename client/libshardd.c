@@ -1,0 +1,2 @@
+/* placeholder */
+typedef int sd_placeholder_;

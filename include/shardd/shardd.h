@@ -1,0 +1,166 @@
+/* libshardd: the client API trainers link to hand tensor slices to the node's shardd daemon. */
+#ifndef SHARDD_SHARDD_H
+#define SHARDD_SHARDD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SHARDD_VERSION_MAJOR 0
+#define SHARDD_VERSION_MINOR 1
+#define SHARDD_VERSION_PATCH 0
+#define SHARDD_VERSION_STRING "0.1.0"
+#define SHARDD_PROTO_VERSION 1
+
+#if defined(__GNUC__)
+#define SHARDD_EXPORT __attribute__((visibility("default")))
+#else
+#define SHARDD_EXPORT
+#endif
+
+/* ------------------------------------------------------------------------ *
+ * Errors
+ *
+ * Every call returns 0 on success or one of the negative codes below. The
+ * second column is the stable snake_case name used on the wire as
+ * error.code; never renumber or rename an entry, only append.
+ * ------------------------------------------------------------------------ */
+#define SHARDD_ERRNO_MAP(XX)                                                        \
+  XX(BAD_REQUEST,       1, "bad_request",       "malformed request line")           \
+  XX(UNKNOWN_OP,        2, "unknown_op",        "unknown operation")                \
+  XX(INVALID_ARGUMENT,  3, "invalid_argument",  "invalid or missing field")         \
+  XX(UNSUPPORTED_PROTO, 4, "unsupported_proto", "unsupported protocol version")     \
+  XX(NO_SUCH_SAVE,      5, "no_such_save",      "no such save")                     \
+  XX(NO_SUCH_REGION,    6, "no_such_region",    "no such region")                   \
+  XX(CONFLICT,          7, "conflict",          "ranks disagree on the save")       \
+  XX(MISMATCH,          8, "mismatch",          "ranks disagree on a tensor")       \
+  XX(OVERLAP,           9, "overlap",           "slices overlap")                   \
+  XX(GAP,              10, "gap",               "slices leave a gap")               \
+  XX(EXISTS,           11, "exists",            "destination already exists")       \
+  XX(BAD_PATH,         12, "bad_path",          "path escapes the root")            \
+  XX(OUT_OF_RANGE,     13, "out_of_range",      "bytes lie outside the region")     \
+  XX(PERMISSION,       14, "permission_denied", "permission denied")                \
+  XX(BAD_STATE,        15, "bad_state",         "operation not allowed now")        \
+  XX(LIMIT,            16, "limit_exceeded",    "a configured limit was exceeded")  \
+  XX(IO,               17, "io_error",          "input/output error")               \
+  XX(NO_SPACE,         18, "no_space",          "no space left on device")          \
+  XX(ABORTED,          19, "aborted",           "save aborted")                     \
+  XX(CLIENT_LOST,      20, "client_lost",       "a rank disconnected before seal")  \
+  XX(SHUTTING_DOWN,    21, "shutting_down",     "daemon is shutting down")          \
+  XX(INTERNAL,         22, "internal",          "internal error")                   \
+  XX(NO_MEMORY,        23, "no_memory",         "out of memory")                    \
+  XX(TIMEOUT,          24, "timeout",           "timed out")                        \
+  XX(CONNECT,          25, "connect_failed",    "cannot reach the daemon")          \
+  XX(PROTOCOL,         26, "protocol_error",    "unexpected reply from the daemon") \
+  XX(PEER_LOST,        27, "peer_lost",         "a peer daemon was lost")           \
+  XX(FORMAT,           28, "bad_format",        "invalid safetensors data")
+
+typedef enum {
+  SHARDD_OK = 0,
+#define SHARDD_XX_(name, num, code, msg) SHARDD_E_##name = -(num),
+  SHARDD_ERRNO_MAP(SHARDD_XX_)
+#undef SHARDD_XX_
+} shardd_errcode;
+
+/* Human-readable description of a code. Thread-safe. */
+SHARDD_EXPORT const char *shardd_strerror(int err);
+/* Stable wire name ("gap", "io_error"); "unknown" for an unknown code. Thread-safe. */
+SHARDD_EXPORT const char *shardd_err_name(int err);
+/* Inverse of shardd_err_name; SHARDD_E_PROTOCOL for an unknown name. Thread-safe. */
+SHARDD_EXPORT int shardd_err_from_name(const char *name);
+
+/* ------------------------------------------------------------------------ *
+ * Connection
+ *
+ * Thread-safety: a shardd_client and the arenas created through it belong to
+ * one thread at a time; use one client per thread (they are cheap). Calls on
+ * different clients never interfere. The error helpers above are thread-safe.
+ * ------------------------------------------------------------------------ */
+typedef struct shardd_client shardd_client;
+typedef struct shardd_arena shardd_arena;
+
+/* Default socket when path is NULL: $SHARDD_SOCKET, else /run/shardd/shardd.sock. */
+#define SHARDD_DEFAULT_SOCKET "/run/shardd/shardd.sock"
+
+/* Connects and performs the hello handshake. On failure *out is NULL. */
+SHARDD_EXPORT int shardd_connect(const char *socket_path, shardd_client **out);
+SHARDD_EXPORT void shardd_close(shardd_client *c);
+/* Message of the last failed call on this client (names the field, tensor or
+ * file), or "" after a success. Valid until the next call on c. */
+SHARDD_EXPORT const char *shardd_last_error(const shardd_client *c);
+/* Host name the daemon reported in hello. */
+SHARDD_EXPORT const char *shardd_node_name(const shardd_client *c);
+
+/* ------------------------------------------------------------------------ *
+ * Shared-memory arenas: a POSIX shm segment the daemon maps read-only.
+ * ------------------------------------------------------------------------ */
+SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out);
+SHARDD_EXPORT void *shardd_arena_data(shardd_arena *a);
+SHARDD_EXPORT size_t shardd_arena_size(const shardd_arena *a);
+/* Detaches, unmaps and unlinks. The daemon keeps its own mapping for as long as
+ * a save still needs the bytes, so this is safe right after seal. */
+SHARDD_EXPORT int shardd_arena_destroy(shardd_arena *a);
+
+/* ------------------------------------------------------------------------ *
+ * Saves
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  const char *save;          /* save id, shared by every rank of the save */
+  const char *dir;           /* destination, relative to the daemon's root */
+  int rank;
+  int world_size;
+  uint64_t max_shard_size;   /* 0: the default, 5,000,000,000 bytes */
+  const char *prefix;        /* NULL: "model" */
+  const char *const *metadata; /* nmetadata key/value pairs: k0, v0, k1, v1, ... */
+  size_t nmetadata;
+  int overwrite;
+} shardd_save_opts;
+
+typedef struct {
+  const char *name;
+  const char *dtype;          /* safetensors name: "F32", "BF16", ... */
+  int ndim;
+  const uint64_t *shape;      /* global shape, ndim entries */
+  const uint64_t *start;      /* slice box; NULL for the whole tensor */
+  const uint64_t *count;
+  int64_t index;              /* state-dict position, or -1 for name order */
+} shardd_tensor_desc;
+
+typedef struct {
+  char dir[4096];             /* absolute path of the committed checkpoint */
+  uint64_t files;
+  uint64_t tensors;
+  uint64_t bytes;
+} shardd_result;
+
+SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *opts);
+/* The slice's bytes (row-major, box-shaped) are already at offset in the arena. */
+SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                             shardd_arena *a, uint64_t offset);
+/* Copies len bytes from src to offset in the arena, then puts them. */
+SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                                  shardd_arena *a, uint64_t offset, const void *src, size_t len);
+/* Sends the bytes inline (base64); for small tensors. */
+SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                                    const void *data, size_t len);
+/* A plain file (config.json, ...) written beside the shards. */
+SHARDD_EXPORT int shardd_file(shardd_client *c, const char *save, const char *path,
+                              const void *data, size_t len);
+SHARDD_EXPORT int shardd_seal(shardd_client *c, const char *save);
+/* Blocks until the save ends; timeout_ms < 0 waits forever. */
+SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms, shardd_result *out);
+/* Blocks until the daemon says it will never read this rank's shared memory
+ * for the save again (the "released" event), so the arena may be reused. */
+SHARDD_EXPORT int shardd_wait_released(shardd_client *c, const char *save, int timeout_ms);
+SHARDD_EXPORT int shardd_abort(shardd_client *c, const char *save);
+/* The daemon's status reply as a JSON string; free it with shardd_free. */
+SHARDD_EXPORT int shardd_status(shardd_client *c, char **json_out);
+SHARDD_EXPORT void shardd_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SHARDD_SHARDD_H */

@@ -1,0 +1,2 @@
+/* placeholder: dtype.c is being written. */
+typedef int sd_placeholder_dtype_;

@@ -1,0 +1,2 @@
+/* placeholder: header.c is being written. */
+typedef int sd_placeholder_header_;

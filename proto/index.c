@@ -1,0 +1,2 @@
+/* placeholder: index.c is being written. */
+typedef int sd_placeholder_index_;

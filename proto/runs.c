@@ -1,0 +1,2 @@
+/* placeholder: runs.c is being written. */
+typedef int sd_placeholder_runs_;
