@@ -77,7 +77,8 @@ SHARDD_EXPORT int shardd_err_from_name(const char *name);
  *
  * Thread-safety: a shardd_client and the arenas created through it belong to
  * one thread at a time; use one client per thread (they are cheap). Calls on
- * different clients never interfere. The error helpers above are thread-safe.
+ * different clients never interfere. The error helpers above, shardd_connect
+ * and shardd_last_error(NULL) (kept per thread) are thread-safe.
  * ------------------------------------------------------------------------ */
 typedef struct shardd_client shardd_client;
 typedef struct shardd_arena shardd_arena;
@@ -85,11 +86,20 @@ typedef struct shardd_arena shardd_arena;
 /* Default socket when path is NULL: $SHARDD_SOCKET, else /run/shardd/shardd.sock. */
 #define SHARDD_DEFAULT_SOCKET "/run/shardd/shardd.sock"
 
-/* Connects and performs the hello handshake. On failure *out is NULL. */
+/* Connects and performs the hello handshake. On failure *out is NULL and
+ * shardd_last_error(NULL) holds the reason.
+ * Every request but wait gives up after $SHARDD_TIMEOUT_MS milliseconds
+ * (default 120000; negative waits forever) with SHARDD_E_TIMEOUT. */
 SHARDD_EXPORT int shardd_connect(const char *socket_path, shardd_client **out);
+/* Arenas still alive stay usable for their memory; destroying them later
+ * only unmaps and unlinks. */
 SHARDD_EXPORT void shardd_close(shardd_client *c);
-/* Message of the last failed call on this client (names the field, tensor or
- * file), or "" after a success. Valid until the next call on c. */
+/* Message of the last failed call on this client, or "" after a success.
+ * Valid until the next call on c. Format: "<wire code>: <message>", e.g.
+ * "gap: tensor 'lm_head.weight': element [100, 0] is not covered", where the
+ * code is the daemon's error.code (or the local one, for errors found in the
+ * library) and the message names the field, tensor or file.
+ * With c == NULL: this thread's last failed shardd_connect. */
 SHARDD_EXPORT const char *shardd_last_error(const shardd_client *c);
 /* Host name the daemon reported in hello. */
 SHARDD_EXPORT const char *shardd_node_name(const shardd_client *c);
@@ -97,9 +107,14 @@ SHARDD_EXPORT const char *shardd_node_name(const shardd_client *c);
 /* ------------------------------------------------------------------------ *
  * Shared-memory arenas: a POSIX shm segment the daemon maps read-only.
  * ------------------------------------------------------------------------ */
+/* Creates, sizes, maps and attaches a segment, and pre-faults every page for
+ * writing (a one-time cost), so copies during a save run at memory speed.
+ * Create arenas once and reuse them across saves (see shardd_wait_released). */
 SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out);
 SHARDD_EXPORT void *shardd_arena_data(shardd_arena *a);
 SHARDD_EXPORT size_t shardd_arena_size(const shardd_arena *a);
+/* The POSIX shm name ("/shardd-<pid>-<n>-<random>"), for logs and tests. */
+SHARDD_EXPORT const char *shardd_arena_name(const shardd_arena *a);
 /* Detaches, unmaps and unlinks. The daemon keeps its own mapping for as long as
  * a save still needs the bytes, so this is safe right after seal. */
 SHARDD_EXPORT int shardd_arena_destroy(shardd_arena *a);

@@ -1,0 +1,16 @@
+/* The Unix socket clients connect to: stale-socket cleanup, permissions, accept. */
+#ifndef SD_LISTENER_H
+#define SD_LISTENER_H
+
+#include "ops.h"
+#include "sd_error.h"
+
+#define SD_SOCKET_MODE 0660
+
+/* Binds d->cfg->socket_path (removing a stale socket nobody listens on) and
+ * starts accepting into sessions. */
+int sd_listener_open(sd_daemon *d, sd_error *err);
+/* Stops accepting and removes the socket file. */
+void sd_listener_close(sd_daemon *d);
+
+#endif

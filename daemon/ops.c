@@ -1,0 +1,398 @@
+/* Protocol v1 request handlers: parse and check each field, then hand off to regions and saves. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "save.h"
+#include "sd_base64.h"
+#include "sd_msg.h"
+#include "session.h"
+
+/* A handler returns its reply, or NULL when it answered on its own (seal)
+ * or will answer later (wait). */
+typedef json_t *(*op_fn)(sd_session *s, json_t *req, json_t *id);
+
+static json_t *fail(json_t *id, const sd_error *err) { return sd_msg_error_from(id, err); }
+
+/* ------------------------------------------------------------------------ *
+ * Finding the save a request names
+ * ------------------------------------------------------------------------ */
+/* Ops on a finished save get its outcome rather than a puzzling no_such_save. */
+static int find_save(sd_session *s, const json_t *req, sd_save **out, const char **idp, sd_error *err) {
+  const char *id = NULL;
+  int rc = sd_msg_str(req, "save", 1, &id, NULL, err);
+  if (rc < 0) return rc;
+  if (idp) *idp = id;
+  *out = sd_save_find(s->d, id);
+  if (*out) return 0;
+  const sd_save_result *r = sd_save_history_find(s->d, id);
+  if (r && r->err.code) {
+    *err = r->err;
+    return err->code;
+  }
+  if (r) return sd_fail(err, SHARDD_E_BAD_STATE, "save '%.200s' has already committed", id);
+  return sd_fail(err, SHARDD_E_NO_SUCH_SAVE, "no save '%.200s' in flight", id);
+}
+
+/* The save, and the rank this connection plays in it. */
+static int find_rank(sd_session *s, const json_t *req, sd_save **save, uint32_t *rank, sd_error *err) {
+  int rc = find_save(s, req, save, NULL, err);
+  if (rc) return rc;
+  int r = sd_save_rank_of(*save, s);
+  if (r < 0)
+    return sd_fail(err, SHARDD_E_BAD_STATE, "this connection has not begun save '%s'", (*save)->id);
+  if ((*save)->ranks[r].state == SD_RANK_SEALED)
+    return sd_fail(err, SHARDD_E_BAD_STATE, "rank %d has already sealed save '%s'", r, (*save)->id);
+  *rank = (uint32_t)r;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * hello, attach, detach
+ * ------------------------------------------------------------------------ */
+static json_t *op_hello(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  uint64_t proto = 0;
+  if (sd_msg_u64(req, "proto", 1, 0, &proto, &err) < 0) return fail(id, &err);
+  if (proto != SHARDD_PROTO_VERSION) {
+    sd_fail(&err, SHARDD_E_UNSUPPORTED_PROTO, "protocol %llu is not supported (this daemon speaks %d)",
+            (unsigned long long)proto, SHARDD_PROTO_VERSION);
+    return fail(id, &err);
+  }
+  json_t *r = sd_msg_ok(id);
+  json_object_set_new(r, "proto", json_integer(SHARDD_PROTO_VERSION));
+  json_object_set_new(r, "server", json_pack("{s:s,s:s}", "name", "shardd", "version", SHARDD_VERSION_STRING));
+  json_object_set_new(r, "node", sd_msg_string_lossy(s->d->node));
+  return r;
+}
+
+static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  const char *name = NULL;
+  if (sd_msg_str(req, "shm", 1, &name, NULL, &err) < 0) return fail(id, &err);
+  sd_region *r = NULL;
+  if (sd_region_open(name, s->uid, &r, &err) != 0) return fail(id, &err);
+  uint32_t rid = 0;
+  if (sd_region_table_add(&s->regions, r, &rid, &err) != 0) {
+    sd_region_unref(r);
+    return fail(id, &err);
+  }
+  sd_log_debug("client %llu attached %s as region %u (%llu bytes)", (unsigned long long)s->id, name, rid,
+               (unsigned long long)r->size);
+  json_t *m = sd_msg_ok(id);
+  json_object_set_new(m, "region", json_integer(rid));
+  json_object_set_new(m, "size", json_integer((json_int_t)r->size));
+  return m;
+}
+
+static json_t *op_detach(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  uint64_t rid = 0;
+  if (sd_msg_u64(req, "region", 1, 0, &rid, &err) < 0) return fail(id, &err);
+  /* Saves that named the region keep their own reference: only the
+   * connection's handle goes away here. */
+  if (sd_region_table_remove(&s->regions, rid, &err) != 0) return fail(id, &err);
+  return sd_msg_ok(id);
+}
+
+/* ------------------------------------------------------------------------ *
+ * begin
+ * ------------------------------------------------------------------------ */
+static json_t *op_begin(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_begin_args a = {0};
+  uint64_t rank = 0, world = 0;
+  sd_kv *md = NULL;
+  size_t nmd = 0;
+  json_t *reply = NULL;
+  if (sd_msg_str(req, "save", 1, &a.save, NULL, &err) < 0 || sd_save_id_check(a.save, &err) ||
+      sd_msg_str(req, "dir", 1, &a.dir, NULL, &err) < 0 ||
+      sd_msg_u64(req, "rank", 1, SD_WORLD_MAX, &rank, &err) < 0 ||
+      sd_msg_u64(req, "world_size", 1, SD_WORLD_MAX, &world, &err) < 0 ||
+      sd_msg_u64(req, "max_shard_size", 0, 0, &a.max_shard_size, &err) < 0 ||
+      sd_msg_str(req, "prefix", 0, &a.prefix, NULL, &err) < 0 ||
+      sd_msg_str_map(req, "metadata", 0, SD_METADATA_MAX, &md, &nmd, &err) < 0 ||
+      sd_msg_bool(req, "overwrite", 0, &a.overwrite, &err) < 0)
+    goto out;
+  if (json_object_get(req, "max_shard_size") && !json_is_null(json_object_get(req, "max_shard_size")) &&
+      a.max_shard_size == 0) {
+    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
+    goto out;
+  }
+  if (a.prefix && (strlen(a.prefix) > SD_PREFIX_MAX || sd_path_check_name(a.prefix, &err) != 0)) {
+    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be a plain file name of at most %d bytes",
+            SD_PREFIX_MAX);
+    goto out;
+  }
+  for (size_t i = 0; i < nmd; i++) {
+    if (strcmp(md[i].key, "format") == 0 && strcmp(md[i].value, "pt") != 0) {
+      sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "metadata 'format' must be \"pt\" (transformers requires it)");
+      goto out;
+    }
+  }
+  a.rank = (uint32_t)rank;
+  a.world_size = (uint32_t)world;
+  a.metadata = md;
+  a.nmetadata = nmd;
+  if (sd_save_begin(s->d, s, &a, &err) != 0) goto out;
+  sd_log_debug("client %llu began save '%s' as rank %u of %u", (unsigned long long)s->id, a.save, a.rank,
+               a.world_size);
+  reply = sd_msg_ok(id);
+out:
+  free(md);
+  return reply ? reply : fail(id, &err);
+}
+
+/* ------------------------------------------------------------------------ *
+ * put
+ * ------------------------------------------------------------------------ */
+/* Reads the tensor description and the slice box; computes the byte size. */
+static int parse_tensor(const json_t *req, sd_put_args *a, sd_error *err) {
+  size_t nlen = 0, n = 0, ns = 0, nc = 0;
+  const char *dtype = NULL;
+  uint64_t index = 0;
+  if (sd_msg_str(req, "name", 1, &a->name, &nlen, err) < 0) return err->code;
+  if (sd_name_check(a->name, nlen, err) != 0) return err->code;
+  if (sd_msg_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
+  if (sd_dtype_parse(dtype, &a->dtype, err) != 0) return err->code;
+  if (sd_msg_u64_array(req, "shape", 1, SD_MAX_DIMS, UINT64_MAX >> 1, a->shape, &n, err) < 0) return err->code;
+  a->ndim = (uint32_t)n;
+  int has_start = sd_msg_u64_array(req, "start", 0, SD_MAX_DIMS, UINT64_MAX >> 1, a->start, &ns, err);
+  if (has_start < 0) return err->code;
+  int has_count = sd_msg_u64_array(req, "count", 0, SD_MAX_DIMS, UINT64_MAX >> 1, a->count, &nc, err);
+  if (has_count < 0) return err->code;
+  if (has_start != has_count)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': give both 'start' and 'count', or neither",
+                   a->name);
+  if (!has_start) {
+    memset(a->start, 0, sizeof a->start);
+    memcpy(a->count, a->shape, sizeof a->count);
+  } else if (ns != n || nc != n) {
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "tensor '%s': 'start' and 'count' need %zu entries each (one per dimension of 'shape')",
+                   a->name, n);
+  }
+  int has_index = sd_msg_u64(req, "index", 0, 0, &index, err);
+  if (has_index < 0) return err->code;
+  a->index = has_index ? (int64_t)index : -1;
+  uint64_t numel = 0;
+  if (sd_tensor_numel(a->name, a->ndim, a->shape, &numel, err) != 0) return err->code;
+  sd_box box;
+  memcpy(box.start, a->start, sizeof box.start);
+  memcpy(box.count, a->count, sizeof box.count);
+  if (sd_box_check(a->name, a->ndim, a->shape, &box, err) != 0) return err->code;
+  if (sd_tensor_numel(a->name, a->ndim, a->count, &numel, err) != 0) return err->code;
+  unsigned esize = sd_dtype_size(a->dtype);
+  if (numel > UINT64_MAX / esize)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", a->name);
+  a->len = numel * esize;
+  return 0;
+}
+
+/* Where the bytes are: a region of this connection, or inline base64. */
+static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_error *err) {
+  const char *data = NULL;
+  size_t dlen = 0;
+  uint64_t rid = 0;
+  int has_data = sd_msg_str(req, "data", 0, &data, &dlen, err);
+  if (has_data < 0) return err->code;
+  int has_region = sd_msg_u64(req, "region", 0, 0, &rid, err);
+  if (has_region < 0) return err->code;
+  int has_offset = sd_msg_u64(req, "offset", 0, 0, &a->offset, err);
+  if (has_offset < 0) return err->code;
+  if (has_data && (has_region || has_offset))
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "tensor '%s': give either 'region' and 'offset' or 'data', not both", a->name);
+  if (has_data) {
+    size_t got = 0;
+    uint8_t *bytes = NULL;
+    if (sd_b64_decode(data, dlen, &bytes, &got, err) != 0) {
+      if (!err->code) err->code = SHARDD_E_INVALID_ARGUMENT;
+      char why[SD_ERRMSG_MAX];
+      snprintf(why, sizeof why, "%s", err->msg);
+      return sd_fail(err, err->code, "tensor '%s': field 'data': %s", a->name, why);
+    }
+    if (got != a->len) {
+      free(bytes);
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': 'data' holds %zu bytes, the slice needs %llu",
+                     a->name, got, (unsigned long long)a->len);
+    }
+    a->data = bytes;
+    return 0;
+  }
+  if (!has_region || !has_offset)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "tensor '%s': give 'region' and 'offset' (or inline 'data')", a->name);
+  a->region = sd_region_table_get(&s->regions, rid);
+  if (!a->region)
+    return sd_fail(err, SHARDD_E_NO_SUCH_REGION, "tensor '%s': no region %llu on this connection", a->name,
+                   (unsigned long long)rid);
+  if (a->offset > a->region->size || a->len > a->region->size - a->offset)
+    return sd_fail(err, SHARDD_E_OUT_OF_RANGE,
+                   "tensor '%s': bytes [%llu, %llu) lie outside region %llu ('%s', %llu bytes)", a->name,
+                   (unsigned long long)a->offset, (unsigned long long)(a->offset + a->len),
+                   (unsigned long long)rid, a->region->name, (unsigned long long)a->region->size);
+  return 0;
+}
+
+static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  sd_put_args a;
+  memset(&a, 0, sizeof a);
+  if (find_rank(s, req, &save, &rank, &err) || parse_tensor(req, &a, &err) || parse_source(s, req, &a, &err)) {
+    free(a.data);
+    return fail(id, &err);
+  }
+  uint64_t len = a.len;
+  int rc = sd_save_put(save, rank, &a, &err); /* may end (and free) the save */
+  free(a.data);
+  if (rc) return fail(id, &err);
+  json_t *m = sd_msg_ok(id);
+  json_object_set_new(m, "bytes", json_integer((json_int_t)len));
+  return m;
+}
+
+/* ------------------------------------------------------------------------ *
+ * file, seal, wait, abort
+ * ------------------------------------------------------------------------ */
+static json_t *op_file(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  const char *path = NULL, *data = NULL;
+  size_t dlen = 0, got = 0;
+  uint8_t *bytes = NULL;
+  if (find_rank(s, req, &save, &rank, &err) || sd_msg_str(req, "path", 1, &path, NULL, &err) < 0 ||
+      sd_path_check_name(path, &err) || sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0)
+    return fail(id, &err);
+  if (sd_b64_decode(data, dlen, &bytes, &got, &err) != 0) {
+    if (!err.code) err.code = SHARDD_E_INVALID_ARGUMENT;
+    char why[SD_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", err.msg);
+    sd_fail(&err, err.code, "file '%s': field 'data': %s", path, why);
+    return fail(id, &err);
+  }
+  if (sd_save_file(save, rank, path, bytes, got, &err) != 0) return fail(id, &err);
+  json_t *m = sd_msg_ok(id);
+  json_object_set_new(m, "bytes", json_integer((json_int_t)got));
+  return m;
+}
+
+static json_t *op_seal(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  if (find_rank(s, req, &save, &rank, &err) || sd_save_seal(save, rank, &err)) return fail(id, &err);
+  /* Reply first: planning may end the save at once, and its wait answers
+   * must not overtake this reply. */
+  sd_session_send(s, sd_msg_ok(id));
+  sd_save_maybe_start(save);
+  return NULL;
+}
+
+static json_t *op_wait(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  const char *sid = NULL;
+  if (sd_msg_str(req, "save", 1, &sid, NULL, &err) < 0) return fail(id, &err);
+  sd_save *save = sd_save_find(s->d, sid);
+  if (save) {
+    if (sd_save_add_waiter(save, s, id, &err) != 0) return fail(id, &err);
+    return NULL;
+  }
+  const sd_save_result *r = sd_save_history_find(s->d, sid);
+  if (r) return sd_save_result_reply(r, id);
+  sd_fail(&err, SHARDD_E_NO_SUCH_SAVE, "no save '%.200s' in flight or recently finished", sid);
+  return fail(id, &err);
+}
+
+static json_t *op_abort(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  const char *sid = NULL;
+  int rc = find_save(s, req, &save, &sid, &err);
+  if (rc == 0) {
+    int r = sd_save_rank_of(save, s);
+    if (r >= 0)
+      sd_save_fail(save, SHARDD_E_ABORTED, "save '%s' aborted by rank %d", save->id, r);
+    else
+      sd_save_fail(save, SHARDD_E_ABORTED, "save '%s' aborted by a client (pid %d)", save->id, (int)s->pid);
+    return sd_msg_ok(id);
+  }
+  /* Aborting what already failed is a no-op; a commit cannot be undone. */
+  const sd_save_result *h = sid ? sd_save_history_find(s->d, sid) : NULL;
+  if (h && h->err.code) return sd_msg_ok(id);
+  return fail(id, &err);
+}
+
+/* ------------------------------------------------------------------------ *
+ * status
+ * ------------------------------------------------------------------------ */
+static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
+  (void)req;
+  sd_daemon *d = s->d;
+  json_t *m = sd_msg_ok(id);
+  json_t *saves = json_array();
+  for (sd_save *v = d->saves; v; v = v->next) {
+    json_t *o = json_object();
+    json_object_set_new(o, "save", sd_msg_string_lossy(v->id));
+    json_object_set_new(o, "dir", sd_msg_string_lossy(v->dir));
+    json_object_set_new(o, "state", json_string(sd_save_state_name(v)));
+    json_object_set_new(o, "world_size", json_integer(v->world_size));
+    json_object_set_new(o, "ranks_begun", json_integer(v->nbegun));
+    json_object_set_new(o, "ranks_sealed", json_integer(v->nsealed));
+    json_object_set_new(o, "tensors", json_integer((json_int_t)v->ntensors));
+    json_object_set_new(o, "files", json_integer((json_int_t)v->nfiles));
+    json_object_set_new(o, "bytes_planned", json_integer((json_int_t)sd_save_bytes_planned(v)));
+    json_object_set_new(o, "bytes_written", json_integer((json_int_t)sd_save_bytes_written(v)));
+    json_array_append_new(saves, o);
+  }
+  json_object_set_new(m, "saves", saves);
+  json_object_set_new(m, "clients", json_integer((json_int_t)d->nsessions));
+  json_object_set_new(m, "regions", json_integer((json_int_t)sd_region_live()));
+  json_object_set_new(m, "totals", json_pack("{s:I,s:I,s:I}", "saves_committed", (json_int_t)d->saves_committed,
+                                             "saves_failed", (json_int_t)d->saves_failed, "bytes_written",
+                                             (json_int_t)d->bytes_committed));
+  return m;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Dispatch
+ * ------------------------------------------------------------------------ */
+static const struct {
+  const char *name;
+  op_fn fn;
+} ops[] = {
+    {"hello", op_hello}, {"attach", op_attach}, {"detach", op_detach}, {"begin", op_begin},
+    {"put", op_put},     {"file", op_file},     {"seal", op_seal},     {"wait", op_wait},
+    {"abort", op_abort}, {"status", op_status},
+};
+
+void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {
+  sd_error err = {0};
+  json_t *req = NULL;
+  if (sd_msg_parse(line, len, &req, &err) != 0) {
+    sd_session_send(s, sd_msg_error_from(NULL, &err));
+    return;
+  }
+  json_t *id = json_object_get(req, "id");
+  const char *op = NULL;
+  if (sd_msg_op(req, &op, &err) != 0) {
+    sd_session_send(s, sd_msg_error_from(id, &err));
+    json_decref(req);
+    return;
+  }
+  op_fn fn = NULL;
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0] && !fn; i++)
+    if (strcmp(ops[i].name, op) == 0) fn = ops[i].fn;
+  if (!fn) {
+    sd_fail(&err, SHARDD_E_UNKNOWN_OP, "unknown op '%.100s'", op);
+    sd_session_send(s, sd_msg_error_from(id, &err));
+    json_decref(req);
+    return;
+  }
+  json_t *reply = fn(s, req, id);
+  if (reply) sd_session_send(s, reply);
+  json_decref(req);
+}

@@ -1,0 +1,165 @@
+/* Turns a fully sealed save into a write plan: coverage per tensor, shard plan, byte runs, index, artifacts. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner.h"
+
+static void box_of(const sd_save_tensor *t, const sd_slice *sl, sd_box *b) {
+  memset(b, 0, sizeof *b);
+  memcpy(b->start, sl->dims, t->ndim * sizeof(uint64_t));
+  memcpy(b->count, sl->dims + t->ndim, t->ndim * sizeof(uint64_t));
+}
+
+/* Replicas are written once: keep[] marks the copy each group keeps. The
+ * boxes buffer is reused across tensors so memory stays at one tensor's worth. */
+static int check_coverage(const sd_save *save, uint8_t *keep, sd_error *err) {
+  sd_box *boxes = NULL;
+  size_t cap = 0, k = 0;
+  int rc = 0;
+  for (size_t i = 0; i < save->ntensors && rc == 0; i++) {
+    const sd_save_tensor *t = save->tensors[i];
+    if (t->nslices > cap) {
+      free(boxes);
+      cap = t->nslices;
+      boxes = malloc(cap * sizeof *boxes);
+      if (!boxes) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory checking tensor '%s'", t->name);
+    }
+    for (size_t j = 0; j < t->nslices; j++) box_of(t, t->slices[j], &boxes[j]);
+    rc = sd_coverage_check(t->name, t->ndim, t->shape, boxes, t->nslices, keep + k, err);
+    k += t->nslices;
+  }
+  free(boxes);
+  return rc;
+}
+
+typedef struct {
+  sd_planned *p;
+  size_t cap;
+  uint32_t file;
+  const uint8_t *src;
+} run_ctx;
+
+static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
+  run_ctx *c = ud;
+  sd_planned *p = c->p;
+  if (len == 0) return 0;
+  if (p->nops == c->cap) {
+    size_t ncap = c->cap ? c->cap * 2 : 1024;
+    sd_write_op *n = realloc(p->ops, ncap * sizeof *n);
+    if (!n) return SHARDD_E_NO_MEMORY;
+    p->ops = n;
+    c->cap = ncap;
+  }
+  p->ops[p->nops++] = (sd_write_op){.file = c->file, .file_offset = dst, .src = c->src + src, .len = len};
+  return 0;
+}
+
+static int op_cmp(const void *a, const void *b) {
+  const sd_write_op *x = a, *y = b;
+  if (x->file != y->file) return x->file < y->file ? -1 : 1;
+  if (x->file_offset != y->file_offset) return x->file_offset < y->file_offset ? -1 : 1;
+  return 0;
+}
+
+static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd_error *err) {
+  run_ctx c = {.p = p};
+  size_t k = 0;
+  for (size_t i = 0; i < save->ntensors; i++) {
+    const sd_save_tensor *t = save->tensors[i];
+    const sd_plan_loc *loc = &p->plan.loc[i];
+    unsigned esize = sd_dtype_size(t->dtype);
+    for (size_t j = 0; j < t->nslices; j++, k++) {
+      if (!keep[k]) continue;
+      const sd_slice *sl = t->slices[j];
+      sd_box b;
+      box_of(t, sl, &b);
+      c.file = loc->file;
+      c.src = sl->region ? sl->region->base + sl->offset : sl->data;
+      int rc = sd_box_runs(t->ndim, t->shape, esize, &b, loc->file_offset, add_run, &c);
+      if (rc) return sd_fail(err, rc, "out of memory planning the writes of tensor '%s'", t->name);
+    }
+  }
+  /* File order, then offset order: the writer sees sequential runs it can merge. */
+  if (p->nops > 1) qsort(p->ops, p->nops, sizeof *p->ops, op_cmp);
+  return 0;
+}
+
+/* An artifact must not replace a shard or the index. */
+static int check_artifacts(const sd_save *save, sd_planned *p, sd_error *err) {
+  if (save->nfiles == 0) return 0;
+  p->artifacts = calloc(save->nfiles, sizeof *p->artifacts);
+  if (!p->artifacts) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning files");
+  for (size_t i = 0; i < save->nfiles; i++) {
+    const sd_save_artifact *f = &save->files[i];
+    int clash = p->plan.needs_index && strcmp(f->name, p->plan.index_name) == 0;
+    for (size_t j = 0; j < p->plan.nfiles && !clash; j++) clash = strcmp(f->name, p->plan.files[j].name) == 0;
+    if (clash)
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                     "file '%s' (from rank %u) has the name of a checkpoint file", f->name, f->rank);
+    p->artifacts[i] = (sd_artifact){.name = f->name, .data = f->data, .len = f->len};
+  }
+  p->nartifacts = save->nfiles;
+  return 0;
+}
+
+int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
+  memset(p, 0, sizeof *p);
+  size_t nslices = 0;
+  for (size_t i = 0; i < save->ntensors; i++) nslices += save->tensors[i]->nslices;
+  uint8_t *keep = malloc(nslices ? nslices : 1);
+  p->tensors = calloc(save->ntensors ? save->ntensors : 1, sizeof *p->tensors);
+  if (!keep || !p->tensors) {
+    free(keep);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning save '%s'", save->id);
+  }
+  p->ntensors = save->ntensors;
+  for (size_t i = 0; i < save->ntensors; i++) {
+    const sd_save_tensor *t = save->tensors[i];
+    sd_tensor *o = &p->tensors[i];
+    o->name = t->name;
+    o->dtype = t->dtype;
+    o->ndim = t->ndim;
+    memcpy(o->shape, t->shape, sizeof o->shape);
+    o->index = t->index;
+  }
+  int rc = check_coverage(save, keep, err);
+  if (rc) goto out;
+  sd_plan_opts opts = {
+      .max_shard_size = save->max_shard_size,
+      .prefix = save->prefix,
+      .metadata = save->metadata,
+      .nmetadata = save->nmetadata,
+  };
+  rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, &opts, err);
+  if (rc) goto out;
+  p->have_plan = 1;
+  rc = build_ops(save, p, keep, err);
+  if (rc) goto out;
+  if (p->plan.needs_index) {
+    p->index_json = sd_index_encode(&p->plan, p->tensors, &p->index_len, err);
+    if (!p->index_json) {
+      rc = err && err->code ? err->code : SHARDD_E_INTERNAL;
+      goto out;
+    }
+  }
+  rc = check_artifacts(save, p, err);
+  if (rc) goto out;
+  p->data_bytes = p->plan.total_size;
+  p->total_bytes = p->index_len;
+  for (size_t i = 0; i < p->plan.nfiles; i++) p->total_bytes += p->plan.files[i].file_size;
+  for (size_t i = 0; i < p->nartifacts; i++) p->total_bytes += p->artifacts[i].len;
+  p->nfiles = p->plan.nfiles + (p->plan.needs_index ? 1 : 0) + p->nartifacts;
+out:
+  free(keep);
+  return rc;
+}
+
+void sd_planned_free(sd_planned *p) {
+  if (!p) return;
+  if (p->have_plan) sd_plan_free(&p->plan);
+  free(p->tensors);
+  free(p->ops);
+  free(p->index_json);
+  free(p->artifacts);
+  memset(p, 0, sizeof *p);
+}

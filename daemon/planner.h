@@ -1,0 +1,29 @@
+/* Turns a fully sealed save into a write plan: coverage, shard plan, write ops, index, artifacts. */
+#ifndef SD_PLANNER_H
+#define SD_PLANNER_H
+
+#include "publish.h"
+#include "save.h"
+
+typedef struct sd_planned {
+  sd_tensor *tensors;       /* names borrowed from the save */
+  size_t ntensors;
+  sd_plan plan;
+  int have_plan;
+  sd_write_op *ops;         /* sorted by file, then offset */
+  size_t nops;
+  char *index_json;
+  size_t index_len;
+  sd_artifact *artifacts;   /* borrowed from the save */
+  size_t nartifacts;
+  uint64_t data_bytes;      /* tensor bytes written (replicas once) */
+  uint64_t total_bytes;     /* every byte of every file, headers and index included */
+  uint64_t nfiles;          /* shards + index + artifacts */
+} sd_planned;
+
+/* Errors name the tensor or file (coverage: overlap/gap; collisions with
+ * shard names: invalid_argument). */
+int sd_planner_build(const sd_save *save, sd_planned *out, sd_error *err);
+void sd_planned_free(sd_planned *p);
+
+#endif

@@ -1,0 +1,133 @@
+/* Shared-memory regions: client shm segments mapped read-only and refcounted. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "region.h"
+
+static uint64_t live;
+
+uint64_t sd_region_live(void) { return live; }
+
+static int name_check(const char *name, sd_error *err) {
+  size_t n = strlen(name);
+  if (n < 2 || name[0] != '/' || n > SD_SHM_NAME_MAX || strchr(name + 1, '/'))
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "field 'shm' must be a POSIX shm name like '/x' (one leading '/', no other, "
+                   "at most %d bytes), got '%.300s'", SD_SHM_NAME_MAX, name);
+  return 0;
+}
+
+int sd_region_open(const char *name, uid_t uid, sd_region **out, sd_error *err) {
+  *out = NULL;
+  int rc = name_check(name, err);
+  if (rc) return rc;
+  /* glibc adds O_NOFOLLOW | O_CLOEXEC: a symlink planted in /dev/shm is refused. */
+  int fd = shm_open(name, O_RDONLY, 0);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "no shm segment '%s'", name);
+    if (e == EACCES || e == EPERM)
+      return sd_fail(err, SHARDD_E_PERMISSION, "cannot open shm '%s': %s", name, strerror(e));
+    return sd_fail(err, SHARDD_E_IO, "cannot open shm '%s': %s", name, strerror(e));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    rc = sd_fail(err, SHARDD_E_IO, "cannot stat shm '%s': %s", name, strerror(errno));
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "shm '%s' is not a regular segment", name);
+    goto out;
+  }
+  /* Only the peer's own memory: otherwise any local user could make the
+   * daemon publish another user's secrets. */
+  if (st.st_uid != uid) {
+    rc = sd_fail(err, SHARDD_E_PERMISSION, "shm '%s' is owned by uid %u, not by the caller (uid %u)",
+                 name, (unsigned)st.st_uid, (unsigned)uid);
+    goto out;
+  }
+  if (st.st_size <= 0) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "shm '%s' is empty", name);
+    goto out;
+  }
+  void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    rc = sd_fail(err, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "cannot map shm '%s': %s",
+                 name, strerror(errno));
+    goto out;
+  }
+  sd_region *r = calloc(1, sizeof *r);
+  if (!r) {
+    munmap(base, (size_t)st.st_size);
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", name);
+    goto out;
+  }
+  r->refs = 1;
+  r->base = base;
+  r->size = (uint64_t)st.st_size;
+  snprintf(r->name, sizeof r->name, "%s", name);
+  live++;
+  *out = r;
+  rc = 0;
+out:
+  close(fd);
+  return rc;
+}
+
+void sd_region_ref(sd_region *r) { r->refs++; }
+
+void sd_region_unref(sd_region *r) {
+  if (!r || --r->refs > 0) return;
+  munmap((void *)r->base, (size_t)r->size);
+  live--;
+  free(r);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Per-connection table
+ * ------------------------------------------------------------------------ */
+int sd_region_table_add(sd_region_table *t, sd_region *r, uint32_t *id, sd_error *err) {
+  if (t->n == t->cap) {
+    size_t ncap = t->cap ? t->cap * 2 : 8;
+    sd_region_slot *nv = realloc(t->v, ncap * sizeof *nv);
+    if (!nv) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", r->name);
+    t->v = nv;
+    t->cap = ncap;
+  }
+  if (t->next_id == UINT32_MAX)
+    return sd_fail(err, SHARDD_E_LIMIT, "this connection has used up its region ids");
+  *id = ++t->next_id;
+  t->v[t->n].id = *id;
+  t->v[t->n].r = r;
+  t->n++;
+  return 0;
+}
+
+sd_region *sd_region_table_get(const sd_region_table *t, uint64_t id) {
+  for (size_t i = 0; i < t->n; i++)
+    if (t->v[i].id == id) return t->v[i].r;
+  return NULL;
+}
+
+int sd_region_table_remove(sd_region_table *t, uint64_t id, sd_error *err) {
+  for (size_t i = 0; i < t->n; i++) {
+    if (t->v[i].id != id) continue;
+    sd_region_unref(t->v[i].r);
+    t->v[i] = t->v[--t->n];
+    return 0;
+  }
+  return sd_fail(err, SHARDD_E_NO_SUCH_REGION, "no region %llu on this connection",
+                 (unsigned long long)id);
+}
+
+void sd_region_table_clear(sd_region_table *t) {
+  for (size_t i = 0; i < t->n; i++) sd_region_unref(t->v[i].r);
+  free(t->v);
+  memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,732 @@
+/* The save state machine: ranks join and describe slices; the last seal plans and publishes; every wait gets the end. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "planner.h"
+#include "save.h"
+#include "sd_msg.h"
+#include "session.h"
+
+/* ------------------------------------------------------------------------ *
+ * Lookup
+ * ------------------------------------------------------------------------ */
+int sd_save_id_check(const char *id, sd_error *err) {
+  size_t n = strlen(id);
+  if (n == 0 || n > SD_SAVE_ID_MAX)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'save' must be 1 to %d bytes", SD_SAVE_ID_MAX);
+  /* The id names the temporary folder and appears in logs: keep it tame. */
+  for (size_t i = 0; i < n; i++) {
+    char c = id[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '-' || c == '_' || c == '.' || c == ':' || c == '@' || c == '+' || c == '=';
+    if (!ok || (i == 0 && c == '.'))
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                     "field 'save' may hold only letters, digits and -_.:@+= (not starting with '.'),"
+                     " got '%.200s'", id);
+  }
+  return 0;
+}
+
+sd_save *sd_save_find(sd_daemon *d, const char *id) {
+  for (sd_save *s = d->saves; s; s = s->next)
+    if (strcmp(s->id, id) == 0) return s;
+  return NULL;
+}
+
+static int save_alive(sd_daemon *d, const sd_save *save) {
+  for (sd_save *s = d->saves; s; s = s->next)
+    if (s == save) return 1;
+  return 0;
+}
+
+const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id) {
+  for (size_t k = 0; k < d->hist_len; k++) {
+    size_t i = (d->hist_head + d->hist_cap - 1 - k) % d->hist_cap; /* newest first */
+    if (strcmp(d->history[i].id, id) == 0) return &d->history[i];
+  }
+  return NULL;
+}
+
+int sd_save_rank_of(const sd_save *save, const sd_session *s) {
+  for (size_t i = 0; i < s->nmembers; i++)
+    if (s->members[i].save == save) return (int)s->members[i].rank;
+  return -1;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Tensor table: names hashed, order of first put kept
+ * ------------------------------------------------------------------------ */
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ULL;
+  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
+  return h;
+}
+
+static sd_save_tensor *tensor_find(const sd_save *save, const char *name, size_t *slot) {
+  if (save->hcap == 0) return NULL;
+  size_t mask = save->hcap - 1;
+  for (size_t i = hash_name(name) & mask;; i = (i + 1) & mask) {
+    uint32_t v = save->hslots[i];
+    if (v == 0) {
+      if (slot) *slot = i;
+      return NULL;
+    }
+    if (strcmp(save->tensors[v - 1]->name, name) == 0) return save->tensors[v - 1];
+  }
+}
+
+static int tensor_table_grow(sd_save *save) {
+  if (save->ntensors + 1 <= save->tcap && (save->ntensors + 1) * 2 <= save->hcap) return 0;
+  if (save->ntensors + 1 > save->tcap) {
+    size_t ncap = save->tcap ? save->tcap * 2 : 64;
+    sd_save_tensor **nt = realloc(save->tensors, ncap * sizeof *nt);
+    if (!nt) return -1;
+    save->tensors = nt;
+    save->tcap = ncap;
+  }
+  if ((save->ntensors + 1) * 2 > save->hcap) {
+    size_t ncap = save->hcap ? save->hcap * 2 : 128;
+    uint32_t *ns = calloc(ncap, sizeof *ns);
+    if (!ns) return -1;
+    free(save->hslots);
+    save->hslots = ns;
+    save->hcap = ncap;
+    for (size_t t = 0; t < save->ntensors; t++) {
+      size_t i = hash_name(save->tensors[t]->name) & (ncap - 1);
+      while (ns[i]) i = (i + 1) & (ncap - 1);
+      ns[i] = (uint32_t)(t + 1);
+    }
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Creation and teardown
+ * ------------------------------------------------------------------------ */
+static void kv_free(sd_kv *kv, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    free((char *)kv[i].key);
+    free((char *)kv[i].value);
+  }
+  free(kv);
+}
+
+static void save_free(sd_save *save) {
+  for (size_t i = 0; i < save->ntensors; i++) {
+    sd_save_tensor *t = save->tensors[i];
+    for (size_t j = 0; j < t->nslices; j++) {
+      free(t->slices[j]->data);
+      free(t->slices[j]);
+    }
+    free(t->slices);
+    free(t->name);
+    free(t);
+  }
+  free(save->tensors);
+  free(save->hslots);
+  for (size_t i = 0; i < save->nfiles; i++) {
+    free(save->files[i].name);
+    free(save->files[i].data);
+  }
+  free(save->files);
+  if (save->ranks) {
+    for (uint32_t r = 0; r < save->world_size; r++) {
+      for (size_t k = 0; k < save->ranks[r].nregions; k++) sd_region_unref(save->ranks[r].regions[k]);
+      free(save->ranks[r].regions);
+    }
+  }
+  free(save->ranks);
+  if (save->planned) sd_planned_free(save->planned);
+  free(save->planned);
+  kv_free(save->metadata, save->nmetadata);
+  free(save->early_path);
+  free(save->id);
+  free(save->dir);
+  free(save->prefix);
+  free(save);
+}
+
+static sd_save *save_new(sd_daemon *d, const sd_begin_args *a) {
+  sd_save *save = calloc(1, sizeof *save);
+  if (!save) return NULL;
+  save->d = d;
+  save->id = strdup(a->save);
+  save->dir = strdup(a->dir);
+  save->prefix = strdup(a->prefix ? a->prefix : SD_DEFAULT_PREFIX);
+  save->world_size = a->world_size;
+  save->max_shard_size = a->max_shard_size ? a->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
+  save->overwrite = a->overwrite;
+  save->ranks = calloc(a->world_size, sizeof *save->ranks);
+  save->metadata = calloc(a->nmetadata ? a->nmetadata : 1, sizeof *save->metadata);
+  int bad = !save->id || !save->dir || !save->prefix || !save->ranks || !save->metadata;
+  for (size_t i = 0; i < a->nmetadata && !bad; i++) {
+    save->metadata[i].key = strdup(a->metadata[i].key);
+    save->metadata[i].value = strdup(a->metadata[i].value);
+    save->nmetadata = i + 1;
+    bad = !save->metadata[i].key || !save->metadata[i].value;
+  }
+  if (bad) {
+    save_free(save);
+    return NULL;
+  }
+  save->t_begin = uv_hrtime();
+  return save;
+}
+
+/* ------------------------------------------------------------------------ *
+ * The end of a save: remember the result, answer waits, let go of memory
+ * ------------------------------------------------------------------------ */
+static void history_push(sd_daemon *d, sd_save_result *r) {
+  if (d->hist_cap == 0) {
+    d->hist_cap = d->cfg && d->cfg->keep_results ? d->cfg->keep_results : 64;
+    d->history = calloc(d->hist_cap, sizeof *d->history);
+    if (!d->history) {
+      d->hist_cap = 0;
+      free(r->id);
+      free(r->dir);
+      return;
+    }
+  }
+  sd_save_result *slot = &d->history[d->hist_head];
+  if (d->hist_len == d->hist_cap) {
+    free(slot->id);
+    free(slot->dir);
+  } else {
+    d->hist_len++;
+  }
+  *slot = *r;
+  d->hist_head = (d->hist_head + 1) % d->hist_cap;
+}
+
+void sd_save_history_free(sd_daemon *d) {
+  for (size_t k = 0; k < d->hist_len; k++) {
+    size_t i = (d->hist_head + d->hist_cap - 1 - k) % d->hist_cap;
+    free(d->history[i].id);
+    free(d->history[i].dir);
+  }
+  free(d->history);
+  d->history = NULL;
+  d->hist_cap = d->hist_len = d->hist_head = 0;
+}
+
+json_t *sd_save_result_reply(const sd_save_result *r, json_t *id) {
+  if (r->err.code) return sd_msg_error_from(id, &r->err);
+  json_t *m = sd_msg_ok(id);
+  if (!m) return NULL;
+  json_object_set_new(m, "state", json_string("committed"));
+  json_object_set_new(m, "save", sd_msg_string_lossy(r->id));
+  json_object_set_new(m, "dir", sd_msg_string_lossy(r->dir));
+  json_object_set_new(m, "files", json_integer((json_int_t)r->files));
+  json_object_set_new(m, "tensors", json_integer((json_int_t)r->tensors));
+  json_object_set_new(m, "bytes", json_integer((json_int_t)r->bytes));
+  return m;
+}
+
+static void send_released(sd_save *save) {
+  if (save->released) return;
+  save->released = 1;
+  for (uint32_t r = 0; r < save->world_size; r++) {
+    sd_session *s = save->ranks[r].sess;
+    if (s && save->ranks[r].state != SD_RANK_NONE) sd_session_send(s, sd_msg_event("released", save->id));
+  }
+}
+
+static void unlink_save(sd_daemon *d, sd_save *save) {
+  for (sd_save **pp = &d->saves; *pp; pp = &(*pp)->next) {
+    if (*pp == save) {
+      *pp = save->next;
+      d->nsaves--;
+      return;
+    }
+  }
+}
+
+static void finalize(sd_save *save, const char *final_path) {
+  sd_daemon *d = save->d;
+  sd_save_result r = {0};
+  r.id = strdup(save->id);
+  if (final_path) {
+    r.dir = strdup(final_path);
+    if (save->planned) {
+      r.files = save->planned->nfiles;
+      r.tensors = save->planned->ntensors;
+      r.bytes = save->planned->total_bytes;
+    }
+    double secs = (double)(uv_hrtime() - save->t_write) / 1e9;
+    d->saves_committed++;
+    d->bytes_committed += r.bytes;
+    sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s (%.2f GB/s)",
+                save->id, final_path, (unsigned long long)r.files, (unsigned long long)r.tensors,
+                (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0);
+  } else {
+    r.err = save->err;
+    if (!r.err.code) sd_fail(&r.err, SHARDD_E_INTERNAL, "save '%s' ended without a result", save->id);
+    d->saves_failed++;
+    sd_log_warn("save '%s' failed (%s): %s", save->id, sd_err_name(r.err.code), r.err.msg);
+  }
+  json_t *tmpl = sd_save_result_reply(&r, NULL);
+  history_push(d, &r);
+
+  /* Out of the daemon's tables first: what follows may re-enter (a send
+   * can schedule a close), and the id is free for a new save from now on. */
+  unlink_save(d, save);
+  for (uint32_t k = 0; k < save->world_size; k++)
+    if (save->ranks[k].sess) sd_session_remove_member(save->ranks[k].sess, save);
+  send_released(save);
+  sd_waiter *w = save->waiters;
+  save->waiters = NULL;
+  while (w) {
+    sd_waiter *next = w->next;
+    json_t *m = tmpl ? json_copy(tmpl) : NULL;
+    if (m) {
+      json_object_set(m, "id", w->id);
+      sd_session_send(w->sess, m);
+    }
+    json_decref(w->id);
+    sd_session_wait_done(w->sess);
+    free(w);
+    w = next;
+  }
+  json_decref(tmpl);
+  save_free(save);
+  if (d->shutting_down && d->nsaves == 0 && d->on_idle) d->on_idle(d);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Failure
+ * ------------------------------------------------------------------------ */
+void sd_save_fail_err(sd_save *save, const sd_error *err) {
+  if (save->err.code) return;
+  save->err = *err;
+  if (!save->err.code) save->err.code = SHARDD_E_INTERNAL;
+  if (save->state == SD_SAVE_WRITING) {
+    save->state = SD_SAVE_FAILING;
+    if (save->pub) sd_publish_cancel(save->pub, save->err.code, save->err.msg);
+    return; /* finalized when the writer reports back */
+  }
+  if (save->state == SD_SAVE_OPEN) finalize(save, NULL);
+}
+
+void sd_save_fail(sd_save *save, int code, const char *fmt, ...) {
+  sd_error e;
+  va_list ap;
+  va_start(ap, fmt);
+  sd_vfail(&e, code, fmt, ap);
+  va_end(ap);
+  sd_save_fail_err(save, &e);
+}
+
+void sd_save_fail_all(sd_daemon *d, int code, const char *why) {
+  size_t n = d->nsaves, k = 0;
+  sd_save **all = calloc(n ? n : 1, sizeof *all);
+  if (!all) return;
+  for (sd_save *s = d->saves; s && k < n; s = s->next) all[k++] = s;
+  for (size_t i = 0; i < k; i++)
+    if (save_alive(d, all[i])) sd_save_fail(all[i], code, "%s; save '%s' was not published", why, all[i]->id);
+  free(all);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Publishing
+ * ------------------------------------------------------------------------ */
+static void publish_done(sd_save *save, const sd_error *err, const char *final_path) {
+  save->pub = NULL;
+  if (err && err->code) {
+    if (!save->err.code) save->err = *err;
+    finalize(save, NULL);
+    return;
+  }
+  /* Published even if a late abort or shutdown asked otherwise: the
+   * checkpoint is on disk, so report what is true. */
+  finalize(save, final_path ? final_path : save->dir);
+}
+
+static void on_released(sd_publish *pub, void *ud) {
+  (void)pub;
+  send_released(ud);
+}
+
+static void on_done(sd_publish *pub, void *ud, const sd_error *err, const char *final_path) {
+  (void)pub;
+  sd_save *save = ud;
+  if (save->in_start) {
+    /* Reported from inside sd_publish_start: finish after it returns. */
+    save->done_early = 1;
+    if (err) save->early_err = *err;
+    if (final_path) save->early_path = strdup(final_path);
+    return;
+  }
+  publish_done(save, err, final_path);
+}
+
+static void start_write(sd_save *save) {
+  sd_daemon *d = save->d;
+  sd_error err = {0};
+  save->planned = calloc(1, sizeof *save->planned);
+  if (!save->planned) {
+    sd_save_fail(save, SHARDD_E_NO_MEMORY, "out of memory planning save '%s'", save->id);
+    return;
+  }
+  if (sd_planner_build(save, save->planned, &err) != 0) {
+    sd_save_fail_err(save, &err);
+    return;
+  }
+  sd_planned *p = save->planned;
+  sd_publish_req req = {
+      .root_fd = d->root_fd,
+      .root_path = d->cfg->root,
+      .rel_dir = save->dir,
+      .overwrite = save->overwrite,
+      .plan = &p->plan,
+      .ops = p->ops,
+      .nops = p->nops,
+      .artifacts = p->artifacts,
+      .nartifacts = p->nartifacts,
+      .index_json = p->index_json,
+      .index_len = p->index_len,
+      .tag = save->id,
+      .on_released = on_released,
+      .on_done = on_done,
+      .ud = save,
+  };
+  sd_log_debug("save '%s': %zu tensors, %zu files, %zu writes, %llu bytes", save->id, p->ntensors,
+               p->plan.nfiles, p->nops, (unsigned long long)p->total_bytes);
+  save->state = SD_SAVE_WRITING;
+  save->t_write = uv_hrtime();
+  save->in_start = 1;
+  sd_publish *pub = NULL;
+  int rc = sd_publish_start(d->writer, &req, &pub, &err);
+  save->in_start = 0;
+  if (rc != 0 && !save->done_early) {
+    save->state = SD_SAVE_OPEN;
+    if (!err.code) sd_fail(&err, rc, "cannot start writing save '%s'", save->id);
+    sd_save_fail_err(save, &err);
+    return;
+  }
+  if (save->done_early) {
+    sd_error e = save->early_err;
+    publish_done(save, e.code ? &e : NULL, save->early_path);
+    return;
+  }
+  save->pub = pub;
+  /* Failed while the plan was being built (cannot happen today, but keep
+   * the invariant that a FAILING save always has its writer cancelled). */
+  if (save->err.code) sd_publish_cancel(pub, save->err.code, save->err.msg);
+}
+
+void sd_save_maybe_start(sd_save *save) {
+  if (save->state == SD_SAVE_OPEN && !save->err.code && save->nsealed == save->world_size)
+    start_write(save);
+}
+
+/* ------------------------------------------------------------------------ *
+ * begin
+ * ------------------------------------------------------------------------ */
+static int metadata_equal(const sd_save *save, const sd_begin_args *a) {
+  if (save->nmetadata != a->nmetadata) return 0;
+  for (size_t i = 0; i < a->nmetadata; i++) {
+    size_t j = 0;
+    while (j < save->nmetadata && strcmp(save->metadata[j].key, a->metadata[i].key) != 0) j++;
+    if (j == save->nmetadata || strcmp(save->metadata[j].value, a->metadata[i].value) != 0) return 0;
+  }
+  return 1;
+}
+
+/* First disagreement between a joining rank and the save, or 0. */
+static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *err) {
+  const char *prefix = a->prefix ? a->prefix : SD_DEFAULT_PREFIX;
+  uint64_t mss = a->max_shard_size ? a->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
+  if (strcmp(save->dir, a->dir) != 0)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives dir '%.200s', earlier ranks gave '%.200s'",
+                   save->id, a->rank, a->dir, save->dir);
+  if (strcmp(save->prefix, prefix) != 0)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives prefix '%.100s', earlier ranks gave '%.100s'",
+                   save->id, a->rank, prefix, save->prefix);
+  if (save->max_shard_size != mss)
+    return sd_fail(err, SHARDD_E_CONFLICT,
+                   "save '%s': rank %u gives max_shard_size %llu, earlier ranks gave %llu", save->id,
+                   a->rank, (unsigned long long)mss, (unsigned long long)save->max_shard_size);
+  if (save->overwrite != a->overwrite)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives overwrite %s, earlier ranks gave %s",
+                   save->id, a->rank, a->overwrite ? "true" : "false", save->overwrite ? "true" : "false");
+  if (!metadata_equal(save, a))
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives different metadata than earlier ranks",
+                   save->id, a->rank);
+  return 0;
+}
+
+static int create_save(sd_daemon *d, const sd_begin_args *a, sd_save **out, sd_error *err) {
+  int rc = sd_path_check_rel(a->dir, err);
+  if (rc) return rc;
+  for (sd_save *s = d->saves; s; s = s->next)
+    if (strcmp(s->dir, a->dir) == 0)
+      return sd_fail(err, SHARDD_E_CONFLICT, "dir '%s' is already the destination of save '%s'", a->dir, s->id);
+  int exists = 0;
+  rc = sd_path_exists(d->root_fd, a->dir, &exists, err);
+  if (rc) return rc;
+  if (exists && !a->overwrite)
+    return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
+                   a->dir);
+  sd_save *save = save_new(d, a);
+  if (!save) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory creating save '%s'", a->save);
+  /* Newest last, so status lists saves in the order they began. */
+  sd_save **pp = &d->saves;
+  while (*pp) pp = &(*pp)->next;
+  *pp = save;
+  d->nsaves++;
+  *out = save;
+  return 0;
+}
+
+int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error *err) {
+  if (d->shutting_down) return sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+  if (a->world_size == 0 || a->world_size > SD_WORLD_MAX)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'world_size' must be in [1, %d]", SD_WORLD_MAX);
+  if (a->rank >= a->world_size)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'rank' is %u, outside [0, world_size=%u)",
+                   a->rank, a->world_size);
+  sd_save *save = sd_save_find(d, a->save);
+  int rc;
+  if (save) {
+    int mine = sd_save_rank_of(save, s);
+    if (mine >= 0)
+      return sd_fail(err, SHARDD_E_BAD_STATE, "this connection already is rank %d of save '%s'", mine, save->id);
+    if (save->world_size != a->world_size) {
+      sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives world_size %u, earlier ranks gave %u",
+              save->id, a->rank, a->world_size, save->world_size);
+      sd_save_fail_err(save, err);
+      return err->code;
+    }
+    if (save->ranks[a->rank].state != SD_RANK_NONE)
+      return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u of save '%s' has already begun", a->rank, save->id);
+    if (save->state != SD_SAVE_OPEN)
+      return sd_fail(err, SHARDD_E_BAD_STATE, "save '%s' is ending", save->id);
+    if (disagreement(save, a, err)) {
+      sd_save_fail_err(save, err);
+      return err->code;
+    }
+  } else {
+    rc = create_save(d, a, &save, err);
+    if (rc) return rc;
+  }
+  if (sd_session_add_member(s, save, a->rank) != 0) {
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory joining save '%s'", save->id);
+    if (save->nbegun == 0) {
+      unlink_save(d, save);
+      save_free(save);
+    }
+    return rc;
+  }
+  save->ranks[a->rank].state = SD_RANK_BEGUN;
+  save->ranks[a->rank].sess = s;
+  save->nbegun++;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * put, file, seal
+ * ------------------------------------------------------------------------ */
+static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *shape) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (uint32_t i = 0; i < ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+static int rank_hold_region(sd_rank *rk, sd_region *r) {
+  for (size_t i = 0; i < rk->nregions; i++)
+    if (rk->regions[i] == r) return 0;
+  if (rk->nregions == rk->cap) {
+    size_t ncap = rk->cap ? rk->cap * 2 : 4;
+    sd_region **nr = realloc(rk->regions, ncap * sizeof *nr);
+    if (!nr) return -1;
+    rk->regions = nr;
+    rk->cap = ncap;
+  }
+  sd_region_ref(r);
+  rk->regions[rk->nregions++] = r;
+  return 0;
+}
+
+int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
+  size_t slot = 0;
+  sd_save_tensor *t = tensor_find(save, a->name, &slot);
+  if (t) {
+    if (t->dtype != a->dtype || t->ndim != a->ndim ||
+        memcmp(t->shape, a->shape, a->ndim * sizeof(uint64_t)) != 0) {
+      char was[256], now[256];
+      shape_str(was, sizeof was, t->ndim, t->shape);
+      shape_str(now, sizeof now, a->ndim, a->shape);
+      sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u declares %s %s, rank %u declared %s %s", a->name,
+              rank, sd_dtype_name(a->dtype), now, t->first_rank, sd_dtype_name(t->dtype), was);
+      sd_save_fail_err(save, err);
+      return err->code;
+    }
+    if (a->index >= 0 && t->index >= 0 && a->index != t->index) {
+      sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u gives index %lld, an earlier put gave %lld",
+              a->name, rank, (long long)a->index, (long long)t->index);
+      sd_save_fail_err(save, err);
+      return err->code;
+    }
+  }
+  sd_rank *rk = &save->ranks[rank];
+  sd_slice *sl = calloc(1, sizeof *sl + 2 * a->ndim * sizeof(uint64_t));
+  if (!sl || (a->region && rank_hold_region(rk, a->region) != 0)) {
+    free(sl);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
+  }
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (t) t->name = strdup(a->name);
+    if (!t || !t->name || tensor_table_grow(save) != 0) {
+      if (t) free(t->name);
+      free(t);
+      free(sl);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
+    }
+    t->dtype = a->dtype;
+    t->ndim = a->ndim;
+    memcpy(t->shape, a->shape, a->ndim * sizeof(uint64_t));
+    t->index = -1;
+    t->first_rank = rank;
+    tensor_find(save, a->name, &slot); /* the table may have been rehashed */
+    save->tensors[save->ntensors++] = t;
+    save->hslots[slot] = (uint32_t)save->ntensors;
+  }
+  if (t->nslices == t->cap) {
+    size_t ncap = t->cap ? t->cap * 2 : 2;
+    sd_slice **ns = realloc(t->slices, ncap * sizeof *ns);
+    if (!ns) {
+      free(sl);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
+    }
+    t->slices = ns;
+    t->cap = ncap;
+  }
+  if (a->index >= 0) t->index = a->index;
+  sl->rank = rank;
+  sl->region = a->region;
+  sl->offset = a->offset;
+  sl->data = a->data;
+  a->data = NULL;
+  sl->len = a->len;
+  memcpy(sl->dims, a->start, a->ndim * sizeof(uint64_t));
+  memcpy(sl->dims + a->ndim, a->count, a->ndim * sizeof(uint64_t));
+  t->slices[t->nslices++] = sl;
+  rk->bytes += a->len;
+  save->bytes_put += a->len;
+  return 0;
+}
+
+int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
+                 sd_error *err) {
+  for (size_t i = 0; i < save->nfiles; i++) {
+    sd_save_artifact *f = &save->files[i];
+    if (strcmp(f->name, name) != 0) continue;
+    /* Every rank running the same save code sends the same config.json. */
+    if (f->len == len && (len == 0 || memcmp(f->data, data, len) == 0)) {
+      free(data);
+      return 0;
+    }
+    free(data);
+    sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name, rank,
+            f->rank);
+    sd_save_fail_err(save, err);
+    return err->code;
+  }
+  if (save->nfiles == save->fcap) {
+    size_t ncap = save->fcap ? save->fcap * 2 : 4;
+    sd_save_artifact *nf = realloc(save->files, ncap * sizeof *nf);
+    if (!nf) {
+      free(data);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
+    }
+    save->files = nf;
+    save->fcap = ncap;
+  }
+  char *copy = strdup(name);
+  if (!copy) {
+    free(data);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
+  }
+  save->files[save->nfiles++] = (sd_save_artifact){.name = copy, .data = data, .len = len, .rank = rank};
+  save->bytes_put += len;
+  return 0;
+}
+
+int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err) {
+  sd_rank *rk = &save->ranks[rank];
+  if (rk->state == SD_RANK_SEALED)
+    return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u has already sealed save '%s'", rank, save->id);
+  rk->state = SD_RANK_SEALED;
+  save->nsealed++;
+  return 0;
+}
+
+int sd_save_add_waiter(sd_save *save, sd_session *s, json_t *id, sd_error *err) {
+  sd_waiter *w = calloc(1, sizeof *w);
+  if (!w) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory waiting for save '%s'", save->id);
+  w->sess = s;
+  w->id = json_incref(id ? id : json_null());
+  sd_waiter **pp = &save->waiters;
+  while (*pp) pp = &(*pp)->next;
+  *pp = w;
+  s->pending_waits++;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Connections going away
+ * ------------------------------------------------------------------------ */
+void sd_save_session_gone(sd_daemon *d, sd_session *s) {
+  for (sd_save *save = d->saves; save; save = save->next) {
+    for (sd_waiter **pp = &save->waiters; *pp;) {
+      sd_waiter *w = *pp;
+      if (w->sess != s) {
+        pp = &w->next;
+        continue;
+      }
+      *pp = w->next;
+      json_decref(w->id);
+      free(w);
+      if (s->pending_waits) s->pending_waits--;
+    }
+  }
+  /* Work on a copy: failing a save edits membership lists. */
+  size_t n = s->nmembers;
+  sd_member *m = s->members;
+  s->members = NULL;
+  s->nmembers = s->mcap = 0;
+  for (size_t i = 0; i < n; i++) m[i].save->ranks[m[i].rank].sess = NULL;
+  for (size_t i = 0; i < n; i++) {
+    sd_save *save = m[i].save;
+    if (!save_alive(d, save)) continue;
+    if (save->ranks[m[i].rank].state == SD_RANK_BEGUN && save->state == SD_SAVE_OPEN)
+      sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", m[i].rank,
+                   save->id);
+  }
+  free(m);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Status
+ * ------------------------------------------------------------------------ */
+uint64_t sd_save_bytes_planned(const sd_save *save) {
+  return save->planned && save->planned->have_plan ? save->planned->total_bytes : save->bytes_put;
+}
+
+uint64_t sd_save_bytes_written(const sd_save *save) {
+  return save->pub ? sd_publish_bytes_written(save->pub) : 0;
+}
+
+const char *sd_save_state_name(const sd_save *save) {
+  switch (save->state) {
+    case SD_SAVE_OPEN: return save->nsealed == save->world_size ? "planning" : "open";
+    case SD_SAVE_WRITING: return "writing";
+    case SD_SAVE_FAILING: return "failing";
+  }
+  return "unknown";
+}

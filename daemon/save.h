@@ -1,0 +1,167 @@
+/* The save state machine: ranks begin, put, file and seal; the last seal plans and publishes; waits get the end. */
+#ifndef SD_SAVE_H
+#define SD_SAVE_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "ops.h"
+#include "region.h"
+#include "sd_format.h"
+
+#define SD_SAVE_ID_MAX 128
+#define SD_WORLD_MAX 65536
+#define SD_PREFIX_MAX 128
+#define SD_METADATA_MAX 1024
+
+/* ------------------------------------------------------------------------ *
+ * What a save holds
+ * ------------------------------------------------------------------------ */
+typedef struct sd_slice {
+  uint32_t rank;
+  sd_region *region;       /* NULL: the bytes are inline in data */
+  uint64_t offset;         /* in region */
+  uint8_t *data;           /* owned */
+  uint64_t len;
+  uint64_t dims[];         /* start[ndim], then count[ndim] */
+} sd_slice;
+
+typedef struct {
+  char *name;
+  sd_dtype dtype;
+  uint32_t ndim;
+  uint64_t shape[SD_MAX_DIMS];
+  int64_t index;           /* -1: natural name order */
+  uint32_t first_rank;     /* who declared dtype/shape first, for messages */
+  sd_slice **slices;
+  size_t nslices, cap;
+} sd_save_tensor;
+
+typedef struct {
+  char *name;
+  uint8_t *data;
+  size_t len;
+  uint32_t rank;
+} sd_save_artifact;
+
+enum { SD_RANK_NONE, SD_RANK_BEGUN, SD_RANK_SEALED };
+
+typedef struct {
+  int state;
+  struct sd_session *sess; /* NULL once disconnected */
+  sd_region **regions;     /* one reference each, held until the save ends */
+  size_t nregions, cap;
+  uint64_t bytes;
+} sd_rank;
+
+typedef struct sd_waiter {
+  struct sd_session *sess;
+  json_t *id;
+  struct sd_waiter *next;
+} sd_waiter;
+
+typedef enum { SD_SAVE_OPEN, SD_SAVE_WRITING, SD_SAVE_FAILING } sd_save_state;
+
+struct sd_planned;
+
+typedef struct sd_save {
+  struct sd_save *next;
+  sd_daemon *d;
+  char *id, *dir, *prefix;
+  uint32_t world_size;
+  uint64_t max_shard_size; /* 0: default */
+  sd_kv *metadata;         /* owned strings */
+  size_t nmetadata;
+  int overwrite;
+  sd_save_state state;
+  sd_rank *ranks;
+  uint32_t nbegun, nsealed;
+
+  sd_save_tensor **tensors; /* in first-put order */
+  size_t ntensors, tcap;
+  uint32_t *hslots;        /* open addressing: tensor index + 1, 0 empty */
+  size_t hcap;
+  sd_save_artifact *files;
+  size_t nfiles, fcap;
+  uint64_t bytes_put;
+
+  sd_waiter *waiters;
+  sd_error err;            /* the first failure */
+  struct sd_planned *planned;
+  sd_publish *pub;
+  int in_start, done_early, released;
+  sd_error early_err;
+  char *early_path;
+  uint64_t t_begin, t_write;
+} sd_save;
+
+/* A finished save, as a `wait` reports it. */
+typedef struct sd_save_result {
+  char *id;
+  sd_error err;            /* code 0: committed */
+  char *dir;               /* absolute, when committed */
+  uint64_t files, tensors, bytes;
+} sd_save_result;
+
+/* ------------------------------------------------------------------------ *
+ * Requests (arguments already parsed and checked field by field)
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  const char *save, *dir, *prefix;
+  uint32_t rank, world_size;
+  uint64_t max_shard_size;
+  const sd_kv *metadata;
+  size_t nmetadata;
+  int overwrite;
+} sd_begin_args;
+
+typedef struct {
+  const char *name;
+  sd_dtype dtype;
+  uint32_t ndim;
+  uint64_t shape[SD_MAX_DIMS];
+  uint64_t start[SD_MAX_DIMS], count[SD_MAX_DIMS];
+  int64_t index;
+  sd_region *region;       /* borrowed; the save takes its own reference */
+  uint64_t offset;
+  uint8_t *data;           /* taken over by the save on success */
+  uint64_t len;
+} sd_put_args;
+
+int sd_save_id_check(const char *id, sd_error *err);
+sd_save *sd_save_find(sd_daemon *d, const char *id);
+const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id);
+/* The rank s plays in save, or -1. */
+int sd_save_rank_of(const sd_save *save, const struct sd_session *s);
+
+int sd_save_begin(sd_daemon *d, struct sd_session *s, const sd_begin_args *a, sd_error *err);
+/* A disagreement on dtype/shape/index fails the whole save with `mismatch`. */
+int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err);
+/* Takes over data (freed on failure too). */
+int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
+                 sd_error *err);
+int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err);
+/* Plans and starts the publish once every rank has sealed (call after the
+ * seal's reply went out, so replies keep request order). */
+void sd_save_maybe_start(sd_save *save);
+/* Fails the save for every rank; the first error wins. */
+void sd_save_fail(sd_save *save, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void sd_save_fail_err(sd_save *save, const sd_error *err);
+/* Registers a waiter for the end of the save (id is borrowed). */
+int sd_save_add_waiter(sd_save *save, struct sd_session *s, json_t *id, sd_error *err);
+
+/* Connection s is going away: unsealed ranks fail with client_lost, sealed
+ * ones lose their session, its waiters are dropped. */
+void sd_save_session_gone(sd_daemon *d, struct sd_session *s);
+/* Shutdown: every save in flight fails with shutting_down. */
+void sd_save_fail_all(sd_daemon *d, int code, const char *why);
+
+uint64_t sd_save_bytes_planned(const sd_save *save);
+uint64_t sd_save_bytes_written(const sd_save *save);
+const char *sd_save_state_name(const sd_save *save);
+
+/* The reply a `wait` gets for a finished save. */
+json_t *sd_save_result_reply(const sd_save_result *r, json_t *id);
+void sd_save_history_free(sd_daemon *d);
+
+#endif

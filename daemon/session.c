@@ -1,0 +1,283 @@
+/* One client connection: reads lines, dispatches requests in order, queues replies and events, closes gracefully. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "save.h"
+#include "sd_msg.h"
+#include "session.h"
+
+/* A client that stops reading its replies stops being read from, so its
+ * unread output cannot grow without bound; reading resumes once drained. */
+#define WRITE_HIGH_WATER (4u << 20)
+#define WRITE_LOW_WATER (1u << 20)
+#define READ_CHUNK (64u << 10)
+
+typedef struct {
+  uv_write_t req;
+  sd_session *s;
+  char *buf;
+} write_req;
+
+static void pump(sd_session *s);
+static void maybe_finish(sd_session *s);
+
+/* ------------------------------------------------------------------------ *
+ * Output
+ * ------------------------------------------------------------------------ */
+static void on_write(uv_write_t *req, int status) {
+  write_req *w = (write_req *)req;
+  sd_session *s = w->s;
+  free(w->buf);
+  free(w);
+  if (status < 0 && status != UV_ECANCELED) {
+    sd_log_debug("client %llu: write failed: %s", (unsigned long long)s->id, uv_strerror(status));
+    sd_session_close(s);
+    return;
+  }
+  if (s->paused && !s->closing && uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) < WRITE_LOW_WATER) {
+    s->paused = 0;
+    pump(s);
+  }
+}
+
+void sd_session_send(sd_session *s, json_t *msg) {
+  if (!msg) return;
+  if (s->closing) {
+    json_decref(msg);
+    return;
+  }
+  size_t len = 0;
+  char *buf = sd_msg_dump(msg, &len);
+  json_decref(msg);
+  write_req *w = buf ? malloc(sizeof *w) : NULL;
+  if (!w) {
+    free(buf);
+    sd_log_error("client %llu: out of memory queueing a reply; closing", (unsigned long long)s->id);
+    sd_session_close(s);
+    return;
+  }
+  w->s = s;
+  w->buf = buf;
+  uv_buf_t b = uv_buf_init(buf, (unsigned)len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, on_write);
+  if (rc < 0) {
+    free(buf);
+    free(w);
+    sd_session_close(s);
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * Closing: teardown happens in a callback, never inside the call that asked
+ * for it, so ending one save can never free another mid-iteration.
+ * ------------------------------------------------------------------------ */
+static void on_closed(uv_handle_t *h) {
+  sd_session *s = h->data;
+  sd_daemon *d = s->d;
+  sd_save_session_gone(d, s);
+  sd_region_table_clear(&s->regions);
+  sd_linebuf_free(&s->lb);
+  free(s->members);
+  if (s->prev) s->prev->next = s->next;
+  else d->sessions = s->next;
+  if (s->next) s->next->prev = s->prev;
+  d->nsessions--;
+  sd_log_debug("client %llu gone", (unsigned long long)s->id);
+  free(s);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  (void)status;
+  sd_session *s = req->data;
+  uv_close((uv_handle_t *)&s->pipe, on_closed);
+}
+
+void sd_session_close(sd_session *s) {
+  if (s->closing) return;
+  s->closing = 1;
+  if (s->reading) uv_read_stop((uv_stream_t *)&s->pipe);
+  s->reading = 0;
+  /* Flush what is queued (a final error reply, answered waits) first. */
+  s->shutdown_req.data = s;
+  if (uv_shutdown(&s->shutdown_req, (uv_stream_t *)&s->pipe, on_shutdown) != 0)
+    uv_close((uv_handle_t *)&s->pipe, on_closed);
+}
+
+void sd_session_close_all(sd_daemon *d) {
+  for (sd_session *s = d->sessions; s; s = s->next) sd_session_close(s);
+}
+
+/* A half-closed peer (it sent EOF but may still read) is closed once it
+ * has nothing left to hear about. */
+static void maybe_finish(sd_session *s) {
+  if (s->eof && !s->closing && !s->pumping && s->pending_waits == 0) sd_session_close(s);
+}
+
+void sd_session_wait_done(sd_session *s) {
+  if (s->pending_waits) s->pending_waits--;
+  maybe_finish(s);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Membership
+ * ------------------------------------------------------------------------ */
+int sd_session_add_member(sd_session *s, struct sd_save *save, uint32_t rank) {
+  if (s->nmembers == s->mcap) {
+    size_t ncap = s->mcap ? s->mcap * 2 : 4;
+    sd_member *nm = realloc(s->members, ncap * sizeof *nm);
+    if (!nm) return -1;
+    s->members = nm;
+    s->mcap = ncap;
+  }
+  s->members[s->nmembers].save = save;
+  s->members[s->nmembers].rank = rank;
+  s->nmembers++;
+  return 0;
+}
+
+void sd_session_remove_member(sd_session *s, struct sd_save *save) {
+  for (size_t i = 0; i < s->nmembers; i++) {
+    if (s->members[i].save == save) {
+      s->members[i] = s->members[--s->nmembers];
+      return;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * Input
+ * ------------------------------------------------------------------------ */
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  sd_session *s = h->data;
+  size_t avail = 0;
+  char *p = sd_linebuf_reserve(&s->lb, READ_CHUNK, &avail);
+  if (avail > (1u << 20)) avail = 1u << 20;
+  *buf = uv_buf_init(p, p ? (unsigned)avail : 0);
+}
+
+static void read_start(sd_session *s);
+
+static void pump(sd_session *s) {
+  if (s->pumping) return;
+  s->pumping = 1;
+  while (!s->closing) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) > WRITE_HIGH_WATER) {
+      s->paused = 1;
+      break;
+    }
+    char *line;
+    size_t len;
+    sd_error err = {0};
+    int rc = sd_linebuf_next(&s->lb, &line, &len, &err);
+    if (rc == 0) break;
+    if (rc < 0) {
+      /* Framing is lost: say why, then hang up. */
+      sd_session_send(s, sd_msg_error_from(NULL, &err));
+      s->pumping = 0;
+      sd_session_close(s);
+      return;
+    }
+    sd_ops_dispatch(s, line, len);
+  }
+  s->pumping = 0;
+  if (s->closing) return;
+  if (s->paused) {
+    if (s->reading) uv_read_stop((uv_stream_t *)&s->pipe);
+    s->reading = 0;
+  } else if (!s->eof) {
+    read_start(s);
+  }
+  maybe_finish(s);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  (void)buf;
+  sd_session *s = stream->data;
+  if (nread > 0) {
+    sd_linebuf_commit(&s->lb, (size_t)nread);
+    pump(s);
+    return;
+  }
+  if (nread == 0) return;
+  if (nread == UV_ENOBUFS) {
+    sd_log_error("client %llu: out of memory reading a request; closing", (unsigned long long)s->id);
+    sd_session_close(s);
+    return;
+  }
+  uv_read_stop(stream);
+  s->reading = 0;
+  s->eof = 1;
+  if (nread != UV_EOF) {
+    sd_log_debug("client %llu: read failed: %s", (unsigned long long)s->id, uv_strerror((int)nread));
+    sd_session_close(s);
+    return;
+  }
+  /* Complete lines already received are still answered; an unterminated
+   * tail is dropped (the peer can no longer finish it). */
+  pump(s);
+  if (s->closing) return;
+  /* Without a way to send seal, unsealed ranks are lost now, not at close. */
+  for (size_t i = 0; i < s->nmembers;) {
+    struct sd_save *save = s->members[i].save;
+    uint32_t rank = s->members[i].rank;
+    if (save->ranks[rank].state == SD_RANK_BEGUN && save->state == SD_SAVE_OPEN) {
+      sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", rank, save->id);
+      i = 0; /* the list changed under us */
+      continue;
+    }
+    i++;
+  }
+  maybe_finish(s);
+}
+
+static void read_start(sd_session *s) {
+  if (s->reading || s->closing || s->eof) return;
+  if (uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read) == 0) s->reading = 1;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Accept
+ * ------------------------------------------------------------------------ */
+void sd_session_accept(sd_daemon *d, uv_stream_t *server) {
+  sd_session *s = calloc(1, sizeof *s);
+  if (!s) {
+    sd_log_error("out of memory accepting a client");
+    return;
+  }
+  s->d = d;
+  if (uv_pipe_init(d->loop, &s->pipe, 0) != 0) {
+    free(s);
+    return;
+  }
+  s->pipe.data = s;
+  sd_linebuf_init(&s->lb, d->cfg->max_line);
+  s->id = ++d->next_session_id;
+  s->next = d->sessions;
+  if (d->sessions) d->sessions->prev = s;
+  d->sessions = s;
+  d->nsessions++;
+  if (uv_accept(server, (uv_stream_t *)&s->pipe) != 0) {
+    s->closing = 1;
+    uv_close((uv_handle_t *)&s->pipe, on_closed);
+    return;
+  }
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t clen = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&s->pipe, &fd) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+    sd_log_warn("cannot read the credentials of a client; refusing it");
+    s->closing = 1;
+    uv_close((uv_handle_t *)&s->pipe, on_closed);
+    return;
+  }
+  s->uid = cred.uid;
+  s->gid = cred.gid;
+  s->pid = cred.pid;
+  sd_log_debug("client %llu connected (pid %d, uid %u)", (unsigned long long)s->id, (int)s->pid,
+               (unsigned)s->uid);
+  read_start(s);
+}

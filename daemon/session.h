@@ -1,0 +1,52 @@
+/* One client connection: line reading, request dispatch, ordered replies, events, graceful close. */
+#ifndef SD_SESSION_H
+#define SD_SESSION_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "ops.h"
+#include "region.h"
+#include "sd_linebuf.h"
+
+struct sd_save;
+
+typedef struct {
+  struct sd_save *save;
+  uint32_t rank;
+} sd_member;
+
+typedef struct sd_session {
+  sd_daemon *d;
+  uv_pipe_t pipe;
+  uv_shutdown_t shutdown_req;
+  uint64_t id;
+  uid_t uid;
+  gid_t gid;
+  pid_t pid;
+  sd_linebuf lb;
+  sd_region_table regions;
+  sd_member *members;       /* saves this connection is a rank of */
+  size_t nmembers, mcap;
+  unsigned pending_waits;
+  int reading, paused, eof, pumping, closing;
+  struct sd_session *prev, *next;
+} sd_session;
+
+/* Accepts a pending connection on server. */
+void sd_session_accept(sd_daemon *d, uv_stream_t *server);
+/* Queues msg (reference stolen) as one line; dropped once the session closes. */
+void sd_session_send(sd_session *s, json_t *msg);
+/* Closes after the queued replies are flushed. */
+void sd_session_close(sd_session *s);
+/* Closes every session (shutdown). */
+void sd_session_close_all(sd_daemon *d);
+
+int sd_session_add_member(sd_session *s, struct sd_save *save, uint32_t rank);
+void sd_session_remove_member(sd_session *s, struct sd_save *save);
+/* A pending wait was answered or dropped: an idle half-closed peer is closed. */
+void sd_session_wait_done(sd_session *s);
+
+#endif

@@ -1,0 +1,129 @@
+/* Benchmark: planning a 1,000,000-tensor checkpoint (8 slices each): coverage, shard plan, headers, index. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sd_format.h"
+
+#define NTENSORS 1000000
+#define NSLICES 8
+#define NTEMPL 4096
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU seconds of this process: steadier than wall time on a shared machine. */
+static double cpu(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rnd(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* A Llama-like layer: 7 matrices (TP=8 on dim 0 or dim 1) and 2 norms
+ * (replicated on all 8 ranks). */
+static const struct {
+  const char *fmt;
+  uint64_t d0, d1;
+  int split; /* 0: dim 0, 1: dim 1, 2: replicated 1-d */
+} kinds[] = {
+    {"model.layers.%u.self_attn.q_proj.weight", 1024, 1024, 0},
+    {"model.layers.%u.self_attn.k_proj.weight", 256, 1024, 0},
+    {"model.layers.%u.self_attn.v_proj.weight", 256, 1024, 0},
+    {"model.layers.%u.self_attn.o_proj.weight", 1024, 1024, 1},
+    {"model.layers.%u.mlp.gate_proj.weight", 2816, 1024, 0},
+    {"model.layers.%u.mlp.up_proj.weight", 2816, 1024, 0},
+    {"model.layers.%u.mlp.down_proj.weight", 1024, 2816, 1},
+    {"model.layers.%u.input_layernorm.weight", 1024, 0, 2},
+    {"model.layers.%u.post_attention_layernorm.weight", 1024, 0, 2},
+};
+#define NKINDS (sizeof kinds / sizeof kinds[0])
+
+int main(void) {
+  sd_tensor *t = calloc(NTENSORS, sizeof *t);
+  char *names = malloc((size_t)NTENSORS * 64);
+  sd_box(*tb)[NSLICES] = calloc(NKINDS, sizeof *tb);
+  uint32_t *perm = malloc(NTENSORS * sizeof *perm);
+  if (!t || !names || !tb || !perm) return 1;
+  uint64_t seed = 88172645463325252ULL;
+
+  for (uint32_t k = 0; k < NKINDS; k++) {
+    for (uint32_t r = 0; r < NSLICES; r++) {
+      sd_box *b = &tb[k][r];
+      if (kinds[k].split == 2) {
+        b->count[0] = kinds[k].d0;
+        continue;
+      }
+      int d = kinds[k].split;
+      uint64_t dim = d ? kinds[k].d1 : kinds[k].d0;
+      b->count[0] = kinds[k].d0;
+      b->count[1] = kinds[k].d1;
+      b->start[d] = dim / NSLICES * r;
+      b->count[d] = dim / NSLICES;
+    }
+  }
+  /* Tensors arrive in whatever order ranks put them. */
+  for (uint32_t i = 0; i < NTENSORS; i++) perm[i] = i;
+  for (uint32_t i = NTENSORS; i > 1; i--) {
+    uint32_t j = (uint32_t)(rnd(&seed) % i), x = perm[i - 1];
+    perm[i - 1] = perm[j];
+    perm[j] = x;
+  }
+  for (uint32_t i = 0; i < NTENSORS; i++) {
+    uint32_t id = perm[i], k = id % NKINDS;
+    char *nm = names + (size_t)i * 64;
+    snprintf(nm, 64, kinds[k].fmt, id / (unsigned)NKINDS);
+    t[i] = (sd_tensor){.name = nm, .dtype = SD_DT_BF16, .ndim = kinds[k].split == 2 ? 1 : 2,
+                       .index = -1};
+    t[i].shape[0] = kinds[k].d0;
+    t[i].shape[1] = kinds[k].d1;
+  }
+
+  printf("plan: %d tensors x %d slices (Llama-like layers, TP=8, names shuffled)\n", NTENSORS,
+         NSLICES);
+  double t0 = now(), c0 = cpu();
+  uint8_t keep[NSLICES];
+  sd_error err;
+  long bad = 0;
+  for (uint32_t i = 0; i < NTENSORS; i++) {
+    uint32_t k = perm[i] % NKINDS;
+    if (sd_coverage_check(t[i].name, t[i].ndim, t[i].shape, tb[k], NSLICES, keep, &err)) bad++;
+  }
+  double t1 = now(), c1 = cpu();
+  sd_plan p;
+  int rc = sd_plan_build(&p, t, NTENSORS, NULL, &err);
+  double t2 = now(), c2 = cpu();
+  if (rc) {
+    printf("plan failed: %s\n", err.msg);
+    return 1;
+  }
+  size_t ilen = 0;
+  char *ix = sd_index_encode(&p, t, &ilen, &err);
+  double t3 = now(), c3 = cpu();
+  uint64_t hdr = 0;
+  for (size_t f = 0; f < p.nfiles; f++) hdr += p.files[f].header_size;
+  printf("                 wall s   cpu s\n");
+  printf("  coverage     : %7.3f %7.3f\n", t1 - t0, c1 - c0);
+  printf("  plan+headers : %7.3f %7.3f  (%zu files, %.1f MB of headers, %.1f GB of data)\n",
+         t2 - t1, c2 - c1, p.nfiles, (double)hdr / 1e6, (double)p.total_size / 1e9);
+  printf("  index        : %7.3f %7.3f  (%.1f MB)\n", t3 - t2, c3 - c2, (double)ilen / 1e6);
+  printf("  total        : %7.3f %7.3f\n", t3 - t0, c3 - c0);
+  if (bad) printf("  UNEXPECTED: %ld coverage checks failed\n", bad);
+  free(ix);
+  sd_plan_free(&p);
+  free(t);
+  free(names);
+  free(tb);
+  free(perm);
+  return bad != 0 || !ix;
+}

@@ -1,0 +1,326 @@
+/* Checkpoint folders: the index and the shards must agree exactly; each mismatch is refused with a precise message. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sd_reader.h"
+
+#define F1 "model-00001-of-00002.safetensors"
+#define F2 "model-00002-of-00002.safetensors"
+
+/* ------------------------------------------------------------------------ *
+ * Building folders by hand, independently of the writer
+ * ------------------------------------------------------------------------ */
+
+typedef struct {
+  const char *name;
+  const char *dtype;
+  unsigned esz;
+  uint64_t count; /* 1-d shape */
+} spec;
+
+static char tmpdir[64];
+static char ckdir[128];
+
+static void mk_tmp(void) {
+  strcpy(tmpdir, "/tmp/shardd-test-ckpt-XXXXXX");
+  cr_assert_not_null(mkdtemp(tmpdir));
+  snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
+  cr_assert_eq(mkdir(ckdir, 0755), 0);
+}
+
+static void rm_tmp(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  cr_assert_eq(system(cmd), 0);
+}
+
+static void put(const char *name, const void *b, size_t len) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s", ckdir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  cr_assert_geq(fd, 0, "%s", path);
+  cr_assert_eq(write(fd, b, len), (ssize_t)len);
+  close(fd);
+}
+
+static void put_str(const char *name, const char *s) { put(name, s, strlen(s)); }
+
+static void shard(const char *file, const spec *s, size_t n) {
+  char js[4096];
+  size_t k = (size_t)snprintf(js, sizeof js, "{\"__metadata__\":{\"format\":\"pt\"}");
+  uint64_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t nb = s[i].esz * s[i].count;
+    k += (size_t)snprintf(js + k, sizeof js - k,
+                          ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64
+                          "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+                          s[i].name, s[i].dtype, s[i].count, off, off + nb);
+    off += nb;
+  }
+  k += (size_t)snprintf(js + k, sizeof js - k, "}");
+  while (k % 8) js[k++] = ' ';
+  size_t len = 8 + k + off;
+  unsigned char *b = calloc(1, len);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)k >> (8 * i));
+  memcpy(b + 8, js, k);
+  put(file, b, len);
+  free(b);
+}
+
+static const spec S1[] = {{"a", "F32", 4, 4}, {"b", "U8", 1, 3}};
+static const spec S2[] = {{"c", "F32", 4, 2}};
+
+static void good_shards(void) {
+  shard(F1, S1, 2);
+  shard(F2, S2, 1);
+}
+
+#define INDEX "model.safetensors.index.json"
+#define WM_OK "\"weight_map\":{\"a\":\"" F1 "\",\"b\":\"" F1 "\",\"c\":\"" F2 "\"}"
+
+static void expect_bad(const char *frag) {
+  sd_ckpt c;
+  sd_error err;
+  sd_error_clear(&err);
+  int rc = sd_ckpt_read(ckdir, &c, &err);
+  cr_assert_eq(rc, SHARDD_E_FORMAT, "rc %d: %s", rc, err.msg);
+  cr_assert_not_null(strstr(err.msg, frag), "message '%s' lacks '%s'", err.msg, frag);
+  cr_assert_eq(c.nfiles, 0);
+  cr_assert_null(c.files);
+  sd_ckpt_free(&c);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Valid folders
+ * ------------------------------------------------------------------------ */
+
+TestSuite(ckpt, .init = mk_tmp, .fini = rm_tmp);
+
+Test(ckpt, sharded_with_index) {
+  good_shards();
+  put_str(INDEX, "{\n  \"metadata\": {\n    \"total_size\": 27,\n    \"total_parameters\": 9\n  },\n"
+                 "  " WM_OK "\n}\n");
+  /* Files that are not this checkpoint's shards are left alone. */
+  put_str("config.json", "{}");
+  shard("optimizer.safetensors", S2, 1);
+  sd_ckpt c;
+  sd_error err;
+  cr_assert_eq(sd_ckpt_read(ckdir, &c, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(c.index_name, INDEX);
+  cr_assert_str_eq(c.prefix, "model");
+  cr_assert_eq(c.nfiles, 2);
+  cr_assert_str_eq(c.files[0].name, F1);
+  cr_assert_str_eq(c.files[1].name, F2);
+  cr_assert_eq(c.files[0].h.ntensors, 2);
+  cr_assert_eq(c.ntensors, 3);
+  cr_assert_eq(c.total_size, 27);
+  cr_assert_eq(c.total_parameters, 9);
+  sd_ckpt_free(&c);
+}
+
+Test(ckpt, single_file_without_index) {
+  shard("model.safetensors", S1, 2);
+  put_str("config.json", "{}");
+  sd_ckpt c;
+  sd_error err;
+  cr_assert_eq(sd_ckpt_read(ckdir, &c, &err), 0, "%s", err.msg);
+  cr_assert_null(c.index_name);
+  cr_assert_str_eq(c.prefix, "model");
+  cr_assert_eq(c.nfiles, 1);
+  cr_assert_eq(c.ntensors, 2);
+  cr_assert_eq(c.total_size, 19);
+  cr_assert_eq(c.total_parameters, 7);
+  sd_ckpt_free(&c);
+}
+
+Test(ckpt, custom_prefix) {
+  shard("adapter-00001-of-00002.safetensors", S1, 2);
+  shard("adapter-00002-of-00002.safetensors", S2, 1);
+  put_str("adapter.safetensors.index.json",
+          "{\"metadata\":{\"total_size\":27},\"weight_map\":{"
+          "\"a\":\"adapter-00001-of-00002.safetensors\",\"b\":\"adapter-00001-of-00002.safetensors\","
+          "\"c\":\"adapter-00002-of-00002.safetensors\"}}");
+  sd_ckpt c;
+  sd_error err;
+  cr_assert_eq(sd_ckpt_read(ckdir, &c, &err), 0, "%s", err.msg);
+  cr_assert_str_eq(c.prefix, "adapter");
+  cr_assert_eq(c.nfiles, 2);
+  sd_ckpt_free(&c);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Which files are there
+ * ------------------------------------------------------------------------ */
+
+Test(ckpt, empty_folder) { expect_bad("no .safetensors file and no index"); }
+
+Test(ckpt, several_files_without_index) {
+  good_shards();
+  expect_bad("2 .safetensors files (" F1 ", " F2 ") but no *.safetensors.index.json");
+}
+
+Test(ckpt, two_index_files) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  put_str("other.safetensors.index.json", "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_bad("2 index files (model.safetensors.index.json, other.safetensors.index.json); "
+             "expected one");
+}
+
+Test(ckpt, missing_shard) {
+  shard(F1, S1, 2);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_bad(INDEX ": weight_map names " F2 ", which does not exist");
+}
+
+Test(ckpt, stray_shard_not_in_index) {
+  good_shards();
+  shard("model-00003-of-00003.safetensors", S2, 1);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_bad("model-00003-of-00003.safetensors: not in the weight_map of " INDEX);
+}
+
+Test(ckpt, stale_single_file_beside_index) {
+  good_shards();
+  shard("model.safetensors", S2, 1);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_bad("model.safetensors: not in the weight_map of " INDEX);
+}
+
+Test(ckpt, invalid_shard_is_named) {
+  good_shards();
+  static const char bad[] = "\x02\0\0\0\0\0\0\0{}x";
+  put(F2, bad, sizeof bad - 1);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_bad(F2 ": 1 trailing byte after the last tensor");
+}
+
+/* ------------------------------------------------------------------------ *
+ * Index versus headers
+ * ------------------------------------------------------------------------ */
+
+Test(ckpt, total_size_wrong) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":28}," WM_OK "}");
+  expect_bad(INDEX ": metadata.total_size is 28 but the tensors hold 27 bytes");
+}
+
+Test(ckpt, total_parameters_wrong) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27,\"total_parameters\":10}," WM_OK "}");
+  expect_bad(INDEX ": metadata.total_parameters is 10 but the tensors hold 9 parameters");
+}
+
+Test(ckpt, header_tensor_missing_from_map) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"" F1 "\",\"c\":\"" F2
+                 "\"}}");
+  expect_bad(INDEX ": tensor 'b' is in " F1 " but not in weight_map");
+}
+
+Test(ckpt, map_points_to_wrong_file) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"" F1 "\",\"b\":\"" F2
+                 "\",\"c\":\"" F2 "\"}}");
+  expect_bad(INDEX ": tensor 'b' is in " F1 " but weight_map says " F2);
+}
+
+Test(ckpt, map_entry_not_in_its_file) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"" F1 "\",\"b\":\"" F1
+                 "\",\"c\":\"" F2 "\",\"d\":\"" F2 "\"}}");
+  expect_bad(INDEX ": weight_map says tensor 'd' is in " F2 ", which has no such tensor");
+}
+
+Test(ckpt, tensor_in_two_files) {
+  static const spec S2b[] = {{"c", "F32", 4, 2}, {"b", "U8", 1, 3}};
+  shard(F1, S1, 2);
+  shard(F2, S2b, 2);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":30}," WM_OK "}");
+  expect_bad(INDEX ": tensor 'b' is in both " F1 " and " F2);
+}
+
+Test(ckpt, names_compare_exactly) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"" F1 "\",\"B\":\"" F1
+                 "\",\"c\":\"" F2 "\"}}");
+  expect_bad(INDEX ": tensor 'b' is in " F1 " but not in weight_map");
+}
+
+/* ------------------------------------------------------------------------ *
+ * The index document itself
+ * ------------------------------------------------------------------------ */
+
+Test(ckpt, index_json_hostility) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_bad(INDEX ": not valid JSON at byte");
+  expect_bad("duplicate object key");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"" F1 "\",\"a\":\"" F2
+                 "\"}}");
+  expect_bad("duplicate object key");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK ",\"extra\":1}");
+  expect_bad(INDEX ": unexpected top-level key 'extra'");
+  put_str(INDEX, "{" WM_OK "}");
+  expect_bad(INDEX ": missing 'metadata'");
+  put_str(INDEX, "{\"metadata\":{}," WM_OK "}");
+  expect_bad(INDEX ": metadata.total_size is missing");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":\"27\"}," WM_OK "}");
+  expect_bad(INDEX ": metadata.total_size is not a non-negative integer");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27.0}," WM_OK "}");
+  expect_bad(INDEX ": metadata.total_size is not a non-negative integer");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{}}");
+  expect_bad(INDEX ": weight_map is empty");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":1}}");
+  expect_bad(INDEX ": weight_map: tensor 'a' -> not a string");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"../" F1 "\"}}");
+  expect_bad(INDEX ": weight_map: tensor 'a' -> '../" F1 "' is not a plain *.safetensors");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\":\"config.json\"}}");
+  expect_bad("'config.json' is not a plain *.safetensors file name");
+  put_str(INDEX, "[]");
+  expect_bad(INDEX ": not a JSON object");
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK);
+  expect_bad(INDEX ": not valid JSON");
+  static const char bad[] = "{\"metadata\":{\"total_size\":27},\"weight_map\":{\"a\xfe\":\"" F1 "\"}}";
+  put(INDEX, bad, sizeof bad - 1);
+  expect_bad("UTF-8");
+}
+
+Test(ckpt, index_parse_is_pure) {
+  const char *js = "{\"metadata\":{\"total_size\":5,\"total_parameters\":2,\"other\":\"x\"},"
+                   "\"weight_map\":{\"z\":\"m-2.safetensors\",\"a\":\"m-1.safetensors\","
+                   "\"m\":\"m-2.safetensors\"}}";
+  sd_st_index ix;
+  sd_error err;
+  cr_assert_eq(sd_st_index_parse("i", js, strlen(js), &ix, &err), 0, "%s", err.msg);
+  cr_assert_eq(ix.total_size, 5);
+  cr_assert(ix.has_total_parameters);
+  cr_assert_eq(ix.total_parameters, 2);
+  cr_assert_eq(ix.nfiles, 2);
+  cr_assert_str_eq(ix.files[0], "m-1.safetensors");
+  cr_assert_str_eq(ix.files[1], "m-2.safetensors");
+  cr_assert_eq(ix.nentries, 3);
+  cr_assert_str_eq(ix.entries[0].tensor, "a");
+  cr_assert_eq(ix.entries[0].file, 0);
+  cr_assert_str_eq(ix.entries[1].tensor, "m");
+  cr_assert_eq(ix.entries[1].file, 1);
+  cr_assert_str_eq(ix.entries[2].tensor, "z");
+  cr_assert_eq(ix.entries[2].file, 1);
+  sd_st_index_free(&ix);
+}
+
+Test(ckpt, not_a_folder) {
+  sd_ckpt c;
+  sd_error err;
+  char path[160];
+  snprintf(path, sizeof path, "%s/missing", tmpdir);
+  cr_assert_eq(sd_ckpt_read(path, &c, &err), SHARDD_E_IO);
+  cr_assert_not_null(strstr(err.msg, "cannot open the folder"), "%s", err.msg);
+}

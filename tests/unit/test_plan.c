@@ -1,0 +1,460 @@
+/* Shard planning: huggingface_hub's split rule case by case and against a transliterated reference, names, order. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sd_format.h"
+
+/* ------------------------------------------------------------------------ *
+ * Helpers
+ * ------------------------------------------------------------------------ */
+static sd_tensor u8(const char *name, uint64_t bytes) {
+  sd_tensor t = {.name = name, .dtype = SD_DT_U8, .ndim = 1, .index = -1};
+  t.shape[0] = bytes;
+  return t;
+}
+
+/* files[f] must hold exactly the tensors named in want[f] (any order). */
+static void expect_files(const sd_plan *p, const sd_tensor *t, const char *const *want, size_t nwant) {
+  cr_assert_eq(p->nfiles, nwant, "files: %zu, want %zu", p->nfiles, nwant);
+  for (size_t f = 0; f < nwant; f++) {
+    char got[512] = "";
+    for (size_t i = 0; i < p->files[f].ntensors; i++) {
+      strcat(got, t[p->files[f].tensors[i]].name);
+      strcat(got, " ");
+    }
+    /* want lists are given in header order (descending size then name). */
+    cr_assert_str_eq(got, want[f], "file %zu", f);
+  }
+}
+
+static sd_plan plan_ok(const sd_tensor *t, size_t n, uint64_t max, const char *prefix) {
+  sd_plan p;
+  sd_error err = {0};
+  sd_plan_opts o = {.max_shard_size = max, .prefix = prefix};
+  int rc = sd_plan_build(&p, t, n, &o, &err);
+  cr_assert_eq(rc, 0, "plan failed: %s", err.msg);
+  return p;
+}
+
+/* ------------------------------------------------------------------------ *
+ * The split rule, case by case
+ * ------------------------------------------------------------------------ */
+Test(plan, docstring_example_6_6_2_6_2_2_under_10) {
+  /* "[6GB, 6GB, 2GB, 6GB, 2GB, 2GB] ... sharded as [6GB], [6+2GB], [6+2+2GB]" */
+  const uint64_t G = 1000000000ULL;
+  sd_tensor t[] = {u8("t1", 6 * G), u8("t2", 6 * G), u8("t3", 2 * G),
+                   u8("t4", 6 * G), u8("t5", 2 * G), u8("t6", 2 * G)};
+  sd_plan p = plan_ok(t, 6, 10 * G, NULL);
+  const char *want[] = {"t1 ", "t2 t3 ", "t4 t5 t6 "};
+  expect_files(&p, t, want, 3);
+  cr_assert_str_eq(p.files[0].name, "model-00001-of-00003.safetensors");
+  cr_assert_str_eq(p.files[2].name, "model-00003-of-00003.safetensors");
+  cr_assert_eq(p.needs_index, 1);
+  cr_assert_str_eq(p.index_name, "model.safetensors.index.json");
+  cr_assert_eq(p.total_size, 24 * G);
+  cr_assert_eq(p.total_parameters, 24 * G);
+  sd_plan_free(&p);
+}
+
+Test(plan, oversize_tensor_is_appended_at_once_while_the_open_shard_continues) {
+  /* huggingface_hub's test state dict: sizes 6, 10, 30, 2, 2 with a limit of 10. */
+  sd_tensor t[] = {u8("layer_1", 6), u8("layer_2", 10), u8("layer_3", 30), u8("layer_4", 2),
+                   u8("layer_5", 2)};
+  sd_plan p = plan_ok(t, 5, 10, NULL);
+  const char *want[] = {"layer_1 ", "layer_3 ", "layer_2 ", "layer_4 layer_5 "};
+  expect_files(&p, t, want, 4);
+  sd_plan_free(&p);
+
+  sd_tensor m[] = {u8("a", 3), u8("b", 20), u8("c", 4)};
+  p = plan_ok(m, 3, 10, NULL);
+  const char *want2[] = {"b ", "a c "};
+  expect_files(&p, m, want2, 2);
+  cr_assert_eq(p.files[0].data_size, 20, "an oversize file holds a single tensor");
+  sd_plan_free(&p);
+}
+
+Test(plan, tensor_exactly_at_the_limit) {
+  sd_tensor t[] = {u8("a", 10), u8("b", 1)};
+  sd_plan p = plan_ok(t, 2, 10, NULL);
+  const char *w1[] = {"a ", "b "};
+  expect_files(&p, t, w1, 2);
+  sd_plan_free(&p);
+
+  sd_tensor t2[] = {u8("a", 5), u8("b", 5), u8("c", 1)};
+  p = plan_ok(t2, 3, 10, NULL);
+  const char *w2[] = {"a b ", "c "};
+  expect_files(&p, t2, w2, 2);
+  sd_plan_free(&p);
+
+  /* A zero-byte tensor still fits into a full shard. */
+  sd_tensor t3[] = {u8("a", 10), u8("b", 0), u8("c", 1)};
+  p = plan_ok(t3, 3, 10, NULL);
+  const char *w3[] = {"a b ", "c "};
+  expect_files(&p, t3, w3, 2);
+  sd_plan_free(&p);
+
+  sd_tensor t4[] = {u8("a", 10)};
+  p = plan_ok(t4, 1, 10, NULL);
+  cr_assert_eq(p.nfiles, 1);
+  cr_assert_str_eq(p.files[0].name, "model.safetensors");
+  cr_assert_eq(p.needs_index, 0);
+  sd_plan_free(&p);
+}
+
+Test(plan, oversize_first_and_last) {
+  sd_tensor t[] = {u8("a", 20), u8("b", 1), u8("c", 1), u8("d", 30)};
+  sd_plan p = plan_ok(t, 4, 10, NULL);
+  const char *want[] = {"a ", "d ", "b c "};
+  expect_files(&p, t, want, 3);
+  sd_plan_free(&p);
+}
+
+Test(plan, default_limit_is_5_gb) {
+  sd_tensor t[] = {u8("a", 3000000000ULL), u8("b", 2000000000ULL), u8("c", 1)};
+  sd_plan p = plan_ok(t, 3, 0, NULL);
+  const char *want[] = {"a b ", "c "};
+  expect_files(&p, t, want, 2);
+  sd_plan_free(&p);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Names and options
+ * ------------------------------------------------------------------------ */
+Test(plan, single_file_and_prefix) {
+  sd_tensor t[] = {u8("x", 4), u8("y", 4)};
+  sd_plan p = plan_ok(t, 2, 0, "pytorch_model");
+  cr_assert_eq(p.nfiles, 1);
+  cr_assert_str_eq(p.files[0].name, "pytorch_model.safetensors");
+  cr_assert_str_eq(p.index_name, "pytorch_model.safetensors.index.json");
+  cr_assert_eq(p.needs_index, 0);
+  sd_plan_free(&p);
+
+  p = plan_ok(t, 2, 4, "ckpt");
+  cr_assert_eq(p.nfiles, 2);
+  cr_assert_str_eq(p.files[0].name, "ckpt-00001-of-00002.safetensors");
+  cr_assert_str_eq(p.files[1].name, "ckpt-00002-of-00002.safetensors");
+  sd_plan_free(&p);
+}
+
+Test(plan, bad_prefixes_are_refused) {
+  const char *bad[] = {"", ".hidden", "a/b", "/abs", "x\ny", "bad\xff"};
+  sd_tensor t[] = {u8("x", 4)};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    sd_plan p;
+    sd_error err = {0};
+    sd_plan_opts o = {.prefix = bad[i]};
+    cr_assert_eq(sd_plan_build(&p, t, 1, &o, &err), SHARDD_E_INVALID_ARGUMENT, "%zu", i);
+    cr_assert(strstr(err.msg, "prefix"), "%s", err.msg);
+    cr_assert_eq(p.nfiles, 0);
+    sd_plan_free(&p);
+  }
+  char longp[260];
+  memset(longp, 'p', sizeof longp - 1);
+  longp[sizeof longp - 1] = '\0';
+  sd_plan p;
+  sd_plan_opts o = {.prefix = longp};
+  cr_assert_eq(sd_plan_build(&p, t, 1, &o, NULL), SHARDD_E_INVALID_ARGUMENT);
+}
+
+Test(plan, no_tensors_gives_one_empty_file) {
+  sd_plan p;
+  sd_error err = {0};
+  cr_assert_eq(sd_plan_build(&p, NULL, 0, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.nfiles, 1);
+  cr_assert_eq(p.needs_index, 0);
+  cr_assert_str_eq(p.files[0].name, "model.safetensors");
+  cr_assert_eq(p.files[0].ntensors, 0);
+  cr_assert_eq(p.files[0].data_size, 0);
+  cr_assert_eq(p.files[0].header_size, 4096);
+  cr_assert_eq(p.files[0].file_size, 4096);
+  const char *json = "{\"__metadata__\":{\"format\":\"pt\"}}";
+  cr_assert_eq(memcmp(p.files[0].header + 8, json, strlen(json)), 0);
+  cr_assert_eq(p.total_size, 0);
+  sd_plan_free(&p);
+}
+
+Test(plan, natural_name_order_decides_the_walk) {
+  sd_tensor t[] = {u8("layers.10.w", 8), u8("layers.2.w", 8), u8("layers.1.w", 8), u8("embed", 8)};
+  sd_plan p = plan_ok(t, 4, 8, NULL);
+  const char *want[] = {"embed ", "layers.1.w ", "layers.2.w ", "layers.10.w "};
+  expect_files(&p, t, want, 4);
+  sd_plan_free(&p);
+}
+
+Test(plan, explicit_positions_come_first_in_position_order) {
+  sd_tensor t[] = {u8("a", 8), u8("b", 8), u8("c", 8), u8("d", 8), u8("e", 8)};
+  t[0].index = 7;
+  t[2].index = 0;
+  t[4].index = 3;
+  sd_plan p = plan_ok(t, 5, 8, NULL);
+  const char *want[] = {"c ", "e ", "a ", "b ", "d "};
+  expect_files(&p, t, want, 5);
+  sd_plan_free(&p);
+}
+
+Test(plan, duplicate_names_are_refused) {
+  sd_tensor t[] = {u8("a", 1), u8("layers.1.w", 2), u8("b", 1), u8("layers.1.w", 2)};
+  sd_plan p;
+  sd_error err = {0};
+  cr_assert_eq(sd_plan_build(&p, t, 4, NULL, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "tensor 'layers.1.w' is given twice");
+  cr_assert_eq(p.nfiles, 0);
+  cr_assert_null(p.loc);
+}
+
+Test(plan, invalid_tensors_are_named) {
+  sd_plan p;
+  sd_error err = {0};
+  sd_tensor t[] = {u8("ok", 1), u8("bad\x01", 1)};
+  cr_assert_eq(sd_plan_build(&p, t, 2, NULL, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "'bad'"), "%s", err.msg);
+
+  sd_tensor big[] = {u8("huge", 1)};
+  big[0].dtype = SD_DT_F64;
+  big[0].ndim = 2;
+  big[0].shape[0] = 1ULL << 31;
+  big[0].shape[1] = 1ULL << 31;
+  cr_assert_eq(sd_plan_build(&p, big, 1, NULL, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "tensor 'huge'"), "%s", err.msg);
+
+  /* Each fits, the sum does not. */
+  sd_tensor two[] = {u8("x", 1ULL << 62), u8("y", 1ULL << 62)};
+  cr_assert_eq(sd_plan_build(&p, two, 2, NULL, &err), SHARDD_E_LIMIT);
+  cr_assert(strstr(err.msg, "total size"), "%s", err.msg);
+
+  sd_tensor nul[] = {u8("x", 1)};
+  nul[0].name = NULL;
+  cr_assert_eq(sd_plan_build(&p, nul, 1, NULL, &err), SHARDD_E_INVALID_ARGUMENT);
+}
+
+Test(plan, totals_and_locations) {
+  sd_tensor t[] = {u8("a", 5), u8("b", 0), u8("c", 3)};
+  t[2].dtype = SD_DT_F32;
+  t[2].ndim = 2;
+  t[2].shape[0] = 2;
+  t[2].shape[1] = 3;
+  sd_plan p = plan_ok(t, 3, 0, NULL);
+  cr_assert_eq(p.total_size, 5 + 24);
+  cr_assert_eq(p.total_parameters, 5 + 6);
+  cr_assert_eq(p.ntensors, 3);
+  /* Header order: c (F32) first, then a, b by name. */
+  cr_assert_eq(p.loc[2].data_begin, 0);
+  cr_assert_eq(p.loc[0].data_begin, 24);
+  cr_assert_eq(p.loc[1].data_begin, 29);
+  cr_assert_eq(p.loc[1].nbytes, 0);
+  cr_assert_eq(p.loc[0].file_offset, 4096 + 24);
+  cr_assert_eq(p.files[0].file_size, 4096 + 29);
+  sd_plan_free(&p);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Randomized: the planner against a transliteration of huggingface_hub
+ * ------------------------------------------------------------------------ */
+static const sd_tensor *g_t;
+
+static int walk_cmp(const void *pa, const void *pb) {
+  const sd_tensor *a = &g_t[*(const uint32_t *)pa], *b = &g_t[*(const uint32_t *)pb];
+  int ha = a->index >= 0, hb = b->index >= 0;
+  if (ha != hb) return ha ? -1 : 1;
+  if (ha && a->index != b->index) return a->index < b->index ? -1 : 1;
+  return sd_natural_cmp(a->name, b->name);
+}
+
+/* for key, tensor in state_dict.items(): ... exactly as _base.py reads. */
+static size_t hf_reference(const uint32_t *order, const uint64_t *size, size_t n, uint64_t max,
+                           uint32_t *shard_of) {
+  size_t nshards = 0;
+  uint32_t *cur = malloc((n + 1) * sizeof *cur);
+  size_t ncur = 0;
+  uint64_t cur_size = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t t = order[i];
+    if (size[t] > max) {
+      shard_of[t] = (uint32_t)nshards++;
+      continue;
+    }
+    if (cur_size + size[t] > max) {
+      for (size_t k = 0; k < ncur; k++) shard_of[cur[k]] = (uint32_t)nshards;
+      nshards++;
+      ncur = 0;
+      cur_size = 0;
+    }
+    cur[ncur++] = t;
+    cur_size += size[t];
+  }
+  if (ncur > 0) {
+    for (size_t k = 0; k < ncur; k++) shard_of[cur[k]] = (uint32_t)nshards;
+    nshards++;
+  }
+  free(cur);
+  return nshards;
+}
+
+static void check_header(const sd_plan *p, size_t f, const sd_tensor *t, const sd_plan_opts *o) {
+  const sd_plan_file *pf = &p->files[f];
+  uint64_t len = 0;
+  for (int i = 0; i < 8; i++) len |= (uint64_t)(unsigned char)pf->header[i] << (8 * i);
+  cr_assert_eq(len + 8, pf->header_size);
+  cr_assert_eq(pf->header_size % 4096, 0);
+  cr_assert_eq(pf->header[8], '{');
+  json_error_t jerr;
+  json_t *root = json_loadb(pf->header + 8, len, JSON_REJECT_DUPLICATES, &jerr);
+  cr_assert_not_null(root, "%s: %s", pf->name, jerr.text);
+  cr_assert_eq(json_object_size(root), pf->ntensors + 1);
+  void *it = json_object_iter(root);
+  cr_assert_str_eq(json_object_iter_key(it), "__metadata__");
+  json_t *meta = json_object_iter_value(it);
+  cr_assert_str_eq(json_string_value(json_object_get(meta, "format")), "pt");
+  for (size_t k = 0; k < o->nmetadata; k++)
+    if (strcmp(o->metadata[k].key, "format") != 0)
+      cr_assert_str_eq(json_string_value(json_object_get(meta, o->metadata[k].key)),
+                       o->metadata[k].value);
+  uint64_t off = 0;
+  for (size_t i = 0; i < pf->ntensors; i++) {
+    it = json_object_iter_next(root, it);
+    uint32_t ti = pf->tensors[i];
+    const sd_tensor *tt = &t[ti];
+    cr_assert_str_eq(json_object_iter_key(it), tt->name, "header order");
+    json_t *e = json_object_iter_value(it);
+    cr_assert_str_eq(json_string_value(json_object_get(e, "dtype")), sd_dtype_name(tt->dtype));
+    json_t *sh = json_object_get(e, "shape");
+    cr_assert_eq(json_array_size(sh), tt->ndim);
+    for (uint32_t d = 0; d < tt->ndim; d++)
+      cr_assert_eq((uint64_t)json_integer_value(json_array_get(sh, d)), tt->shape[d]);
+    json_t *dof = json_object_get(e, "data_offsets");
+    uint64_t b = (uint64_t)json_integer_value(json_array_get(dof, 0));
+    uint64_t en = (uint64_t)json_integer_value(json_array_get(dof, 1));
+    cr_assert_eq(b, off, "contiguous from 0");
+    cr_assert_eq(en - b, p->loc[ti].nbytes);
+    cr_assert_eq(p->loc[ti].data_begin, b);
+    cr_assert_eq(p->loc[ti].file_offset, pf->header_size + b);
+    cr_assert_eq(b % sd_dtype_size(tt->dtype), 0, "aligned to its element size");
+    if (i > 0) {
+      const sd_tensor *prev = &t[pf->tensors[i - 1]];
+      unsigned sp = sd_dtype_size(prev->dtype), sc = sd_dtype_size(tt->dtype);
+      cr_assert(sp > sc || (sp == sc && strcmp(prev->name, tt->name) < 0), "size then name");
+    }
+    off = en;
+  }
+  cr_assert_eq(off, pf->data_size);
+  cr_assert_eq(pf->file_size, pf->header_size + pf->data_size);
+  json_decref(root);
+}
+
+static void check_index(const sd_plan *p, const sd_tensor *t) {
+  size_t len = 0;
+  sd_error err = {0};
+  char *ix = sd_index_encode(p, t, &len, &err);
+  cr_assert_not_null(ix, "%s", err.msg);
+  cr_assert_eq(strlen(ix), len);
+  json_error_t jerr;
+  json_t *root = json_loadb(ix, len, JSON_REJECT_DUPLICATES, &jerr);
+  cr_assert_not_null(root, "%s", jerr.text);
+  json_t *md = json_object_get(root, "metadata");
+  cr_assert_eq((uint64_t)json_integer_value(json_object_get(md, "total_size")), p->total_size);
+  cr_assert_eq((uint64_t)json_integer_value(json_object_get(md, "total_parameters")),
+               p->total_parameters);
+  json_t *wm = json_object_get(root, "weight_map");
+  cr_assert_eq(json_object_size(wm), p->ntensors);
+  const char *prev = NULL;
+  const char *key;
+  json_t *val;
+  json_object_foreach(wm, key, val) {
+    if (prev) cr_assert_lt(strcmp(prev, key), 0, "sorted keys");
+    prev = key;
+  }
+  for (size_t i = 0; i < p->ntensors; i++)
+    cr_assert_str_eq(json_string_value(json_object_get(wm, t[i].name)),
+                     p->files[p->loc[i].file].name);
+  json_decref(root);
+  free(ix);
+}
+
+Test(plan, randomized_against_the_reference, .timeout = 60) {
+  srand(12345);
+  static const sd_kv meta[] = {{"format", "np"}, {"step", "100"}, {"a\"b", "line\nbreak"}};
+  for (int round = 0; round < 400; round++) {
+    size_t n = (size_t)(rand() % 120);
+    if (round % 50 == 0) n = 0;
+    sd_tensor *t = calloc(n + 1, sizeof *t);
+    char (*names)[48] = calloc(n + 1, sizeof *names);
+    uint64_t *size = calloc(n + 1, sizeof *size);
+    int use_index = rand() % 3 == 0;
+    for (size_t i = 0; i < n; i++) {
+      static const char *fmt[] = {"layers.%zu.w", "blk%zu", "l.%zu.\xc3\xa9", "x%03zu"};
+      snprintf(names[i], sizeof names[i], fmt[rand() % 4], i * 7 % (n + 3));
+      /* make unique */
+      char suffix[24];
+      snprintf(suffix, sizeof suffix, "#%zu", i);
+      strcat(names[i], suffix);
+      t[i].name = names[i];
+      t[i].dtype = (sd_dtype)(rand() % SD_DT__COUNT);
+      t[i].ndim = (uint32_t)(rand() % 4);
+      for (uint32_t d = 0; d < t[i].ndim; d++)
+        t[i].shape[d] = (uint64_t)(rand() % 6 == 0 ? 0 : rand() % 9 + 1);
+      t[i].index = use_index && rand() % 2 ? rand() % 50 : -1;
+      cr_assert_eq(sd_tensor_nbytes(&t[i], &size[i], NULL), 0);
+    }
+    uint64_t max;
+    switch (rand() % 4) {
+      case 0: max = 1 + (uint64_t)(rand() % 64); break;
+      case 1: max = n ? size[rand() % n] + (uint64_t)(rand() % 2) : 1; break; /* at a tensor's size */
+      case 2: max = 1 + (uint64_t)(rand() % 2000); break;
+      default: max = 0; break;
+    }
+    sd_plan_opts o = {.max_shard_size = max, .metadata = meta, .nmetadata = rand() % 4};
+    sd_plan p;
+    sd_error err = {0};
+    cr_assert_eq(sd_plan_build(&p, t, n, &o, &err), 0, "round %d: %s", round, err.msg);
+    uint64_t lim = max ? max : SD_DEFAULT_MAX_SHARD_SIZE;
+
+    uint32_t *order = malloc((n + 1) * sizeof *order);
+    uint32_t *shard_of = malloc((n + 1) * sizeof *shard_of);
+    for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
+    g_t = t;
+    qsort(order, n, sizeof *order, walk_cmp);
+    size_t ns = n ? hf_reference(order, size, n, lim, shard_of) : 1;
+    cr_assert_eq(p.nfiles, ns, "round %d", round);
+    cr_assert_eq(p.needs_index, ns > 1);
+
+    uint8_t *seen = calloc(n + 1, 1);
+    uint64_t total = 0;
+    for (size_t f = 0; f < p.nfiles; f++) {
+      const sd_plan_file *pf = &p.files[f];
+      char want[64];
+      if (ns == 1)
+        snprintf(want, sizeof want, "model.safetensors");
+      else
+        snprintf(want, sizeof want, "model-%05zu-of-%05zu.safetensors", f + 1, ns);
+      cr_assert_str_eq(pf->name, want);
+      uint64_t data = 0;
+      for (size_t i = 0; i < pf->ntensors; i++) {
+        uint32_t ti = pf->tensors[i];
+        cr_assert_lt(ti, n);
+        cr_assert_eq(seen[ti], 0, "a tensor in two files");
+        seen[ti] = 1;
+        cr_assert_eq(p.loc[ti].file, f);
+        cr_assert_eq(shard_of[ti], f, "round %d: tensor %s in file %zu, reference says %u", round,
+                     t[ti].name, f, shard_of[ti]);
+        data += size[ti];
+      }
+      cr_assert(data <= lim || pf->ntensors == 1, "file over the limit with several tensors");
+      cr_assert(n == 0 || pf->ntensors > 0, "no empty files");
+      total += data;
+      check_header(&p, f, t, &o);
+    }
+    for (size_t i = 0; i < n; i++) cr_assert_eq(seen[i], 1, "every tensor placed");
+    cr_assert_eq(p.total_size, total);
+    check_index(&p, t);
+    sd_plan_free(&p);
+    free(seen);
+    free(order);
+    free(shard_of);
+    free(t);
+    free(names);
+    free(size);
+  }
+}
