@@ -155,11 +155,11 @@ static int parse_tensor(const json_t *req, sd_put_args *a, sd_error *err) {
   if (sd_name_check(a->name, nlen, err) != 0) return err->code;
   if (sd_msg_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
   if (sd_dtype_parse(dtype, &a->dtype, err) != 0) return err->code;
-  if (sd_msg_u64_array(req, "shape", 1, SD_MAX_DIMS, UINT64_MAX >> 1, a->shape, &n, err) < 0) return err->code;
+  if (sd_msg_u64_array(req, "shape", 1, SD_MAX_DIMS, 0, a->shape, &n, err) < 0) return err->code;
   a->ndim = (uint32_t)n;
-  int has_start = sd_msg_u64_array(req, "start", 0, SD_MAX_DIMS, UINT64_MAX >> 1, a->start, &ns, err);
+  int has_start = sd_msg_u64_array(req, "start", 0, SD_MAX_DIMS, 0, a->start, &ns, err);
   if (has_start < 0) return err->code;
-  int has_count = sd_msg_u64_array(req, "count", 0, SD_MAX_DIMS, UINT64_MAX >> 1, a->count, &nc, err);
+  int has_count = sd_msg_u64_array(req, "count", 0, SD_MAX_DIMS, 0, a->count, &nc, err);
   if (has_count < 0) return err->code;
   if (has_start != has_count)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': give both 'start' and 'count', or neither",

@@ -13,6 +13,7 @@
 #define WRITE_HIGH_WATER (4u << 20)
 #define WRITE_LOW_WATER (1u << 20)
 #define READ_CHUNK (64u << 10)
+#define OUT_BATCH (256u << 10)
 
 typedef struct {
   uv_write_t req;
@@ -42,16 +43,8 @@ static void on_write(uv_write_t *req, int status) {
   }
 }
 
-void sd_session_send(sd_session *s, json_t *msg) {
-  if (!msg) return;
-  if (s->closing) {
-    json_decref(msg);
-    return;
-  }
-  size_t len = 0;
-  char *buf = sd_msg_dump(msg, &len);
-  json_decref(msg);
-  write_req *w = buf ? malloc(sizeof *w) : NULL;
+static void write_buf(sd_session *s, char *buf, size_t len) {
+  write_req *w = malloc(sizeof *w);
   if (!w) {
     free(buf);
     sd_log_error("client %llu: out of memory queueing a reply; closing", (unsigned long long)s->id);
@@ -61,12 +54,62 @@ void sd_session_send(sd_session *s, json_t *msg) {
   w->s = s;
   w->buf = buf;
   uv_buf_t b = uv_buf_init(buf, (unsigned)len);
-  int rc = uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, on_write);
-  if (rc < 0) {
+  if (uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, on_write) < 0) {
     free(buf);
     free(w);
     sd_session_close(s);
   }
+}
+
+static void flush(sd_session *s) {
+  if (s->olen == 0) return;
+  if (s->closing) {
+    s->olen = 0;
+    return;
+  }
+  char *buf = s->obuf;
+  size_t len = s->olen;
+  s->obuf = NULL;
+  s->olen = s->ocap = 0;
+  write_buf(s, buf, len);
+}
+
+void sd_session_send(sd_session *s, json_t *msg) {
+  if (!msg) return;
+  if (s->closing) {
+    json_decref(msg);
+    return;
+  }
+  size_t len = 0;
+  char *buf = sd_msg_dump(msg, &len);
+  json_decref(msg);
+  if (!buf) {
+    sd_log_error("client %llu: out of memory encoding a reply; closing", (unsigned long long)s->id);
+    sd_session_close(s);
+    return;
+  }
+  if (!s->pumping) {
+    write_buf(s, buf, len);
+    return;
+  }
+  /* Replies to one batch of requests leave in one write, not one each. */
+  if (s->olen + len > s->ocap) {
+    size_t ncap = s->ocap ? s->ocap : 4096;
+    while (ncap < s->olen + len) ncap *= 2;
+    char *nb = realloc(s->obuf, ncap);
+    if (!nb) {
+      free(buf);
+      sd_log_error("client %llu: out of memory queueing a reply; closing", (unsigned long long)s->id);
+      sd_session_close(s);
+      return;
+    }
+    s->obuf = nb;
+    s->ocap = ncap;
+  }
+  memcpy(s->obuf + s->olen, buf, len);
+  s->olen += len;
+  free(buf);
+  if (s->olen >= OUT_BATCH) flush(s);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -79,6 +122,7 @@ static void on_closed(uv_handle_t *h) {
   sd_save_session_gone(d, s);
   sd_region_table_clear(&s->regions);
   sd_linebuf_free(&s->lb);
+  free(s->obuf);
   free(s->members);
   if (s->prev) s->prev->next = s->next;
   else d->sessions = s->next;
@@ -96,6 +140,7 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
 
 void sd_session_close(sd_session *s) {
   if (s->closing) return;
+  flush(s);
   s->closing = 1;
   if (s->reading) uv_read_stop((uv_stream_t *)&s->pipe);
   s->reading = 0;
@@ -112,7 +157,7 @@ void sd_session_close_all(sd_daemon *d) {
 /* A half-closed peer (it sent EOF but may still read) is closed once it
  * has nothing left to hear about. */
 static void maybe_finish(sd_session *s) {
-  if (s->eof && !s->closing && !s->pumping && s->pending_waits == 0) sd_session_close(s);
+  if (s->eof_handled && !s->closing && !s->pumping && s->pending_waits == 0) sd_session_close(s);
 }
 
 void sd_session_wait_done(sd_session *s) {
@@ -160,11 +205,28 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 static void read_start(sd_session *s);
 
+/* The peer sent EOF and all its lines are handled: without a way to send
+ * seal, its unsealed ranks are lost now, not when the socket closes. */
+static void peer_finished(sd_session *s) {
+  if (s->eof_handled) return;
+  s->eof_handled = 1;
+  for (size_t i = 0; i < s->nmembers;) {
+    struct sd_save *save = s->members[i].save;
+    uint32_t rank = s->members[i].rank;
+    if (save->ranks[rank].state == SD_RANK_BEGUN && save->state == SD_SAVE_OPEN) {
+      sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", rank, save->id);
+      i = 0; /* ending the save edited the list */
+      continue;
+    }
+    i++;
+  }
+}
+
 static void pump(sd_session *s) {
   if (s->pumping) return;
   s->pumping = 1;
   while (!s->closing) {
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) > WRITE_HIGH_WATER) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) + s->olen > WRITE_HIGH_WATER) {
       s->paused = 1;
       break;
     }
@@ -183,12 +245,16 @@ static void pump(sd_session *s) {
     sd_ops_dispatch(s, line, len);
   }
   s->pumping = 0;
+  flush(s);
   if (s->closing) return;
   if (s->paused) {
     if (s->reading) uv_read_stop((uv_stream_t *)&s->pipe);
     s->reading = 0;
   } else if (!s->eof) {
     read_start(s);
+  } else {
+    /* Every line the peer sent before EOF is answered; only now is it lost. */
+    peer_finished(s);
   }
   maybe_finish(s);
 }
@@ -218,19 +284,6 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   /* Complete lines already received are still answered; an unterminated
    * tail is dropped (the peer can no longer finish it). */
   pump(s);
-  if (s->closing) return;
-  /* Without a way to send seal, unsealed ranks are lost now, not at close. */
-  for (size_t i = 0; i < s->nmembers;) {
-    struct sd_save *save = s->members[i].save;
-    uint32_t rank = s->members[i].rank;
-    if (save->ranks[rank].state == SD_RANK_BEGUN && save->state == SD_SAVE_OPEN) {
-      sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", rank, save->id);
-      i = 0; /* the list changed under us */
-      continue;
-    }
-    i++;
-  }
-  maybe_finish(s);
 }
 
 static void read_start(sd_session *s) {

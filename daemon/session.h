@@ -27,11 +27,13 @@ typedef struct sd_session {
   gid_t gid;
   pid_t pid;
   sd_linebuf lb;
+  char *obuf;               /* replies batched while a read is being handled */
+  size_t olen, ocap;
   sd_region_table regions;
   sd_member *members;       /* saves this connection is a rank of */
   size_t nmembers, mcap;
   unsigned pending_waits;
-  int reading, paused, eof, pumping, closing;
+  int reading, paused, eof, eof_handled, pumping, closing;
   struct sd_session *prev, *next;
 } sd_session;
 

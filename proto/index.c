@@ -36,7 +36,10 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
   sd_buf_put_u64(&b, p->total_size);
   sd_buf_puts(&b, "\n  },\n  \"weight_map\": {");
   for (size_t i = 0; i < n; i++) {
-    if (i + 8 < n) __builtin_prefetch(&p->loc[e[i + 8].idx]);
+    if (i + 8 < n) {
+      __builtin_prefetch(&p->loc[e[i + 8].idx]);
+      __builtin_prefetch(e[i + 8].key);
+    }
     sd_buf_puts(&b, i ? ",\n    " : "\n    ");
     const char *file = p->files[p->loc[e[i].idx].file].name;
     sd_buf_json_str_ascii(&b, (const char *)e[i].key, e[i].len);

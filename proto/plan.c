@@ -35,7 +35,7 @@ static int prefix_check(const char *prefix, sd_error *err) {
 }
 
 /* ------------------------------------------------------------------------ *
- * Plan
+ * Files and the split
  * ------------------------------------------------------------------------ */
 void sd_plan_free(sd_plan *p) {
   if (!p) return;
@@ -99,100 +99,78 @@ static size_t hf_split(const uint32_t *ord, const uint64_t *nbytes, size_t n, ui
  * Order
  * ------------------------------------------------------------------------ */
 
-/* Walk order as sort keys: positions given by the client first, in position
- * order (a 0x00 byte and the position big-endian), then the others (0x01),
- * each group in natural name order. */
+/* Natural name order, which also finds duplicates: it is a total order, so
+ * equal names are neighbours. Positions given by the client then come first,
+ * in position order, by a stable sort on the position alone. */
 static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, int any_index,
-                      uint32_t *ord) {
+                      uint32_t *ord, sd_error *err) {
+  char shown[SD_MSGNAME_MAX];
+  int rc = 0;
   size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += 9 + sd_natural_key_max(name_len[i]);
+  for (size_t i = 0; i < n; i++) total += sd_natural_key_max(name_len[i]);
   unsigned char *arena = malloc(total ? total : 1);
-  sd_skey *k = malloc(n * sizeof *k);
-  if (!arena || !k) {
-    free(arena);
-    free(k);
-    return SHARDD_E_NO_MEMORY;
-  }
+  sd_skey *k = malloc((n ? n : 1) * sizeof *k);
+  if (!arena || !k) goto oom;
   size_t o = 0;
   for (size_t i = 0; i < n; i++) {
-    unsigned char *p = arena + o;
-    size_t len = 0;
-    if (any_index) {
-      if (t[i].index >= 0) {
-        p[len++] = 0;
-        for (int b = 7; b >= 0; b--) p[len++] = (unsigned char)((uint64_t)t[i].index >> (8 * b));
-      } else {
-        p[len++] = 1;
-      }
-    }
-    len += sd_natural_key(t[i].name, name_len[i], p + len);
-    k[i] = (sd_skey){p, (uint32_t)len, (uint32_t)i};
+    size_t len = sd_natural_key(t[i].name, name_len[i], arena + o);
+    k[i] = (sd_skey){arena + o, (uint32_t)len, (uint32_t)i};
     o += len;
   }
-  int rc = sd_sort_keys(k, n);
-  if (!rc)
+  if (sd_sort_keys(k, n)) goto oom;
+  for (size_t i = 0; i < n; i++) {
+    if (i && k[i].len == k[i - 1].len && memcmp(k[i].key, k[i - 1].key, k[i].len) == 0) {
+      const char *nm = t[k[i].idx].name;
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s' is given twice",
+                   sd_msgstr(shown, sizeof shown, nm, name_len[k[i].idx]));
+      goto out;
+    }
+    ord[i] = k[i].idx;
+  }
+  if (any_index) {
+    /* 8-byte big-endian positions; no position sorts after every one. */
+    for (size_t i = 0; i < n; i++) {
+      const sd_tensor *x = &t[ord[i]];
+      uint64_t pos = x->index >= 0 ? (uint64_t)x->index : UINT64_MAX;
+      unsigned char *kb = arena + 8 * i; /* the natural keys are no longer needed */
+      for (int b = 0; b < 8; b++) kb[b] = (unsigned char)(pos >> (8 * (7 - b)));
+      k[i] = (sd_skey){kb, 8, ord[i]};
+    }
+    if (sd_sort_keys(k, n)) goto oom;
     for (size_t i = 0; i < n; i++) ord[i] = k[i].idx;
+  }
+  goto out;
+oom:
+  rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory ordering %zu tensors", n);
+out:
   free(k);
   free(arena);
   return rc;
 }
 
-/* Name order (bytes, as strcmp): finds duplicates as neighbours, and is the
- * tie order inside each file's header. */
-static int name_order(const sd_tensor *t, const uint32_t *name_len, size_t n, uint32_t *byname,
-                      sd_error *err) {
-  char shown[SD_MSGNAME_MAX];
-  sd_skey *k = malloc((n ? n : 1) * sizeof *k);
-  if (!k) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory sorting %zu tensor names", n);
-  for (size_t i = 0; i < n; i++)
-    k[i] = (sd_skey){(const unsigned char *)t[i].name, name_len[i], (uint32_t)i};
-  if (sd_sort_keys(k, n)) {
-    free(k);
-    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory sorting %zu tensor names", n);
-  }
-  for (size_t i = 0; i < n; i++) {
-    if (i && k[i].len == k[i - 1].len && memcmp(k[i].key, k[i - 1].key, k[i].len) == 0) {
-      int rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s' is given twice",
-                       sd_msgstr(shown, sizeof shown, (const char *)k[i].key, k[i].len));
-      free(k);
-      return rc;
-    }
-    byname[i] = k[i].idx;
-  }
-  free(k);
-  return 0;
-}
-
 /* The reference writer's order inside a file: larger elements first, then
- * name bytes. Bucketing the global name order by (file, element size)
- * gives it for every file in one pass, with no per-file sort. */
-static int fill_files(sd_plan *p, const sd_tensor *t, size_t n, const uint32_t *byname,
-                      const uint32_t *file_of) {
-  static const unsigned classes[4] = {8, 4, 2, 1};
-  size_t nf = p->nfiles;
-  size_t *cur = calloc(nf * 4, sizeof *cur);
-  if (!cur) return SHARDD_E_NO_MEMORY;
+ * name bytes (strcmp). */
+static int header_order(sd_plan_file *pf, const sd_tensor *t, const uint32_t *name_len,
+                        sd_skey *k) {
+  size_t n = pf->ntensors;
   for (size_t i = 0; i < n; i++) {
-    unsigned es = sd_dtype_size(t[i].dtype);
-    unsigned c = es == 8 ? 0 : es == 4 ? 1 : es == 2 ? 2 : 3;
-    cur[file_of[i] * 4 + c]++;
+    uint32_t ti = pf->tensors[i];
+    k[i] = (sd_skey){(const unsigned char *)t[ti].name, name_len[ti], ti};
   }
-  for (size_t f = 0; f < nf; f++) {
-    size_t acc = 0;
-    for (unsigned c = 0; c < 4; c++) {
-      size_t k = cur[f * 4 + c];
-      cur[f * 4 + c] = acc;
-      acc += k;
-    }
+  if (sd_sort_keys(k, n)) return SHARDD_E_NO_MEMORY;
+  /* Stable bucketing by element size (8, 4, 2, 1); len is free for it now. */
+  size_t at[9] = {0};
+  for (size_t i = 0; i < n; i++) {
+    k[i].len = sd_dtype_size(t[k[i].idx].dtype);
+    at[k[i].len]++;
   }
-  for (size_t j = 0; j < n; j++) {
-    uint32_t i = byname[j];
-    unsigned es = sd_dtype_size(t[i].dtype);
-    unsigned c = 0;
-    while (classes[c] != es) c++;
-    p->files[file_of[i]].tensors[cur[file_of[i] * 4 + c]++] = i;
+  size_t acc = 0;
+  for (unsigned es = 8; es >= 1; es /= 2) {
+    size_t c = at[es];
+    at[es] = acc;
+    acc += c;
   }
-  free(cur);
+  for (size_t i = 0; i < n; i++) pf->tensors[at[k[i].len]++] = k[i].idx;
   return 0;
 }
 
@@ -205,8 +183,8 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   static const sd_plan_opts defaults = {0, NULL, NULL, 0};
   int rc = 0;
   uint64_t *nbytes = NULL;
-  uint32_t *name_len = NULL, *ord = NULL, *byname = NULL, *shard_of = NULL, *file_of = NULL,
-           *group_final = NULL;
+  uint32_t *name_len = NULL, *ord = NULL, *shard_of = NULL, *group_final = NULL;
+  sd_skey *hk = NULL;
   sd_buf meta = {0};
 
   memset(p, 0, sizeof *p);
@@ -214,7 +192,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   uint64_t max = opts->max_shard_size ? opts->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
   const char *prefix = opts->prefix ? opts->prefix : SD_DEFAULT_PREFIX;
   if ((rc = prefix_check(prefix, err))) return rc;
-  if (n > UINT32_MAX - 1)
+  if (n >= (1u << 28)) /* the name sort's limit; far beyond any header limit anyway */
     return sd_fail(err, SHARDD_E_LIMIT, "%zu tensors is more than a checkpoint can hold", n);
   if (n && !tensors) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensors are missing");
 
@@ -222,12 +200,10 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   nbytes = malloc(alloc_n * sizeof *nbytes);
   name_len = malloc(alloc_n * sizeof *name_len);
   ord = malloc(alloc_n * sizeof *ord);
-  byname = malloc(alloc_n * sizeof *byname);
   shard_of = malloc(alloc_n * sizeof *shard_of);
-  file_of = malloc(alloc_n * sizeof *file_of);
   group_final = malloc((alloc_n + 1) * sizeof *group_final);
   p->loc = calloc(alloc_n, sizeof *p->loc);
-  if (!nbytes || !name_len || !ord || !byname || !shard_of || !file_of || !group_final || !p->loc) {
+  if (!nbytes || !name_len || !ord || !shard_of || !group_final || !p->loc) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu tensors", n);
     goto fail;
   }
@@ -252,11 +228,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
     p->total_parameters += numel; /* <= total_size: no overflow */
     if (t->index >= 0) any_index = 1;
   }
-  if ((rc = name_order(tensors, name_len, n, byname, err))) goto fail;
-  if (walk_order(tensors, name_len, n, any_index, ord)) {
-    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory ordering %zu tensors", n);
-    goto fail;
-  }
+  if ((rc = walk_order(tensors, name_len, n, any_index, ord, err))) goto fail;
 
   size_t nfiles = n ? hf_split(ord, nbytes, n, max, shard_of, group_final) : 1;
   p->files = calloc(nfiles, sizeof *p->files);
@@ -265,8 +237,8 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
     goto fail;
   }
   p->nfiles = nfiles;
-  for (size_t i = 0; i < n; i++) file_of[ord[i]] = shard_of[i];
-  for (size_t i = 0; i < n; i++) p->files[file_of[i]].ntensors++;
+  for (size_t i = 0; i < n; i++) p->files[shard_of[i]].ntensors++;
+  size_t most = 1;
   for (size_t f = 0; f < nfiles; f++) {
     sd_plan_file *pf = &p->files[f];
     pf->name = nfiles == 1 ? str_printf("%s.safetensors", prefix)
@@ -277,8 +249,15 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);
       goto fail;
     }
+    if (pf->ntensors > most) most = pf->ntensors;
+    pf->ntensors = 0;
   }
-  if (fill_files(p, tensors, n, byname, file_of)) {
+  for (size_t i = 0; i < n; i++) {
+    sd_plan_file *pf = &p->files[shard_of[i]];
+    pf->tensors[pf->ntensors++] = ord[i];
+  }
+  hk = malloc(most * sizeof *hk);
+  if (!hk) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);
     goto fail;
   }
@@ -286,6 +265,10 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   if ((rc = sd_header_meta_json(opts->metadata, opts->metadata ? opts->nmetadata : 0, &meta, err)))
     goto fail;
   for (size_t f = 0; f < nfiles; f++) {
+    if (header_order(&p->files[f], tensors, name_len, hk)) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory ordering %s", p->files[f].name);
+      goto fail;
+    }
     if ((rc = sd_header_encode(&p->files[f], (uint32_t)f, tensors, nbytes, name_len, meta.p,
                                meta.len, p->loc, err)))
       goto fail;
@@ -307,9 +290,8 @@ out:
   free(nbytes);
   free(name_len);
   free(ord);
-  free(byname);
   free(shard_of);
-  free(file_of);
   free(group_final);
+  free(hk);
   return rc;
 }

@@ -33,8 +33,8 @@ typedef struct {
   uint32_t idx;             /* caller's payload, carried along */
 } sd_skey;
 
-/* Stable sort by key bytes (memcmp, then length); SHARDD_E_NO_MEMORY or 0.
- * Requires n < 2^32. */
+/* Stable sort by key bytes (memcmp, then length): 0, SHARDD_E_NO_MEMORY, or
+ * SHARDD_E_LIMIT past 2^28 keys (idx values must be below 2^28 too). */
 int sd_sort_keys(sd_skey *v, size_t n);
 
 /* A byte string whose memcmp order is sd_natural_cmp's order (for names

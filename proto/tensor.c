@@ -313,35 +313,36 @@ size_t sd_natural_key(const char *name, size_t len, unsigned char *out) {
  * instead of a re-comparison in every one of n log n comparisons. */
 typedef struct {
   uint64_t chunk;
-  uint32_t cls;
-  uint32_t i; /* into the caller's array */
+  const unsigned char *key; /* carried here, not looked up: saves a miss per key per level */
+  uint32_t len;
+  uint32_t idx : 28;
+  uint32_t cls : 4;
 } skw;
 
-static uint64_t load_chunk(const sd_skey *k, size_t depth, uint32_t *cls) {
+static uint64_t load_chunk(const skw *k, size_t depth, unsigned *cls) {
   size_t left = k->len - depth;
   unsigned char b[8] = {0};
   memcpy(b, k->key + depth, left < 8 ? left : 8);
-  *cls = left > 8 ? 9 : (uint32_t)left;
+  *cls = left > 8 ? 9 : (unsigned)left;
   uint64_t v = 0;
   for (int j = 0; j < 8; j++) v = (v << 8) | b[j];
   return v;
 }
 
-static int skw_less(const sd_skey *v, const skw *a, const skw *b, size_t depth) {
-  const sd_skey *x = &v[a->i], *y = &v[b->i];
+static int skw_less(const skw *x, const skw *y, size_t depth) {
   size_t lx = x->len - depth, ly = y->len - depth, m = lx < ly ? lx : ly;
   int c = memcmp(x->key + depth, y->key + depth, m);
   if (c) return c < 0;
   return lx < ly;
 }
 
-static void radix_level(const sd_skey *v, skw *w, skw *tmp, size_t n, size_t depth) {
+static void radix_level(skw *w, skw *tmp, size_t n, size_t depth) {
   for (;;) {
     if (n <= 24) {
       for (size_t i = 1; i < n; i++) {
         skw x = w[i];
         size_t j = i;
-        while (j > 0 && skw_less(v, &x, &w[j - 1], depth)) {
+        while (j > 0 && skw_less(&x, &w[j - 1], depth)) {
           w[j] = w[j - 1];
           j--;
         }
@@ -351,8 +352,10 @@ static void radix_level(const sd_skey *v, skw *w, skw *tmp, size_t n, size_t dep
     }
     for (size_t i = 0; i < n; i++) {
       /* Keys are scattered in memory: fetch a few ahead of use. */
-      if (i + 8 < n) __builtin_prefetch(v[w[i + 8].i].key + depth);
-      w[i].chunk = load_chunk(&v[w[i].i], depth, &w[i].cls);
+      if (i + 8 < n) __builtin_prefetch(w[i + 8].key + depth);
+      unsigned cls;
+      w[i].chunk = load_chunk(&w[i], depth, &cls);
+      w[i].cls = cls & 15;
     }
 
     /* 9 byte digits: cls (least significant), then the chunk LSB first. */
@@ -392,24 +395,21 @@ static void radix_level(const sd_skey *v, skw *w, skw *tmp, size_t n, size_t dep
     for (size_t s = 0; s < n;) {
       size_t e = s + 1;
       while (e < n && w[e].chunk == w[s].chunk && w[e].cls == w[s].cls) e++;
-      if (e - s > 1 && w[s].cls == 9) radix_level(v, w + s, tmp + s, e - s, depth + 8);
+      if (e - s > 1 && w[s].cls == 9) radix_level(w + s, tmp + s, e - s, depth + 8);
       s = e;
     }
     return;
   }
 }
 
-_Static_assert(sizeof(skw) == sizeof(sd_skey), "the scratch half doubles as the output");
-
 int sd_sort_keys(sd_skey *v, size_t n) {
   if (n < 2) return 0;
+  if (n >= (1u << 28)) return SHARDD_E_LIMIT;
   skw *w = malloc(2 * n * sizeof *w);
   if (!w) return SHARDD_E_NO_MEMORY;
-  for (size_t i = 0; i < n; i++) w[i].i = (uint32_t)i;
-  radix_level(v, w, w + n, n, 0);
-  sd_skey *out = (sd_skey *)(void *)(w + n);
-  for (size_t i = 0; i < n; i++) out[i] = v[w[i].i];
-  memcpy(v, out, n * sizeof *v);
+  for (size_t i = 0; i < n; i++) w[i] = (skw){0, v[i].key, v[i].len, v[i].idx & ((1u << 28) - 1), 0};
+  radix_level(w, w + n, n, 0);
+  for (size_t i = 0; i < n; i++) v[i] = (sd_skey){w[i].key, w[i].len, w[i].idx};
   free(w);
   return 0;
 }

@@ -184,6 +184,28 @@ Test(plan, natural_name_order_decides_the_walk) {
   sd_plan_free(&p);
 }
 
+Test(plan, natural_order_with_leading_zeros_is_total) {
+  sd_tensor t[] = {u8("w01", 8), u8("w1", 8), u8("w001", 8), u8("w10", 8), u8("w2", 8), u8("w", 8),
+                   u8("w1.0", 8), u8("w01.0", 8)};
+  sd_plan p = plan_ok(t, 8, 8, NULL);
+  /* Token sequences decide first; leading zeros only break exact ties. */
+  const char *want[] = {"w ", "w1 ", "w01 ", "w001 ", "w1.0 ", "w01.0 ", "w2 ", "w10 "};
+  expect_files(&p, t, want, 8);
+  sd_plan_free(&p);
+}
+
+Test(plan, positions_may_repeat_and_be_large) {
+  sd_tensor t[] = {u8("b", 8), u8("a", 8), u8("c", 8), u8("d", 8), u8("e", 8)};
+  t[0].index = 5;
+  t[1].index = 5;                   /* same position: name order decides */
+  t[2].index = (int64_t)1 << 40;    /* beyond 32 bits */
+  t[3].index = 256;                 /* differs from 5 only in a higher byte */
+  sd_plan p = plan_ok(t, 5, 8, NULL);
+  const char *want[] = {"a ", "b ", "d ", "c ", "e "};
+  expect_files(&p, t, want, 5);
+  sd_plan_free(&p);
+}
+
 Test(plan, explicit_positions_come_first_in_position_order) {
   sd_tensor t[] = {u8("a", 8), u8("b", 8), u8("c", 8), u8("d", 8), u8("e", 8)};
   t[0].index = 7;

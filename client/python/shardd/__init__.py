@@ -1,0 +1,26 @@
+# shardd: hand tensors to the node's shardd daemon from Python (ctypes over libshardd, nothing to compile).
+"""Python binding of libshardd.
+
+    import numpy as np, shardd
+    shardd.save({"embed.weight": np.ones((4, 8), np.float32)}, "run1/step-100")
+
+libshardd is found through $LIBSHARDD, else the linker's search path, else
+beside this package. The daemon's socket is $SHARDD_SOCKET unless given.
+Low-level calls mirror include/shardd/shardd.h: Client(socket).begin / put /
+put_copy / put_inline / file / seal / wait / wait_released / abort / status,
+and Client.arena(size) for shared memory. Every failure raises ShardError
+with the stable error name (.name) and the daemon's message.
+"""
+
+from ._client import Arena, Client, ShardError, error_names
+from ._lib import library_path
+from ._save import PendingSave, default_save_id, save, torchrun_env
+from ._tensors import DTYPES, Slice, dtype_name
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Arena", "Client", "ShardError", "PendingSave", "Slice",
+    "save", "torchrun_env", "default_save_id", "dtype_name", "error_names", "library_path",
+    "DTYPES",
+]

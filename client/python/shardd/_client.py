@@ -1,0 +1,425 @@
+# Client, Arena and ShardError: thin, checked wrappers over libshardd's connection and save calls.
+import ctypes
+import json
+
+from . import _lib
+from ._lib import Result, SaveOpts, TensorDesc
+
+__all__ = ["ShardError", "Client", "Arena", "error_names"]
+
+_INT_MAX = 2**31 - 1
+
+
+class ShardError(Exception):
+    """A libshardd call failed.
+
+    code: the negative SHARDD_E_* number; name: its stable wire name ("gap",
+    "exists", ...); message: what libshardd or the daemon said, naming the
+    field, tensor or file at fault.
+    """
+
+    def __init__(self, code, name, message):
+        super().__init__(code, name, message)
+        self.code = code
+        self.name = name
+        self.message = message
+
+    def __str__(self):
+        return "%s: %s" % (self.name, self.message)
+
+
+def _text(b):
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def error_names():
+    """{code: name} for every error code this libshardd knows."""
+    lib = _lib.lib()
+    out = {}
+    code = -1
+    # The table only grows and stays dense, so walk it until it runs out.
+    while True:
+        name = _text(lib.shardd_err_name(code))
+        if name == "unknown":
+            return out
+        out[code] = name
+        code -= 1
+
+
+def _error(code, raw):
+    lib = _lib.lib()
+    name = _text(lib.shardd_err_name(code))
+    msg = _text(raw)
+    # libshardd formats "<wire code>: <message>"; keep the two apart.
+    if msg.startswith(name + ": "):
+        msg = msg[len(name) + 2:]
+    if not msg:
+        msg = _text(lib.shardd_strerror(code))
+    return ShardError(code, name, msg)
+
+
+def _bytes(s, what):
+    if isinstance(s, bytes):
+        return s
+    if not isinstance(s, str):
+        raise TypeError("%s must be str, not %s" % (what, type(s).__name__))
+    return s.encode("utf-8")
+
+
+def _timeout_ms(timeout):
+    """Seconds (None: forever) to libshardd's int milliseconds (< 0: forever)."""
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError("timeout must be None or >= 0 seconds")
+    return min(int(round(timeout * 1000)), _INT_MAX)
+
+
+def _dims(values, what):
+    arr = (ctypes.c_uint64 * len(values))()
+    for i, v in enumerate(values):
+        v = int(v)
+        if v < 0:
+            raise ValueError("%s[%d] must not be negative" % (what, i))
+        arr[i] = v
+    return arr
+
+
+def _desc(name, dtype, shape, start, count, index):
+    """A TensorDesc plus the ctypes objects it points into (keep them alive together)."""
+    from ._tensors import dtype_name
+
+    shape = list(shape)
+    keep = [_bytes(name, "tensor name"), dtype_name(dtype).encode("ascii"), _dims(shape, "shape")]
+    d = TensorDesc(keep[0], keep[1], len(shape), keep[2], None, None, -1 if index is None else int(index))
+    if (start is None) != (count is None):
+        raise ValueError("tensor %r: give both start and count, or neither" % (name,))
+    if start is not None:
+        start, count = list(start), list(count)
+        if len(start) != len(shape) or len(count) != len(shape):
+            raise ValueError("tensor %r: start and count need %d entries each" % (name, len(shape)))
+        keep += [_dims(start, "start"), _dims(count, "count")]
+        d.start, d.count = keep[-2], keep[-1]
+    return d, keep
+
+
+def _buffer(data):
+    """(pointer, length, owner) of a C-contiguous bytes-like object."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if isinstance(data, bytes):
+        # bytes never move, so their address is good for as long as `data` lives.
+        return (ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p) if data else None), len(data), data
+    if type(data).__module__ == "numpy" and hasattr(data, "ctypes"):
+        # numpy dtypes like bfloat16 have no buffer-protocol format; the address does.
+        if not data.flags.c_contiguous:
+            raise ValueError("data must be C-contiguous")
+        return (data.ctypes.data if data.nbytes else None), data.nbytes, data
+    mv = memoryview(data)
+    if not mv.c_contiguous:
+        raise ValueError("data must be C-contiguous")
+    n = mv.nbytes
+    if n == 0:
+        return None, 0, mv
+    if mv.readonly:
+        # ctypes will not take the address of read-only memory, so pin a copy.
+        b = mv.tobytes()
+        return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p), n, b
+    flat = mv.cast("B")
+    c = (ctypes.c_char * n).from_buffer(flat)
+    return ctypes.addressof(c), n, (flat, c)
+
+
+class _Segment:
+    """One shardd_arena. Unmapped when the last object that can reach its memory is gone."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            try:
+                _lib.lib().shardd_arena_destroy(ptr)
+            except Exception:  # interpreter shutdown: the OS reclaims the mapping
+                pass
+
+
+class Arena:
+    """A POSIX shared-memory segment attached to the daemon through one Client.
+
+    `buffer` is a writable memoryview and `array` a writable numpy uint8 view
+    of it. Views keep the memory mapped even after close(); the segment is
+    unmapped, unlinked and detached once the arena and every view are gone.
+    """
+
+    def __init__(self, client, size):
+        self._client = client
+        self._seg = None
+        self._mv = None
+        self.last_save = None  # the save that last read from this arena, if any
+        self._create(size)
+
+    def _create(self, size):
+        size = int(size)
+        if size < 1:
+            raise ValueError("arena size must be at least 1 byte")
+        c = self._client._handle()
+        lib = _lib.lib()
+        out = ctypes.c_void_p()
+        rc = lib.shardd_arena_create(c, size, ctypes.byref(out))
+        if rc:
+            raise _error(rc, lib.shardd_last_error(c))
+        seg = _Segment(out.value)
+        addr = lib.shardd_arena_data(seg.ptr)
+        self._size = lib.shardd_arena_size(seg.ptr)
+        self._name = _text(lib.shardd_arena_name(seg.ptr))
+        # A ctypes subclass can carry the segment, so every memoryview and
+        # numpy array made from it keeps the mapping alive.
+        cls = type("_ArenaBytes", (ctypes.c_ubyte * self._size,), {})
+        raw = cls.from_address(addr)
+        raw._segment = seg
+        self._seg = seg
+        self._mv = memoryview(raw).cast("B")
+        self.last_save = None
+
+    def _check(self):
+        if self._mv is None:
+            raise ValueError("arena is closed")
+
+    @property
+    def client(self):
+        return self._client
+
+    @property
+    def size(self):
+        self._check()
+        return self._size
+
+    @property
+    def name(self):
+        """The POSIX shm name, for logs."""
+        self._check()
+        return self._name
+
+    @property
+    def buffer(self):
+        """A writable memoryview (format 'B') of the whole segment."""
+        self._check()
+        return self._mv
+
+    @property
+    def array(self):
+        """A writable numpy uint8 view of the whole segment."""
+        return self.view()
+
+    def view(self, dtype="uint8", shape=None, offset=0):
+        """A writable numpy view of the segment: `shape` elements of `dtype` from byte `offset`."""
+        import numpy as np
+
+        self._check()
+        dtype = np.dtype(dtype)
+        if shape is None:
+            shape = ((self._size - offset) // dtype.itemsize,)
+        return np.ndarray(shape, dtype=dtype, buffer=self._mv, offset=offset)
+
+    def resize(self, size):
+        """Replaces the segment by a new one of `size` bytes; the old bytes are not kept.
+
+        Safe while a save still reads the old segment: the daemon keeps its
+        own mapping, and views of the old memory stay valid.
+        """
+        self._check()
+        self._release()
+        self._create(size)
+
+    def wait_released(self, timeout=None):
+        """Blocks until the last save that read from this arena no longer needs it."""
+        if self.last_save is not None:
+            self._client.wait_released(self.last_save, timeout)
+            self.last_save = None
+
+    def _release(self):
+        self._mv = None
+        self._seg = None
+
+    def close(self):
+        """Drops the arena; the memory goes once no numpy view or memoryview of it remains."""
+        self._release()
+
+    @property
+    def closed(self):
+        return self._mv is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self._mv is None:
+            return "<shardd.Arena closed>"
+        return "<shardd.Arena %s %d bytes>" % (self._name, self._size)
+
+
+class Client:
+    """One connection to the node's shardd. Use it from one thread at a time.
+
+    socket: the daemon's Unix socket; None means $SHARDD_SOCKET, else
+    /run/shardd/shardd.sock. Every method raises ShardError on failure.
+    Timeouts are in seconds, None waiting forever.
+    """
+
+    def __init__(self, socket=None):
+        self._c = None
+        lib = _lib.lib()
+        out = ctypes.c_void_p()
+        rc = lib.shardd_connect(None if socket is None else _bytes(socket, "socket"), ctypes.byref(out))
+        if rc:
+            raise _error(rc, lib.shardd_last_error(None))
+        self._c = out.value
+        self.socket = socket
+
+    # ---- connection -------------------------------------------------------
+
+    def _handle(self):
+        if not self._c:
+            raise ValueError("client is closed")
+        return self._c
+
+    def _check(self, rc):
+        if rc:
+            raise _error(rc, _lib.lib().shardd_last_error(self._c))
+
+    @property
+    def node(self):
+        """Host name the daemon reported."""
+        return _text(_lib.lib().shardd_node_name(self._handle()))
+
+    @property
+    def closed(self):
+        return not self._c
+
+    def close(self):
+        """Closes the connection. Arenas keep their memory; saves already sealed still commit."""
+        c, self._c = self._c, None
+        if c:
+            _lib.lib().shardd_close(c)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<shardd.Client %s>" % ("closed" if not self._c else self.node)
+
+    # ---- arenas -----------------------------------------------------------
+
+    def arena(self, size):
+        """A new shared-memory arena of `size` bytes, attached through this client."""
+        return Arena(self, size)
+
+    # ---- saves ------------------------------------------------------------
+
+    def begin(self, save, dir, rank=0, world_size=1, max_shard_size=None, prefix=None,
+              metadata=None, overwrite=False):
+        """Joins (or creates) save `save`, writing to `dir` under the daemon's root."""
+        keep = []
+        opts = SaveOpts(_bytes(save, "save"), _bytes(dir, "dir"), int(rank), int(world_size),
+                        int(max_shard_size or 0), None if prefix is None else _bytes(prefix, "prefix"),
+                        None, 0, 1 if overwrite else 0)
+        if metadata:
+            flat = []
+            for k, v in metadata.items():
+                flat += [_bytes(k, "metadata key"), _bytes(v, "metadata value %r" % (k,))]
+            arr = (ctypes.c_char_p * len(flat))(*flat)
+            keep.append(arr)
+            opts.metadata = arr
+            opts.nmetadata = len(metadata)
+        self._check(_lib.lib().shardd_begin(self._handle(), ctypes.byref(opts)))
+
+    def _arena_ptr(self, arena):
+        if not isinstance(arena, Arena) or arena.client is not self:
+            raise ValueError("arena must be an Arena made by this client")
+        arena._check()
+        return arena._seg.ptr
+
+    def put(self, save, name, dtype, shape, arena, offset, start=None, count=None, index=None):
+        """Puts a slice whose bytes (row-major, box-shaped) are already at `offset` in `arena`.
+
+        dtype: a safetensors name ("F32", "BF16") or a numpy dtype. shape:
+        the global shape; start/count: the slice box (None: whole tensor).
+        index: position in the state dict (None: natural name order).
+        """
+        d, keep = _desc(name, dtype, shape, start, count, index)
+        ptr = self._arena_ptr(arena)
+        self._check(_lib.lib().shardd_put(self._handle(), _bytes(save, "save"), ctypes.byref(d), ptr,
+                                          int(offset)))
+        arena.last_save = save
+        del keep
+
+    def put_copy(self, save, name, dtype, shape, arena, offset, data, start=None, count=None,
+                 index=None):
+        """Copies `data` (bytes-like, C-contiguous) to `offset` in `arena`, then puts it."""
+        d, keep = _desc(name, dtype, shape, start, count, index)
+        ptr = self._arena_ptr(arena)
+        src, n, owner = _buffer(data)
+        self._check(_lib.lib().shardd_put_copy(self._handle(), _bytes(save, "save"), ctypes.byref(d),
+                                               ptr, int(offset), src, n))
+        arena.last_save = save
+        del keep, owner
+
+    def put_inline(self, save, name, dtype, shape, data, start=None, count=None, index=None):
+        """Sends the bytes inside the request (base64): for small tensors."""
+        d, keep = _desc(name, dtype, shape, start, count, index)
+        src, n, owner = _buffer(data)
+        self._check(_lib.lib().shardd_put_inline(self._handle(), _bytes(save, "save"), ctypes.byref(d),
+                                                 src, n))
+        del keep, owner
+
+    def file(self, save, path, data):
+        """A plain file (config.json, ...) written beside the shards; str data is UTF-8."""
+        src, n, owner = _buffer(data)
+        self._check(_lib.lib().shardd_file(self._handle(), _bytes(save, "save"), _bytes(path, "path"),
+                                           src, n))
+        del owner
+
+    def seal(self, save):
+        """This rank has put everything."""
+        self._check(_lib.lib().shardd_seal(self._handle(), _bytes(save, "save")))
+
+    def wait(self, save, timeout=None):
+        """Blocks until the save ends. Returns {'state', 'save', 'dir', 'files', 'tensors', 'bytes'}."""
+        r = Result()
+        self._check(_lib.lib().shardd_wait(self._handle(), _bytes(save, "save"), _timeout_ms(timeout),
+                                           ctypes.byref(r)))
+        return {"state": "committed", "save": save, "dir": _text(r.dir), "files": r.files,
+                "tensors": r.tensors, "bytes": r.bytes}
+
+    def wait_released(self, save, timeout=None):
+        """Blocks until the daemon will never read this rank's memory for `save` again."""
+        self._check(_lib.lib().shardd_wait_released(self._handle(), _bytes(save, "save"),
+                                                    _timeout_ms(timeout)))
+
+    def abort(self, save):
+        """Fails the save for every rank; nothing is published."""
+        self._check(_lib.lib().shardd_abort(self._handle(), _bytes(save, "save")))
+
+    def status(self):
+        """The daemon's status: {'saves': [...], 'clients', 'regions', 'totals': {...}}."""
+        lib = _lib.lib()
+        out = ctypes.c_void_p()
+        self._check(lib.shardd_status(self._handle(), ctypes.byref(out)))
+        try:
+            return json.loads(ctypes.string_at(out.value).decode("utf-8"))
+        finally:
+            lib.shardd_free(out.value)

@@ -1,0 +1,219 @@
+# save(): one rank's part of a checkpoint in one call, and the torchrun topology it defaults to.
+import hashlib
+import mmap
+import os
+import re
+import sys
+
+from ._client import Arena, Client
+from ._tensors import prepare
+
+__all__ = ["save", "PendingSave", "torchrun_env", "default_save_id"]
+
+# Copies start on cache-line boundaries: cheap padding, full-speed memcpy.
+_ALIGN = 64
+_SAVE_ID_OK = re.compile(r"[A-Za-z0-9_.:@+=-]+\Z")
+_SAVE_ID_BAD = re.compile(r"[^A-Za-z0-9_.:@+=-]")
+
+
+def _env_int(env, key):
+    v = env.get(key)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError("environment variable %s=%r is not an integer" % (key, v)) from None
+
+
+def torchrun_env(environ=None):
+    """The job's topology as torchrun (torch.distributed.run) describes it in the environment.
+
+    Keys: rank, world_size, local_rank, local_world_size, nnodes, node_rank,
+    master_addr, master_port; None for whatever is not set. torchrun itself
+    exports GROUP_RANK and GROUP_WORLD_SIZE for the node; NODE_RANK and
+    NNODES, as other launchers set them, win when present.
+    """
+    env = os.environ if environ is None else environ
+    out = {
+        "rank": _env_int(env, "RANK"),
+        "world_size": _env_int(env, "WORLD_SIZE"),
+        "local_rank": _env_int(env, "LOCAL_RANK"),
+        "local_world_size": _env_int(env, "LOCAL_WORLD_SIZE"),
+        "nnodes": _env_int(env, "NNODES"),
+        "node_rank": _env_int(env, "NODE_RANK"),
+        "master_addr": env.get("MASTER_ADDR") or None,
+        "master_port": _env_int(env, "MASTER_PORT"),
+    }
+    if out["nnodes"] is None:
+        out["nnodes"] = _env_int(env, "GROUP_WORLD_SIZE")
+    if out["node_rank"] is None:
+        out["node_rank"] = _env_int(env, "GROUP_RANK")
+    if out["nnodes"] is None and out["world_size"] and out["local_world_size"]:
+        out["nnodes"] = out["world_size"] // out["local_world_size"]
+    return out
+
+
+def default_save_id(dir):
+    """A save id every rank derives alike from the destination.
+
+    The dir itself (slashes as ':') when that is a valid id; otherwise a
+    readable prefix plus a hash, so different dirs never share an id.
+    """
+    readable = dir.strip("/").replace("/", ":")
+    if (":" not in dir and _SAVE_ID_OK.match(readable) and not readable.startswith(".")
+            and len(readable) <= 128):
+        return readable
+    digest = hashlib.sha256(dir.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    prefix = _SAVE_ID_BAD.sub("_", readable).lstrip(".")[:100]
+    return (prefix + "-" if prefix else "save-") + digest
+
+
+def _topology(rank, world_size):
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    env = torchrun_env()
+    if (env["nnodes"] or 1) > 1:
+        raise ValueError(
+            "the environment describes %d nodes: a save spanning nodes needs peer daemons, which "
+            "this libshardd cannot ask for yet; pass rank= and world_size= for a per-node save"
+            % env["nnodes"])
+    if rank is None:
+        rank = env["rank"] if env["rank"] is not None else 0
+    if world_size is None:
+        world_size = env["world_size"] if env["world_size"] is not None else 1
+    return int(rank), int(world_size)
+
+
+def _little_endian(dt):
+    if dt.byteorder == ">" or (dt.byteorder == "=" and sys.byteorder == "big"):
+        return dt.newbyteorder("<")
+    return dt
+
+
+class PendingSave:
+    """A save this rank has sealed but not waited for (save(..., wait=False))."""
+
+    def __init__(self, client, save_id, arena, owns_client):
+        self.client = client
+        self.save_id = save_id
+        self.arena = arena
+        self._owns = owns_client
+        self.result = None
+
+    def wait_released(self, timeout=None):
+        """Blocks until the arena the save read from may be overwritten."""
+        self.client.wait_released(self.save_id, timeout)
+
+    def wait(self, timeout=None):
+        """Blocks until the save ends; returns the result dict or raises ShardError."""
+        if self.result is not None:
+            return self.result
+        try:
+            self.result = self.client.wait(self.save_id, timeout)
+        except Exception as e:
+            if self._owns and getattr(e, "name", None) != "timeout":
+                self.client.close()
+            raise
+        if self._owns:
+            self.client.close()
+        return self.result
+
+    def __repr__(self):
+        return "<shardd.PendingSave %s>" % self.save_id
+
+
+def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, arena=None,
+         max_shard_size=None, metadata=None, files=None, wait=True, timeout=None, prefix=None,
+         overwrite=False, ordered=True, socket=None):
+    """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
+
+    tensors: {name: array} in state-dict order, each value a numpy array or
+    CPU torch tensor (the whole tensor) or a Slice of a global tensor. Every
+    rank of the save calls this with the same dir, save_id and world_size.
+    The bytes are copied into `arena` (grown as needed; a temporary one when
+    None), put with index = position in the dict (ordered=False: natural name
+    order instead, for ranks whose dicts hold different names), then sealed.
+    Once save() returns (wait=False included) the arrays may change.
+
+    rank/world_size default to $RANK/$WORLD_SIZE, else 0/1. metadata: str
+    pairs added to every shard's header; files: {name: bytes or str} written
+    beside the shards. wait=True returns the result dict; wait=False returns
+    a PendingSave. timeout (seconds) applies to each wait. Raises ShardError.
+    """
+    if not isinstance(dir, str):
+        raise TypeError("dir must be str")
+    rank, world_size = _topology(rank, world_size)
+    if save_id is None:
+        save_id = default_save_id(dir)
+    if arena is not None and not isinstance(arena, Arena):
+        raise TypeError("arena must be a shardd.Arena")
+    if arena is not None and client is not None and arena.client is not client:
+        raise ValueError("arena belongs to another client")
+
+    # Everything that can be refused locally is refused before the daemon hears of the save.
+    items = []
+    end = 0
+    for i, (name, value) in enumerate(tensors.items()):
+        dt, shape, start, count, src = prepare(name, value)
+        off = (end + _ALIGN - 1) // _ALIGN * _ALIGN
+        end = off + src.nbytes
+        items.append((name, dt, shape, start, count, src, off, i if ordered else None))
+
+    owns_client = client is None and arena is None
+    if client is None:
+        client = arena.client if arena is not None else Client(socket)
+    temp_arena = None
+    try:
+        if arena is None:
+            arena = temp_arena = client.arena(max(end, 1))
+        else:
+            # The arena may still feed the previous save it was used for.
+            arena.wait_released(timeout)
+            if arena.size < end:
+                page = mmap.PAGESIZE
+                arena.resize((end + page - 1) // page * page)
+        _run(client, arena, save_id, dir, rank, world_size, items, max_shard_size, prefix,
+             metadata, overwrite, files)
+        if temp_arena is not None:
+            # Safe right after seal: the daemon holds its own mapping.
+            temp_arena.close()
+            temp_arena = None
+        if not wait:
+            pending = PendingSave(client, save_id, arena, owns_client)
+            owns_client = False
+            return pending
+        return client.wait(save_id, timeout)
+    finally:
+        if temp_arena is not None:
+            temp_arena.close()
+        if owns_client:
+            client.close()
+
+
+def _run(client, arena, save_id, dir, rank, world_size, items, max_shard_size, prefix, metadata,
+         overwrite, files):
+    import numpy as np
+
+    client.begin(save_id, dir, rank=rank, world_size=world_size, max_shard_size=max_shard_size,
+                 prefix=prefix, metadata=metadata, overwrite=overwrite)
+    try:
+        buf = arena.buffer
+        for name, dt, shape, start, count, src, off, index in items:
+            if src.nbytes:
+                dst = np.ndarray(src.shape, dtype=_little_endian(src.dtype), buffer=buf, offset=off)
+                np.copyto(dst, src, casting="equiv")
+                del dst
+            client.put(save_id, name, dt, shape, arena, off, start=start,
+                       count=None if start is None else count, index=index)
+        del buf
+        for path, data in (files or {}).items():
+            client.file(save_id, path, data)
+        client.seal(save_id)
+    except BaseException:
+        # Other ranks would otherwise wait for a seal that never comes.
+        try:
+            client.abort(save_id)
+        except Exception:
+            pass
+        raise

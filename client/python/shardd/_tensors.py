@@ -1,0 +1,161 @@
+# Turns numpy arrays and CPU torch tensors into (safetensors dtype, box, bytes to copy) for save().
+import sys
+
+__all__ = ["Slice", "dtype_name", "DTYPES"]
+
+# Every dtype the daemon accepts (proto/PROTOCOL.md, put).
+DTYPES = frozenset([
+    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
+    "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
+])
+
+# numpy kind + item size -> safetensors name.
+_NUMPY = {
+    ("b", 1): "BOOL",
+    ("u", 1): "U8", ("u", 2): "U16", ("u", 4): "U32", ("u", 8): "U64",
+    ("i", 1): "I8", ("i", 2): "I16", ("i", 4): "I32", ("i", 8): "I64",
+    ("f", 2): "F16", ("f", 4): "F32", ("f", 8): "F64",
+    ("c", 8): "C64",
+}
+
+# ml_dtypes (and jax) extension types have kind 'V'; they are known by name.
+_NUMPY_BY_NAME = {
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
+}
+
+# str(torch dtype) -> safetensors name, as safetensors.torch maps them.
+_TORCH = {
+    "torch.bool": "BOOL",
+    "torch.uint8": "U8", "torch.int8": "I8",
+    "torch.int16": "I16", "torch.uint16": "U16",
+    "torch.float16": "F16", "torch.bfloat16": "BF16",
+    "torch.int32": "I32", "torch.uint32": "U32",
+    "torch.float32": "F32", "torch.float64": "F64",
+    "torch.int64": "I64", "torch.uint64": "U64",
+    "torch.complex64": "C64",
+    "torch.float8_e4m3fn": "F8_E4M3", "torch.float8_e5m2": "F8_E5M2",
+    "torch.float8_e4m3fnuz": "F8_E4M3FNUZ", "torch.float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "torch.float8_e8m0fnu": "F8_E8M0",
+}
+
+
+def _numpy_dtype_name(dt):
+    name = _NUMPY.get((dt.kind, dt.itemsize))
+    if name is None:
+        name = _NUMPY_BY_NAME.get(dt.name)
+    if name is None:
+        raise TypeError("numpy dtype %s has no safetensors equivalent" % dt)
+    return name
+
+
+def dtype_name(dtype):
+    """The safetensors name ("F32") for a safetensors name, numpy dtype or torch dtype."""
+    if isinstance(dtype, str) and dtype.upper() in DTYPES:
+        return dtype.upper()
+    if type(dtype).__module__.startswith("torch"):
+        name = _TORCH.get(str(dtype))
+        if name is None:
+            raise TypeError("torch dtype %s has no safetensors equivalent" % dtype)
+        return name
+    import numpy as np
+
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError("%r is not a safetensors, numpy or torch dtype" % (dtype,)) from None
+    return _numpy_dtype_name(dt)
+
+
+class Slice:
+    """The part of a global tensor this rank holds.
+
+    array: the local numpy array or torch tensor (its shape is the box's
+    count); shape: the global shape; start: where the box begins, one entry
+    per dimension.
+    """
+
+    __slots__ = ("array", "shape", "start")
+
+    def __init__(self, array, shape, start):
+        self.array = array
+        self.shape = tuple(int(s) for s in shape)
+        self.start = tuple(int(s) for s in start)
+
+    def __repr__(self):
+        return "Slice(<%s>, shape=%s, start=%s)" % (type(self.array).__name__, list(self.shape),
+                                                    list(self.start))
+
+
+def _is_torch(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch_bytes(name, t):
+    """(safetensors dtype, shape, uint8 numpy bytes) of a CPU torch tensor."""
+    import numpy as np
+
+    torch = sys.modules["torch"]
+    if t.device.type != "cpu":
+        raise ValueError("tensor %r is on %s: move it to the CPU first (save copies from host memory)"
+                         % (name, t.device))
+    if t.layout != torch.strided:
+        raise ValueError("tensor %r has layout %s: only dense tensors can be saved" % (name, t.layout))
+    dt = _TORCH.get(str(t.dtype))
+    if dt is None:
+        raise TypeError("tensor %r: torch dtype %s has no safetensors equivalent" % (name, t.dtype))
+    shape = tuple(t.shape)
+    t = t.detach()
+    # Lazy conjugate/negative views would otherwise be saved unresolved.
+    for fix in ("resolve_conj", "resolve_neg"):
+        if hasattr(t, fix):
+            t = getattr(t, fix)()
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return dt, shape, np.zeros(0, np.uint8)
+    # numpy has no bfloat16 or float8, so go through raw bytes. Older torch
+    # only reinterprets between equal sizes, hence the int16 route.
+    try:
+        raw = flat.view(torch.uint8).numpy()
+    except RuntimeError:
+        if flat.element_size() == 2:
+            raw = flat.view(torch.int16).numpy().view(np.uint8)
+        else:
+            raw = flat.numpy().view(np.uint8)
+    return dt, shape, raw
+
+
+def prepare(name, value):
+    """(dtype, global shape, start or None, count, src) for one entry of save()'s dict.
+
+    src is a numpy array (any strides, any byte order) whose elements, copied
+    row-major and little-endian, are the slice's bytes.
+    """
+    import numpy as np
+
+    if not isinstance(name, str):
+        raise TypeError("tensor names must be str, not %s" % type(name).__name__)
+    box = None
+    if isinstance(value, Slice):
+        box, value = value, value.array
+    if _is_torch(value):
+        dt, count, src = _torch_bytes(name, value)
+    else:
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value)
+        if value.dtype.hasobject:
+            raise TypeError("tensor %r holds Python objects" % (name,))
+        dt = _numpy_dtype_name(value.dtype)
+        count, src = value.shape, value
+    count = tuple(int(c) for c in count)
+    if box is None:
+        return dt, count, None, count, src
+    if len(box.shape) != len(count) or len(box.start) != len(count):
+        raise ValueError("tensor %r: slice has %d dimensions but shape has %d and start %d"
+                         % (name, len(count), len(box.shape), len(box.start)))
+    return dt, box.shape, box.start, count, src

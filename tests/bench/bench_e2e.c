@@ -1,0 +1,678 @@
+/* Benchmark: the same checkpoint written durably by (a) a raw O_DIRECT writer, (b) one serial writer, (c) shardd with 4 ranks. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_e2e.h"
+#include "sd_writer_sync.h"
+#include "synth.h"
+
+extern char **environ;
+
+#define GIB 1073741824.0
+#define NRANKS 4
+#define TP 2
+#define SAVE_ID "bench"
+#define CKPT_DIR "bench-ckpt"
+
+typedef struct {
+  double gib;
+  const char *parent, *shardd, *rank_bin, *phases;
+  uint64_t max_shard_size;  /* 0: about a quarter of the model, so several files */
+  int keep;
+} options;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: bench_e2e [options]\n"
+          "Writes one Llama-shaped BF16 checkpoint three ways on the same file system, each durable:\n"
+          "(a) raw io_uring O_DIRECT sequential writer, (b) the serial sync writer, (c) shardd with 4\n"
+          "example ranks (TP=2 x DP=2) through shared memory; prints one table. Never fails on a time;\n"
+          "exits 1 only when (b) or (c) leaves a checkpoint the strict reader or the byte check refuses.\n"
+          "  --gib N              model size in GiB (default 4; fractions allowed)\n"
+          "  --quick              0.25 GiB (what meson's benchmark() runs)\n"
+          "  --dir PARENT         make the work folder under PARENT (default /var/tmp)\n"
+          "  --shardd PATH        daemon binary (default $SHARDD_BIN, else next to this build)\n"
+          "  --rank-bin PATH      example rank (default $SHARDD_EXAMPLE_RANK, else next to this build)\n"
+          "  --phases LIST        any of a, b, c (default abc)\n"
+          "  --max-shard-size N   bytes per shard file (default: a quarter of the model)\n"
+          "  --keep               keep the work folder\n");
+}
+
+/* ------------------------------------------------------------------------ *
+ * The model (same shapes, names and order as client/examples/rank_writer.c)
+ * ------------------------------------------------------------------------ */
+static void add(sd_e2e_model *m, const char *name, uint64_t d0, uint64_t d1, int ndim, int split) {
+  sd_e2e_tensor *t = &m->t[m->n];
+  sd_tensor *st = &m->st[m->n];
+  sd_e2e_fmt(t->name, sizeof t->name, "%s", name);
+  t->nbytes = 2 * d0 * (ndim == 2 ? d1 : 1);
+  t->key = sd_synth_key(t->name, 0);
+  memset(st, 0, sizeof *st);
+  st->name = t->name;
+  st->dtype = SD_DT_BF16;
+  st->ndim = (uint32_t)ndim;
+  st->shape[0] = d0;
+  st->shape[1] = d1;
+  st->index = (int64_t)m->n;
+  m->tensor_bytes += t->nbytes;
+  /* Rank 0's slice: [0, n/2) of the split dimension, the whole of a norm. */
+  m->rank_bytes += split < 0 ? t->nbytes : t->nbytes / (split == 0 ? d0 : d1) * ((split == 0 ? d0 : d1) / 2);
+  m->n++;
+}
+
+static int build_model(sd_e2e_model *m, double gib, uint64_t max_shard) {
+  uint64_t target = (uint64_t)(gib * GIB);
+  /* Llama widths: 7B-like above 2 GiB, smaller below, vocabulary 32000;
+   * the number of layers brings the total near the target. */
+  m->hidden = target >= (2ull << 30) ? 4096 : target >= (512ull << 20) ? 2048 : 1024;
+  m->intermediate = (m->hidden * 43 / 16 + 63) / 64 * 64;
+  m->vocab = 32000;
+  uint64_t H = m->hidden, I = m->intermediate;
+  uint64_t layer = 2 * (4 * H * H + 3 * H * I + 2 * H), outer = 2 * (2 * m->vocab * H + H);
+  m->layers = target > outer ? (target - outer + layer / 2) / layer : 1;
+  if (m->layers == 0) m->layers = 1;
+  size_t n = 3 + 9 * (size_t)m->layers;
+  m->t = calloc(n, sizeof *m->t);
+  m->st = calloc(n, sizeof *m->st);
+  if (!m->t || !m->st) return -1;
+  char name[96];
+  add(m, "model.embed_tokens.weight", m->vocab, H, 2, 0);
+  for (uint64_t l = 0; l < m->layers; l++) {
+    static const char *const qkv[] = {"q_proj", "k_proj", "v_proj"};
+    for (int k = 0; k < 3; k++) {
+      sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".self_attn.%s.weight", l, qkv[k]);
+      add(m, name, H, H, 2, 0);
+    }
+    sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".self_attn.o_proj.weight", l);
+    add(m, name, H, H, 2, 1);
+    sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".mlp.gate_proj.weight", l);
+    add(m, name, I, H, 2, 0);
+    sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".mlp.up_proj.weight", l);
+    add(m, name, I, H, 2, 0);
+    sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".mlp.down_proj.weight", l);
+    add(m, name, H, I, 2, 1);
+    sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".input_layernorm.weight", l);
+    add(m, name, H, 0, 1, -1);
+    sd_e2e_fmt(name, sizeof name, "model.layers.%" PRIu64 ".post_attention_layernorm.weight", l);
+    add(m, name, H, 0, 1, -1);
+  }
+  add(m, "model.norm.weight", H, 0, 1, -1);
+  add(m, "lm_head.weight", m->vocab, H, 2, 0);
+  m->max_shard_size = max_shard ? max_shard : ((m->tensor_bytes + 3) / 4 + 999999) / 1000000 * 1000000;
+  return 0;
+}
+
+/* The metadata the example rank sends, so (b) and (c) write identical files. */
+static const sd_kv example_md[] = {{"shardd_example", "rank_writer"}, {"tp", "2"}, {"world_size", "4"}};
+
+static int plan_model(sd_e2e_model *m) {
+  sd_plan p;
+  sd_error err;
+  sd_plan_opts po = {.max_shard_size = m->max_shard_size, .metadata = example_md, .nmetadata = 3};
+  if (sd_plan_build(&p, m->st, m->n, &po, &err) != 0) {
+    fprintf(stderr, "bench_e2e: planning the model failed: %s\n", err.msg);
+    return -1;
+  }
+  m->nfiles = p.nfiles;
+  m->file_bytes = 0;
+  for (size_t f = 0; f < p.nfiles; f++) m->file_bytes += p.files[f].file_size;
+  size_t ilen = 0;
+  char *ix = p.needs_index ? sd_index_encode(&p, m->st, &ilen, &err) : NULL;
+  m->file_bytes += ilen;
+  free(ix);
+  sd_plan_free(&p);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Small helpers
+ * ------------------------------------------------------------------------ */
+/* Bytes and a "name:size;" listing of the regular files in dir. */
+static uint64_t dir_listing(const char *dir, char *list, size_t len) {
+  struct dirent **ents;
+  int n = scandir(dir, &ents, NULL, alphasort);
+  uint64_t total = 0;
+  size_t used = 0;
+  if (list && len) list[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    char p[PATH_MAX];
+    struct stat sb;
+    sd_e2e_fmt(p, sizeof p, "%s/%s", dir, ents[i]->d_name);
+    if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) {
+      total += (uint64_t)sb.st_size;
+      if (list && used < len) {
+        int w = sd_e2e_fmt(list + used, len - used, "%s:%lld;", ents[i]->d_name, (long long)sb.st_size);
+        if (w > 0) used += (size_t)w;
+      }
+    }
+    free(ents[i]);
+  }
+  if (n >= 0) free(ents);
+  return total;
+}
+
+static const char *exe_sibling(const char *rel, char *buf, size_t len) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return NULL;
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  if (!slash) return NULL;
+  *slash = '\0';
+  sd_e2e_fmt(buf, len, "%s/%s", self, rel);
+  return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
+static int pidfd_open_(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
+
+static pid_t spawn(char *const argv[], int out_fd, int err_fd) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (out_fd >= 0) posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+  if (err_fd >= 0) posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
+  pid_t pid;
+  int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    fprintf(stderr, "bench_e2e: cannot start %s: %s\n", argv[0], strerror(rc));
+    return -1;
+  }
+  return pid;
+}
+
+/* Waits up to timeout_s for pid to exit; returns its wait status or -1. */
+static int wait_exit(pid_t pid, double timeout_s) {
+  int pfd = pidfd_open_(pid), st;
+  if (pfd >= 0) {
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    poll(&p, 1, (int)(timeout_s * 1000));
+    close(pfd);
+  }
+  pid_t r = waitpid(pid, &st, pfd >= 0 ? WNOHANG : 0);
+  return r == pid ? st : -1;
+}
+
+static int socket_ready(const char *path) {
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  sd_e2e_fmt(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Phases
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  int ran, ok;              /* ok: the phase wrote (and, for b and c, verified) its output */
+  uint64_t bytes;
+  double seconds, cpu_s, load_before, load_after;
+  char note[512];
+} phase;
+
+static void phase_raw(const char *work, const sd_e2e_model *m, phase *ph) {
+  char path[PATH_MAX];
+  sd_e2e_fmt(path, sizeof path, "%s/raw.bin", work);
+  sd_e2e_raw r;
+  sync();
+  ph->ran = 1;
+  ph->load_before = sd_e2e_load1();
+  sd_e2e_raw_write(path, m->file_bytes, 32, 1u << 20, &r);
+  ph->load_after = sd_e2e_load1();
+  ph->ok = r.ok;
+  ph->bytes = r.bytes;
+  ph->seconds = r.seconds;
+  ph->cpu_s = r.cpu_s;
+  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%s, qd 32, 1 MiB buffers%s, one file%s%s",
+           r.ok ? "" : "FAILED: ", r.direct ? "O_DIRECT" : "buffered",
+           r.fixed_bufs ? " (registered)" : "", r.note[0] ? "; " : "", r.note);
+  unlink(path);
+}
+
+static int phase_serial(const char *work, const sd_e2e_model *m, phase *ph, char *listing,
+                        size_t llen, int keep) {
+  ph->ran = 1;
+  uint8_t *buf = malloc(m->tensor_bytes ? m->tensor_bytes : 1);
+  const void **data = calloc(m->n, sizeof *data);
+  if (!buf || !data) {
+    sd_e2e_fmt(ph->note, sizeof ph->note, "FAILED: cannot hold the %.2f GiB model in memory",
+             (double)m->tensor_bytes / GIB);
+    free(buf);
+    free(data);
+    return -1;
+  }
+  /* The trainer's tensors already sit in memory: generated before timing. */
+  uint64_t off = 0;
+  for (size_t i = 0; i < m->n; i++) {
+    sd_synth_fill(m->t[i].key, 0, m->t[i].nbytes, buf + off);
+    data[i] = buf + off;
+    off += m->t[i].nbytes;
+  }
+  char dir[PATH_MAX];
+  sd_e2e_fmt(dir, sizeof dir, "%s/serial-ckpt", work);
+  sd_plan_opts po = {.max_shard_size = m->max_shard_size, .metadata = example_md, .nmetadata = 3};
+  sd_write_result res;
+  sd_error err;
+  sync();
+  ph->load_before = sd_e2e_load1();
+  double t0 = sd_e2e_now(), c0 = sd_e2e_self_cpu();
+  int rc = sd_write_checkpoint_sync(dir, m->st, data, m->n, &po, &res, &err);
+  ph->seconds = sd_e2e_now() - t0;
+  ph->cpu_s = sd_e2e_self_cpu() - c0;
+  ph->load_after = sd_e2e_load1();
+  free(buf);
+  free(data);
+  if (rc != 0) {
+    sd_e2e_fmt(ph->note, sizeof ph->note, "FAILED: %s", err.msg);
+    return -1;
+  }
+  ph->bytes = dir_listing(dir, listing, llen);
+  char msg[400];
+  rc = sd_e2e_verify(dir, m, msg, sizeof msg);
+  ph->ok = rc == 0;
+  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%zu files; verify: %s", rc ? "FAILED: " : "", res.nfiles, msg);
+  if (!keep) sd_e2e_rmtree(dir);
+  return rc;
+}
+
+typedef struct {
+  int rank, exit_ok;
+  uint64_t bytes;
+  double blocked, memcpy_s, setup, begin, puts, seal, wait, cpu;
+  char state[32], error[256];
+} rank_out;
+
+typedef struct {
+  double wall_s, window_s, spread_s;
+  double daemon_cpu_s;
+  uint64_t hwm, peak_anon, anon_end, shmem_end;
+  int daemon_exit;          /* wait status, -1 when it had to be killed */
+  int same_layout;
+  rank_out r[NRANKS];
+  char daemon_line[512];
+} shardd_stats;
+
+static void parse_rank(const char *text, rank_out *r) {
+  sd_e2e_fmt(r->state, sizeof r->state, "no output");
+  /* The summary is the last line the rank printed. */
+  size_t n = strlen(text);
+  while (n > 0 && text[n - 1] == '\n') n--;
+  const char *line = text + n;
+  while (line > text && line[-1] != '\n') line--;
+  json_t *j = n ? json_loadb(line, (size_t)(text + n - line), 0, NULL) : NULL;
+  if (!j) return;
+  const char *st = json_string_value(json_object_get(j, "state"));
+  sd_e2e_fmt(r->state, sizeof r->state, "%s", st ? st : "?");
+  r->bytes = (uint64_t)json_integer_value(json_object_get(j, "bytes"));
+  r->blocked = json_number_value(json_object_get(j, "blocked_s"));
+  r->memcpy_s = json_number_value(json_object_get(j, "memcpy_s"));
+  r->setup = json_number_value(json_object_get(j, "setup_s"));
+  r->begin = json_number_value(json_object_get(j, "begin_s"));
+  r->puts = json_number_value(json_object_get(j, "puts_s"));
+  r->seal = json_number_value(json_object_get(j, "seal_s"));
+  r->wait = json_number_value(json_object_get(j, "wait_s"));
+  const char *msg = json_string_value(json_object_get(j, "message"));
+  if (msg) sd_e2e_fmt(r->error, sizeof r->error, "%s", msg);
+  json_decref(j);
+}
+
+/* Removes the shm segments of ranks that died without cleaning up. */
+static void unlink_rank_shm(const pid_t *pids) {
+  DIR *d = opendir("/dev/shm");
+  struct dirent *e;
+  if (!d) return;
+  while ((e = readdir(d))) {
+    for (int r = 0; r < NRANKS; r++) {
+      char pre[64];
+      int n = sd_e2e_fmt(pre, sizeof pre, "shardd-%d-", (int)pids[r]);
+      if (pids[r] > 0 && strncmp(e->d_name, pre, (size_t)n) == 0) {
+        char nm[300];
+        sd_e2e_fmt(nm, sizeof nm, "/%s", e->d_name);
+        shm_unlink(nm);
+      }
+    }
+  }
+  closedir(d);
+}
+
+static void read_daemon_line(const char *log, char *out, size_t len) {
+  FILE *f = fopen(log, "r");
+  char line[1024];
+  out[0] = '\0';
+  if (!f) return;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, "committed save") || strstr(line, "failed")) {
+      line[strcspn(line, "\n")] = '\0';
+      sd_e2e_fmt(out, len, "%s", line);
+    }
+  fclose(f);
+}
+
+static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, pid_t dpid,
+                     phase *ph, shardd_stats *s) {
+  char nums[8][32], rk[NRANKS][16];
+  sd_e2e_fmt(nums[0], 32, "%" PRIu64, m->hidden);
+  sd_e2e_fmt(nums[1], 32, "%" PRIu64, m->intermediate);
+  sd_e2e_fmt(nums[2], 32, "%" PRIu64, m->layers);
+  sd_e2e_fmt(nums[3], 32, "%" PRIu64, m->vocab);
+  sd_e2e_fmt(nums[4], 32, "%" PRIu64, m->max_shard_size);
+  sd_e2e_fmt(nums[5], 32, "%d", NRANKS);
+  sd_e2e_fmt(nums[6], 32, "%d", TP);
+  pid_t pids[NRANKS] = {0};
+  int pipes[NRANKS] = {-1, -1, -1, -1}, pfds[NRANKS] = {-1, -1, -1, -1};
+  double end[NRANKS] = {0};
+  int left = 0, rc = 0;
+
+  double cpu0 = sd_e2e_proc_cpu(dpid);
+  sync();
+  ph->load_before = sd_e2e_load1();
+  double t0 = sd_e2e_now();
+  for (int r = 0; r < NRANKS; r++) {
+    sd_e2e_fmt(rk[r], sizeof rk[r], "%d", r);
+    char *argv[] = {(char *)o->rank_bin, "--socket", (char *)sock, "--save", SAVE_ID, "--dir",
+                    CKPT_DIR, "--rank", rk[r], "--world-size", nums[5], "--tp", nums[6],
+                    "--hidden", nums[0], "--intermediate", nums[1], "--layers", nums[2],
+                    "--vocab", nums[3], "--dtype", "BF16", "--max-shard-size", nums[4], NULL};
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) break;
+    pids[r] = spawn(argv, p[1], -1);
+    close(p[1]);
+    pipes[r] = p[0];
+    if (pids[r] < 0) break;
+    pfds[r] = pidfd_open_(pids[r]);
+    left++;
+  }
+  /* Reap ranks as they finish; meanwhile sample the daemon's private memory. */
+  double deadline = t0 + 600 + (double)m->tensor_bytes / 20e6;
+  while (left > 0) {
+    struct pollfd p[NRANKS];
+    for (int r = 0; r < NRANKS; r++) p[r] = (struct pollfd){.fd = end[r] == 0 ? pfds[r] : -1, .events = POLLIN};
+    if (left < NRANKS && pfds[0] < 0) usleep(1000); /* no pidfd: poll alone would spin */
+    poll(p, NRANKS, 20);
+    uint64_t anon = sd_e2e_proc_status(dpid, "RssAnon");
+    if (anon > s->peak_anon) s->peak_anon = anon;
+    for (int r = 0; r < NRANKS; r++) {
+      int st;
+      struct rusage ru;
+      if (pids[r] <= 0 || end[r] != 0 || wait4(pids[r], &st, WNOHANG, &ru) != pids[r]) continue;
+      end[r] = sd_e2e_now();
+      left--;
+      close(pfds[r]);
+      s->r[r].exit_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      s->r[r].cpu = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                    (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+    }
+    if (left > 0 && sd_e2e_now() > deadline) {
+      fprintf(stderr, "bench_e2e: ranks still running after %.0f s; killing them\n", deadline - t0);
+      for (int r = 0; r < NRANKS; r++)
+        if (pids[r] > 0 && end[r] == 0) kill(pids[r], SIGKILL);
+      deadline = 1e300;
+      rc = -1;
+    }
+  }
+  double t1 = sd_e2e_now();
+  ph->load_after = sd_e2e_load1();
+  s->wall_s = t1 - t0;
+  s->daemon_cpu_s = sd_e2e_proc_cpu(dpid) - cpu0;
+  s->hwm = sd_e2e_proc_status(dpid, "VmHWM");
+  s->anon_end = sd_e2e_proc_status(dpid, "RssAnon");
+  s->shmem_end = sd_e2e_proc_status(dpid, "RssShmem");
+  unlink_rank_shm(pids);
+
+  double lo = 1e300, hi = 0;
+  for (int r = 0; r < NRANKS; r++) {
+    char buf[8192];
+    ssize_t n = pipes[r] >= 0 ? read(pipes[r], buf, sizeof buf - 1) : -1;
+    buf[n > 0 ? n : 0] = '\0';
+    if (pipes[r] >= 0) close(pipes[r]);
+    s->r[r].rank = r;
+    parse_rank(buf, &s->r[r]);
+    if (!s->r[r].exit_ok || strcmp(s->r[r].state, "committed") != 0) rc = -1;
+    /* Every wait returns at the commit: begin-to-commit is longest for the
+     * rank that began first, so the longest is the save's whole window. */
+    double span = s->r[r].blocked + s->r[r].wait;
+    if (span > hi) hi = span;
+    if (span < lo) lo = span;
+  }
+  s->window_s = hi;
+  s->spread_s = hi - lo;
+  return rc;
+}
+
+static int phase_shardd(const options *o, const char *work, const sd_e2e_model *m,
+                        const char *serial_listing, phase *ph, shardd_stats *s) {
+  ph->ran = 1;
+  char root[PATH_MAX], sock[PATH_MAX], log[PATH_MAX], ckpt[PATH_MAX + 16];
+  sd_e2e_fmt(root, sizeof root, "%s/root", work);
+  sd_e2e_fmt(log, sizeof log, "%s/shardd.log", work);
+  sd_e2e_fmt(sock, sizeof sock, "%s/shardd.sock", work);
+  if (strlen(sock) >= sizeof((struct sockaddr_un *)0)->sun_path)
+    sd_e2e_fmt(sock, sizeof sock, "/tmp/shardd-bench-%d.sock", (int)getpid());
+  sd_e2e_fmt(ckpt, sizeof ckpt, "%s/" CKPT_DIR, root);
+  mkdir(root, 0755);
+  int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  char *dargv[] = {(char *)o->shardd, "--root", root, "--socket", sock, "--log-level", "info", NULL};
+  pid_t dpid = spawn(dargv, lfd, lfd);
+  if (lfd >= 0) close(lfd);
+  if (dpid < 0) {
+    sd_e2e_fmt(ph->note, sizeof ph->note, "FAILED: cannot start %s", o->shardd);
+    return -1;
+  }
+  int up = 0, st;
+  for (int i = 0; i < 400 && !up; i++) {
+    up = socket_ready(sock);
+    if (!up && waitpid(dpid, &st, WNOHANG) == dpid) break;
+    if (!up) usleep(25000);
+  }
+  if (!up) {
+    sd_e2e_fmt(ph->note, sizeof ph->note, "FAILED: the daemon did not come up (log: %s)", log);
+    kill(dpid, SIGKILL);
+    waitpid(dpid, &st, 0);
+    return -1;
+  }
+
+  int rc = run_ranks(o, m, sock, dpid, ph, s);
+
+  /* Stop the daemon as an operator would; it must exit cleanly. */
+  kill(dpid, SIGTERM);
+  s->daemon_exit = wait_exit(dpid, 30);
+  if (s->daemon_exit == -1) {
+    kill(dpid, SIGKILL);
+    waitpid(dpid, &st, 0);
+  }
+  read_daemon_line(log, s->daemon_line, sizeof s->daemon_line);
+
+  char listing[4096], msg[400] = "not checked";
+  ph->bytes = dir_listing(ckpt, listing, sizeof listing);
+  s->same_layout = serial_listing && serial_listing[0] && strcmp(listing, serial_listing) == 0;
+  ph->seconds = s->window_s;
+  ph->cpu_s = s->daemon_cpu_s;
+  if (rc == 0) rc = sd_e2e_verify(ckpt, m, msg, sizeof msg);
+  ph->ok = rc == 0;
+  if (rc != 0 && !strcmp(msg, "not checked")) {
+    for (int r = 0; r < NRANKS; r++)
+      if (strcmp(s->r[r].state, "committed") != 0) {
+        sd_e2e_fmt(msg, sizeof msg, "rank %d: %s%s%s (daemon log: %s)", r, s->r[r].state,
+                 s->r[r].error[0] ? ": " : "", s->r[r].error, log);
+        break;
+      }
+  }
+  sd_e2e_fmt(ph->note, sizeof ph->note, "%sverify: %s", rc ? "FAILED: " : "", msg);
+  if (!o->keep) sd_e2e_rmtree(ckpt);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Report
+ * ------------------------------------------------------------------------ */
+static double gbps(const phase *p) { return p->ok && p->seconds > 0 ? (double)p->bytes / p->seconds / 1e9 : 0; }
+
+static void row(const char *label, const phase *p) {
+  if (!p->ran) {
+    printf("%-26s %14s %9s %7s %9s %11s\n", label, "-", "-", "-", "-", "skipped");
+    return;
+  }
+  printf("%-26s %14" PRIu64 " %9.3f %7.3f %9.3f %5.2f-%5.2f\n", label, p->bytes, p->seconds, gbps(p),
+         p->bytes ? p->cpu_s / ((double)p->bytes / GIB) : 0, p->load_before, p->load_after);
+}
+
+static void report(const options *o, const sd_e2e_model *m, const phase *a, const phase *b,
+                   const phase *c, const shardd_stats *s) {
+  printf("\n%-26s %14s %9s %7s %9s %11s\n", "phase", "bytes", "seconds", "GB/s", "CPU s/GiB",
+         "load 1m");
+  row("(a) raw io_uring writer", a);
+  row("(b) serial sync writer", b);
+  row("(c) shardd, 4 ranks", c);
+  printf("  (a) %s\n  (b) %s\n  (c) %s\n", a->note, b->note, c->note);
+  if (gbps(c) > 0) {
+    printf("\nratios    c/a = %s", gbps(a) > 0 ? "" : "n/a");
+    if (gbps(a) > 0) printf("%.2f", gbps(c) / gbps(a));
+    printf("   c/b = %s", gbps(b) > 0 ? "" : "n/a");
+    if (gbps(b) > 0) printf("%.2f", gbps(c) / gbps(b));
+    printf("   (c timed from the first rank's begin to every rank's commit)\n");
+  }
+  if (!c->ran) return;
+  printf("\nshardd    save window %.3f s (first begin -> all committed; ranks began %.3f s apart)\n",
+         s->window_s, s->spread_s);
+  printf("          spawn -> all ranks exited %.3f s = %.3f GB/s (includes each rank generating\n"
+         "          its %.2f GiB of tensors, timing a memcpy of them and pre-faulting its arena)\n",
+         s->wall_s, s->wall_s > 0 ? (double)c->bytes / s->wall_s / 1e9 : 0,
+         (double)m->rank_bytes / GIB);
+  printf("\n%-6s %13s %10s %10s %8s %9s %9s %9s %8s  %s\n", "rank", "bytes", "blocked_s", "memcpy_s",
+         "blk/cpy", "puts_s", "seal_s", "wait_s", "cpu_s", "state");
+  double bmax = 0, cmax = 0;
+  for (int r = 0; r < NRANKS; r++) {
+    const rank_out *x = &s->r[r];
+    printf("%-6d %13" PRIu64 " %10.3f %10.3f %8.2f %9.3f %9.3f %9.3f %8.2f  %s\n", r, x->bytes,
+           x->blocked, x->memcpy_s, x->memcpy_s > 0 ? x->blocked / x->memcpy_s : 0, x->puts, x->seal,
+           x->wait, x->cpu, x->state);
+    if (x->blocked > bmax) bmax = x->blocked;
+    if (x->memcpy_s > cmax) cmax = x->memcpy_s;
+  }
+  printf("max    %13s %10.3f %10.3f %8.2f\n", "", bmax, cmax, cmax > 0 ? bmax / cmax : 0);
+  printf("\ndaemon    peak RSS (VmHWM) %.1f MiB; sampled peak RssAnon %.1f MiB; at stop RssAnon %.1f MiB,\n"
+         "          RssShmem %.1f MiB (ranks' arenas it mapped)\n",
+         (double)s->hwm / 1048576.0, (double)s->peak_anon / 1048576.0,
+         (double)s->anon_end / 1048576.0, (double)s->shmem_end / 1048576.0);
+  printf("          CPU (utime+stime, all threads) %.2f s = %.3f s/GiB; exit on SIGTERM: %s\n",
+         s->daemon_cpu_s, c->bytes ? s->daemon_cpu_s / ((double)c->bytes / GIB) : 0,
+         s->daemon_exit == -1               ? "did not stop within 30 s, killed"
+         : WIFEXITED(s->daemon_exit) && !WEXITSTATUS(s->daemon_exit) ? "clean (0)"
+                                                                     : "NOT clean");
+  if (s->daemon_line[0]) printf("          log: %s\n", s->daemon_line);
+  if (b->ran && b->ok) printf("layout    (c) files %s (b)'s (names and sizes)\n", s->same_layout ? "identical to" : "DIFFER from");
+  (void)o;
+}
+
+/* ------------------------------------------------------------------------ *
+ * main
+ * ------------------------------------------------------------------------ */
+int main(int argc, char **argv) {
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abc"};
+  static const struct option lo[] = {
+      {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
+      {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
+      {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
+      {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
+      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+  int ch;
+  char *end;
+  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (ch) {
+      case 'g':
+        o.gib = strtod(optarg, &end);
+        if (*end || !(o.gib >= 0.01 && o.gib <= 1024)) {
+          fprintf(stderr, "bench_e2e: --gib wants a number in [0.01, 1024], not '%s'\n", optarg);
+          return 2;
+        }
+        break;
+      case 'q': o.gib = 0.25; break;
+      case 'd': o.parent = optarg; break;
+      case 's': o.shardd = optarg; break;
+      case 'r': o.rank_bin = optarg; break;
+      case 'p': o.phases = optarg; break;
+      case 'm': o.max_shard_size = strtoull(optarg, &end, 10); if (*end) { usage(stderr); return 2; } break;
+      case 'k': o.keep = 1; break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+  }
+  if (optind != argc) {
+    usage(stderr);
+    return 2;
+  }
+  char b1[PATH_MAX], b2[PATH_MAX];
+  if (!o.shardd) o.shardd = getenv("SHARDD_BIN");
+  if (!o.shardd) o.shardd = exe_sibling("../../daemon/shardd", b1, sizeof b1);
+  if (!o.rank_bin) o.rank_bin = getenv("SHARDD_EXAMPLE_RANK");
+  if (!o.rank_bin) o.rank_bin = exe_sibling("../../client/shardd-example-rank", b2, sizeof b2);
+  int do_a = strchr(o.phases, 'a') != NULL, do_b = strchr(o.phases, 'b') != NULL,
+      do_c = strchr(o.phases, 'c') != NULL;
+  if (do_c && (!o.shardd || !o.rank_bin)) {
+    fprintf(stderr, "bench_e2e: need --shardd and --rank-bin (or SHARDD_BIN, SHARDD_EXAMPLE_RANK)\n");
+    return 2;
+  }
+
+  sd_e2e_model m = {0};
+  if (build_model(&m, o.gib, o.max_shard_size) != 0 || plan_model(&m) != 0) return 2;
+  char work[PATH_MAX];
+  sd_e2e_fmt(work, sizeof work, "%s/shardd-bench.XXXXXX", o.parent);
+  if (!mkdtemp(work)) {
+    fprintf(stderr, "bench_e2e: cannot make a folder under %s: %s\n", o.parent, strerror(errno));
+    return 2;
+  }
+
+  char machine[2048];
+  sd_e2e_machine(work, machine, sizeof machine);
+  printf("shardd end-to-end benchmark (bench_e2e)\n%s", machine);
+  printf("model    Llama-shaped BF16: hidden %" PRIu64 ", intermediate %" PRIu64 ", %" PRIu64
+         " layers, vocab %" PRIu64 "; %zu tensors, %" PRIu64 " bytes (%.2f GiB)\n"
+         "         max shard %" PRIu64 " bytes -> %zu files + index, %" PRIu64 " bytes on disk\n",
+         m.hidden, m.intermediate, m.layers, m.vocab, m.n, m.tensor_bytes,
+         (double)m.tensor_bytes / GIB, m.max_shard_size, m.nfiles, m.file_bytes);
+  printf("ranks    4 x %s (TP=2 x DP=2), %.2f GiB each\ndaemon   %s\n",
+         o.rank_bin ? o.rank_bin : "-", (double)m.rank_bytes / GIB, o.shardd ? o.shardd : "-");
+  printf("cache    page cache not dropped (needs root, unreliable): every phase ends with fsync,\n"
+         "         sync(2) runs before each, and each phase's output is deleted before the next\n");
+  if (do_c && sd_e2e_mem_available() < 9 * m.rank_bytes)
+    printf("WARNING  (c) needs about %.1f GiB of memory (4 ranks x tensors + arena), %.1f GiB available\n",
+           8.0 * (double)m.rank_bytes / GIB, (double)sd_e2e_mem_available() / GIB);
+  fflush(stdout);
+
+  phase a = {0}, b = {0}, c = {0};
+  shardd_stats s;
+  memset(&s, 0, sizeof s);
+  char serial_listing[4096] = "";
+  int fail = 0;
+  if (do_a) phase_raw(work, &m, &a);
+  if (do_b && phase_serial(work, &m, &b, serial_listing, sizeof serial_listing, o.keep) != 0) fail = 1;
+  if (do_c && phase_shardd(&o, work, &m, serial_listing, &c, &s) != 0) fail = 1;
+  report(&o, &m, &a, &b, &c, &s);
+
+  if (!o.keep) sd_e2e_rmtree(work);
+  else printf("\nkept     %s\n", work);
+  free(m.t);
+  free(m.st);
+  return fail;
+}

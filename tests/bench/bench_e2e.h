@@ -1,0 +1,72 @@
+/* End-to-end benchmark internals shared by its parts: the model, the raw writer, /proc probes, checkpoint checks. */
+#ifndef SD_BENCH_E2E_H
+#define SD_BENCH_E2E_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sd_format.h"
+
+/* ------------------------------------------------------------------------ *
+ * The model: the same Llama-shaped BF16 tensors shardd-example-rank builds
+ * (same names, order, state-dict positions and synthetic bytes, seed 0), so
+ * the serial baseline writes the very checkpoint the ranks hand to shardd.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  char name[96];
+  uint64_t nbytes;
+  uint64_t key;             /* sd_synth_key(name, 0) */
+} sd_e2e_tensor;
+
+typedef struct {
+  uint64_t hidden, intermediate, layers, vocab, max_shard_size;
+  size_t n;
+  sd_e2e_tensor *t;
+  sd_tensor *st;            /* the same tensors for the planner and the sync writer */
+  uint64_t tensor_bytes;    /* sum of tensor bytes */
+  uint64_t rank_bytes;      /* bytes one TP=2 rank puts (its half plus the norms) */
+  uint64_t file_bytes;      /* headers + data + index, as planned */
+  size_t nfiles;
+} sd_e2e_model;
+
+/* ------------------------------------------------------------------------ *
+ * (a) raw: one io_uring sequential writer of `bytes` into path, fsynced.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  int ok;
+  int direct;               /* 1 when O_DIRECT was used throughout */
+  int fixed_bufs;           /* 1 when the buffers were registered with the ring */
+  uint64_t bytes;
+  double seconds;           /* open to fsync returned */
+  double cpu_s;             /* this process (io-wq workers included) */
+  char note[256];           /* fallbacks, or the error when !ok */
+} sd_e2e_raw;
+
+void sd_e2e_raw_write(const char *path, uint64_t bytes, unsigned qd, size_t bufsize,
+                      sd_e2e_raw *out);
+
+/* ------------------------------------------------------------------------ *
+ * Machine and process probes (/proc, statfs)
+ * ------------------------------------------------------------------------ */
+int sd_e2e_fmt(char *dst, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+double sd_e2e_now(void);
+double sd_e2e_self_cpu(void);                    /* user + system of this process */
+double sd_e2e_load1(void);
+void sd_e2e_machine(const char *dir, char *out, size_t len); /* multi-line description */
+uint64_t sd_e2e_mem_available(void);
+/* utime + stime of pid in seconds (all its threads), or -1. */
+double sd_e2e_proc_cpu(pid_t pid);
+/* A "Key:   N kB" line of /proc/PID/status, in bytes; 0 when absent. */
+uint64_t sd_e2e_proc_status(pid_t pid, const char *key);
+/* rm -rf of a folder we created; errors ignored (reported by the caller's checks). */
+void sd_e2e_rmtree(const char *path);
+
+/* ------------------------------------------------------------------------ *
+ * Checkpoint check: the strict reader accepts dir, it holds exactly the
+ * model's tensors with the right dtype and shape, and every byte equals the
+ * synthetic content. msg says what was checked or the first problem.
+ * ------------------------------------------------------------------------ */
+int sd_e2e_verify(const char *dir, const sd_e2e_model *m, char *msg, size_t len);
+
+#endif

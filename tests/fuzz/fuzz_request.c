@@ -1,0 +1,526 @@
+/* libFuzzer target: a client's byte stream, framed into lines and checked field by field as the daemon does. */
+#include <math.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "fuzz_util.h"
+#include "publish.h"
+#include "save.h"
+#include "sd_base64.h"
+#include "sd_format.h"
+#include "sd_layout.h"
+#include "sd_linebuf.h"
+#include "sd_msg.h"
+#include "sd_reader.h"
+
+/* What this covers, and what it cannot reach:
+ * - framing: sd_linebuf fed in random chunks through both the reserve/commit
+ *   path the session uses and sd_linebuf_feed, compared line by line with a
+ *   plain reference splitter;
+ * - sd_msg_parse, sd_msg_op and every sd_msg_* getter with the fields and
+ *   limits daemon/ops.c uses, each checked against its contract;
+ * - the pure checks a request meets before any state is touched:
+ *   sd_path_check_rel/name, sd_name_check, sd_dtype_parse, sd_tensor_numel,
+ *   sd_box_check, sd_b64_decode (round-tripped through sd_b64_encode);
+ * - every reply (ok or error, with the client's id) is one valid JSON line;
+ * - a begin/put that passed those checks is planned with sd_plan_build and its
+ *   header parsed back with sd_st_parse, so hostile names, prefixes and
+ *   metadata that pass at request time cannot fail only at plan time.
+ * The field order below mirrors daemon/ops.c (op_begin, parse_tensor,
+ * parse_source, op_file): those are static next to socket and save state,
+ * and sd_save_id_check and region.c's shm name check live in files that
+ * need the whole daemon, so they are not linked here. Keep this in step
+ * with ops.c until the request checks move into a pure file. */
+
+/* ------------------------------------------------------------------------ *
+ * Replies
+ * ------------------------------------------------------------------------ */
+/* The daemon writes every reply with sd_msg_dump: it must be exactly one
+ * line that parses back to the same id, ok flag and error code. */
+static void check_reply(json_t *reply, json_t *id, int code) {
+  FUZZ_CHECK(reply != NULL, "reply is NULL");
+  size_t len = 0;
+  char *s = sd_msg_dump(reply, &len);
+  FUZZ_CHECK(s != NULL && len >= 2, "sd_msg_dump failed");
+  FUZZ_CHECK(s[len - 1] == '\n' && s[len] == '\0', "reply not terminated by a newline");
+  FUZZ_CHECK(memchr(s, '\n', len - 1) == NULL && strlen(s) == len, "reply is not one line: %s", s);
+  json_t *back = NULL;
+  sd_error e = {0};
+  FUZZ_CHECK(sd_msg_parse(s, len - 1, &back, &e) == 0, "reply does not parse back (%s): %s", e.msg, s);
+  FUZZ_CHECK(json_equal(json_object_get(back, "id"), id ? id : json_null()), "id not echoed: %s", s);
+  json_t *ok = json_object_get(back, "ok");
+  FUZZ_CHECK(json_is_boolean(ok) && json_is_true(ok) == (code == 0), "wrong ok flag: %s", s);
+  if (code) {
+    json_t *jc = json_object_get(json_object_get(back, "error"), "code");
+    json_t *jm = json_object_get(json_object_get(back, "error"), "message");
+    FUZZ_CHECK(json_is_string(jc) && sd_err_from_name(json_string_value(jc)) == code,
+               "error code %d not carried: %s", code, s);
+    FUZZ_CHECK(json_is_string(jm) && json_string_length(jm) > 0, "error without a message: %s", s);
+  }
+  json_decref(back);
+  free(s);
+  json_decref(reply);
+}
+
+static void reply_err(json_t *id, const sd_error *err) {
+  FUZZ_CHECK(err->code < 0, "failure without a code: '%s'", err->msg);
+  FUZZ_CHECK(err->msg[0] != '\0', "failure %d without a message", err->code);
+  check_reply(sd_msg_error_from(id, err), id, err->code);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Getters, each checked against its documented contract
+ * ------------------------------------------------------------------------ */
+static json_t *field_value(const json_t *req, const char *field) {
+  json_t *v = json_object_get(req, field);
+  return v && !json_is_null(v) ? v : NULL;
+}
+
+/* Shared rules: 1 means present, 0 absent and optional, <0 an error naming the field. */
+static void check_rc(int rc, const json_t *req, const char *field, int required, const sd_error *err) {
+  json_t *v = field_value(req, field);
+  if (rc == 1) {
+    FUZZ_CHECK(v != NULL, "field '%s' absent but reported present", field);
+  } else if (rc == 0) {
+    FUZZ_CHECK(v == NULL && !required, "field '%s': rc 0 when present or required", field);
+  } else {
+    FUZZ_CHECK(rc == SHARDD_E_INVALID_ARGUMENT || rc == SHARDD_E_NO_MEMORY, "field '%s': rc %d", field, rc);
+    FUZZ_CHECK(err->code == rc, "field '%s': rc %d but err.code %d", field, rc, err->code);
+    FUZZ_CHECK(strstr(err->msg, field) != NULL, "message does not name field '%s': %s", field, err->msg);
+    FUZZ_CHECK(required || v != NULL, "absent optional field '%s' failed", field);
+  }
+}
+
+static int get_str(const json_t *req, const char *field, int required, const char **out, size_t *len,
+                   sd_error *err) {
+  const char *s = NULL;
+  size_t n = 0;
+  int rc = sd_msg_str(req, field, required, &s, &n, err);
+  check_rc(rc, req, field, required, err);
+  if (rc == 1) {
+    /* jansson refuses \u0000 and invalid UTF-8, so C string code is safe. */
+    FUZZ_CHECK(s && strlen(s) == n && sd_utf8_valid(s, n, NULL), "field '%s' is not a clean string", field);
+    *out = s;
+    if (len) *len = n;
+  }
+  return rc;
+}
+
+/* Independent judgement of a JSON number against [0, max]: 1 and *val when
+ * it is an integral value in range, 0 otherwise. */
+static int ref_u64(const json_t *v, uint64_t max, uint64_t *val) {
+  if (json_is_integer(v)) {
+    json_int_t i = json_integer_value(v);
+    if (i < 0 || (uint64_t)i > max) return 0;
+    *val = (uint64_t)i;
+    return 1;
+  }
+  if (json_is_real(v)) {
+    double d = json_real_value(v);
+    if (!(d >= 0) || d >= 18446744073709551616.0 || d != floor(d)) return 0;
+    if ((uint64_t)d > max) return 0;
+    *val = (uint64_t)d;
+    return 1;
+  }
+  return 0;
+}
+
+static int get_u64(const json_t *req, const char *field, int required, uint64_t max, uint64_t *out,
+                   sd_error *err) {
+  uint64_t got = 0, want = 0;
+  int rc = sd_msg_u64(req, field, required, max, &got, err);
+  check_rc(rc, req, field, required, err);
+  json_t *v = field_value(req, field);
+  if (v) {
+    int ok = ref_u64(v, max ? max : SD_MSG_INT_MAX, &want);
+    FUZZ_CHECK((rc == 1) == ok, "field '%s': getter says %d, reference says %d", field, rc, ok);
+    if (ok) FUZZ_CHECK(got == want, "field '%s': %llu, expected %llu", field, (unsigned long long)got,
+                       (unsigned long long)want);
+  }
+  if (rc == 1) *out = got;
+  return rc;
+}
+
+static int get_bool(const json_t *req, const char *field, int required, int *out, sd_error *err) {
+  int b = -1;
+  int rc = sd_msg_bool(req, field, required, &b, err);
+  check_rc(rc, req, field, required, err);
+  if (rc == 1) {
+    FUZZ_CHECK(b == json_is_true(field_value(req, field)), "field '%s': wrong bool", field);
+    *out = b;
+  }
+  return rc;
+}
+
+static int get_u64_array(const json_t *req, const char *field, int required, size_t max_n, uint64_t max,
+                         uint64_t *out, size_t *n, sd_error *err) {
+  uint64_t got[SD_MAX_DIMS];
+  size_t gn = 0;
+  FUZZ_CHECK(max_n <= SD_MAX_DIMS, "harness limit");
+  int rc = sd_msg_u64_array(req, field, required, max_n, max, got, &gn, err);
+  check_rc(rc, req, field, required, err);
+  json_t *v = field_value(req, field);
+  if (v) {
+    int ok = json_is_array(v) && json_array_size(v) <= max_n;
+    for (size_t i = 0; ok && i < json_array_size(v); i++) {
+      uint64_t w = 0;
+      ok = ref_u64(json_array_get(v, i), max ? max : SD_MSG_INT_MAX, &w);
+      if (ok && rc == 1) FUZZ_CHECK(got[i] == w, "field '%s[%zu]': wrong value", field, i);
+    }
+    FUZZ_CHECK((rc == 1) == ok, "field '%s': getter says %d, reference says %d", field, rc, ok);
+  }
+  if (rc == 1) {
+    FUZZ_CHECK(gn == json_array_size(v), "field '%s': wrong length", field);
+    memcpy(out, got, gn * sizeof *got);
+    *n = gn;
+  }
+  return rc;
+}
+
+static int get_str_map(const json_t *req, const char *field, int required, size_t max_n, sd_kv **out,
+                       size_t *n, sd_error *err) {
+  sd_kv *kv = NULL;
+  size_t kn = 0;
+  int rc = sd_msg_str_map(req, field, required, max_n, &kv, &kn, err);
+  check_rc(rc, req, field, required, err);
+  if (rc == 1) {
+    json_t *v = field_value(req, field);
+    FUZZ_CHECK(kn == json_object_size(v) && kn <= max_n, "field '%s': wrong size", field);
+    for (size_t i = 0; i < kn; i++) {
+      json_t *x = json_object_get(v, kv[i].key);
+      FUZZ_CHECK(json_is_string(x) && strcmp(json_string_value(x), kv[i].value) == 0,
+                 "field '%s': pair %zu does not match", field, i);
+    }
+    *out = kv;
+    *n = kn;
+  }
+  return rc;
+}
+
+/* Strict base64 has one spelling per byte string: decoding then encoding
+ * must give back the input exactly. */
+static int decode_b64(const char *s, size_t len, uint8_t **bytes, size_t *got, sd_error *err) {
+  int rc = sd_b64_decode(s, len, bytes, got, err);
+  if (rc) {
+    FUZZ_CHECK(*bytes == NULL && (rc == SHARDD_E_INVALID_ARGUMENT || rc == SHARDD_E_NO_MEMORY),
+               "base64 failure rc %d", rc);
+    return rc;
+  }
+  FUZZ_CHECK(*bytes != NULL, "base64 success without a buffer");
+  size_t elen = sd_b64_encoded_len(*got);
+  FUZZ_CHECK(elen == len, "base64 %zu chars decoded to %zu bytes, which encode to %zu", len, *got, elen);
+  char *back = malloc(elen + 1);
+  FUZZ_CHECK(back != NULL, "oom");
+  FUZZ_CHECK(sd_b64_encode(*bytes, *got, back) == elen && memcmp(back, s, len) == 0,
+             "base64 does not round-trip");
+  free(back);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Downstream: what passed at request time must plan and read back
+ * ------------------------------------------------------------------------ */
+static void plan_roundtrip(const sd_tensor *t, const sd_plan_opts *opts, const char *why) {
+  sd_plan p;
+  sd_error err = {0};
+  int rc = sd_plan_build(&p, t, 1, opts, &err);
+  FUZZ_CHECK(rc == 0, "%s accepted at request time but planning fails: %s", why, err.msg);
+  FUZZ_CHECK(p.nfiles == 1, "one tensor, %zu files", p.nfiles);
+  const sd_plan_file *f = &p.files[0];
+  sd_st_header h;
+  rc = sd_st_parse(f->name, f->header, (size_t)f->header_size, f->file_size, &h, &err);
+  FUZZ_CHECK(rc == 0, "%s: planned header does not read back: %s", why, err.msg);
+  FUZZ_CHECK(h.ntensors == 1 && strcmp(h.tensors[0].name, t->name) == 0, "%s: tensor name lost", why);
+  FUZZ_CHECK(h.tensors[0].dtype == t->dtype && h.tensors[0].ndim == t->ndim &&
+                 memcmp(h.tensors[0].shape, t->shape, t->ndim * sizeof t->shape[0]) == 0,
+             "%s: tensor type lost", why);
+  for (size_t i = 0; i < opts->nmetadata; i++) {
+    const sd_kv *kv = &opts->metadata[i];
+    const char *want = strcmp(kv->key, "format") == 0 ? "pt" : kv->value;
+    size_t j = 0;
+    while (j < h.nmeta && strcmp(h.meta[j].key, kv->key) != 0) j++;
+    FUZZ_CHECK(j < h.nmeta && strcmp(h.meta[j].value, want) == 0, "%s: metadata pair %zu lost", why, i);
+  }
+  sd_st_header_free(&h);
+  sd_plan_free(&p);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Ops (field order as in daemon/ops.c)
+ * ------------------------------------------------------------------------ */
+static int op_hello(const json_t *req, sd_error *err) {
+  uint64_t proto = 0;
+  if (get_u64(req, "proto", 1, 0, &proto, err) < 0) return err->code;
+  if (proto != SHARDD_PROTO_VERSION)
+    return sd_fail(err, SHARDD_E_UNSUPPORTED_PROTO, "protocol %llu is not supported", (unsigned long long)proto);
+  return 0;
+}
+
+static int op_attach(const json_t *req, sd_error *err) {
+  const char *name = NULL;
+  if (get_str(req, "shm", 1, &name, NULL, err) < 0) return err->code;
+  return 0;
+}
+
+static int op_detach(const json_t *req, sd_error *err) {
+  uint64_t rid = 0;
+  if (get_u64(req, "region", 1, 0, &rid, err) < 0) return err->code;
+  return 0;
+}
+
+static int op_begin(const json_t *req, sd_error *err) {
+  const char *save = NULL, *dir = NULL, *prefix = NULL;
+  uint64_t rank = 0, world = 0, mss = 0;
+  int overwrite = 0, rc = 0;
+  sd_kv *md = NULL;
+  size_t nmd = 0;
+  if (get_str(req, "save", 1, &save, NULL, err) < 0 || get_str(req, "dir", 1, &dir, NULL, err) < 0 ||
+      get_u64(req, "rank", 1, SD_WORLD_MAX, &rank, err) < 0 ||
+      get_u64(req, "world_size", 1, SD_WORLD_MAX, &world, err) < 0 ||
+      get_u64(req, "max_shard_size", 0, 0, &mss, err) < 0 || get_str(req, "prefix", 0, &prefix, NULL, err) < 0 ||
+      get_str_map(req, "metadata", 0, SD_METADATA_MAX, &md, &nmd, err) < 0 ||
+      get_bool(req, "overwrite", 0, &overwrite, err) < 0) {
+    rc = err->code;
+    goto out;
+  }
+  if (field_value(req, "max_shard_size") && mss == 0) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
+    goto out;
+  }
+  if (prefix && (strlen(prefix) > SD_PREFIX_MAX || sd_path_check_name(prefix, err) != 0)) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be a plain file name");
+    goto out;
+  }
+  for (size_t i = 0; i < nmd; i++) {
+    if (strcmp(md[i].key, "format") == 0 && strcmp(md[i].value, "pt") != 0) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "metadata 'format' must be \"pt\"");
+      goto out;
+    }
+  }
+  /* sd_save_begin's checks before it touches daemon state. */
+  if (world == 0 || world > SD_WORLD_MAX) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'world_size' must be in [1, %d]", SD_WORLD_MAX);
+    goto out;
+  }
+  if (rank >= world) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'rank' is outside [0, world_size)");
+    goto out;
+  }
+  if ((rc = sd_path_check_rel(dir, err)) != 0) {
+    FUZZ_CHECK(rc == SHARDD_E_BAD_PATH, "dir check rc %d", rc);
+    goto out;
+  }
+  sd_tensor t = {.name = "w", .dtype = SD_DT_F32, .ndim = 1, .shape = {3}, .index = -1};
+  sd_plan_opts opts = {.max_shard_size = mss, .prefix = prefix, .metadata = md, .nmetadata = nmd};
+  plan_roundtrip(&t, &opts, "begin (prefix, metadata, max_shard_size)");
+out:
+  free(md);
+  return rc;
+}
+
+static int op_put(const json_t *req, sd_error *err) {
+  const char *save = NULL, *name = NULL, *dtype = NULL, *data = NULL;
+  size_t nlen = 0, n = 0, ns = 0, nc = 0, dlen = 0;
+  uint64_t shape[SD_MAX_DIMS] = {0}, start[SD_MAX_DIMS] = {0}, count[SD_MAX_DIMS] = {0};
+  uint64_t index = 0, rid = 0, offset = 0, numel = 0;
+  sd_dtype dt;
+  if (get_str(req, "save", 1, &save, NULL, err) < 0) return err->code;
+  /* parse_tensor */
+  if (get_str(req, "name", 1, &name, &nlen, err) < 0) return err->code;
+  if (sd_name_check(name, nlen, err) != 0) return err->code;
+  if (get_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
+  if (sd_dtype_parse(dtype, &dt, err) != 0) return err->code;
+  FUZZ_CHECK(strcmp(sd_dtype_name(dt), dtype) == 0, "dtype '%s' parsed as %s", dtype, sd_dtype_name(dt));
+  if (get_u64_array(req, "shape", 1, SD_MAX_DIMS, UINT64_MAX >> 1, shape, &n, err) < 0) return err->code;
+  int has_start = get_u64_array(req, "start", 0, SD_MAX_DIMS, UINT64_MAX >> 1, start, &ns, err);
+  if (has_start < 0) return err->code;
+  int has_count = get_u64_array(req, "count", 0, SD_MAX_DIMS, UINT64_MAX >> 1, count, &nc, err);
+  if (has_count < 0) return err->code;
+  if (has_start != has_count) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give both 'start' and 'count'");
+  if (!has_start) {
+    memcpy(count, shape, sizeof count);
+  } else if (ns != n || nc != n) {
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'start' and 'count' need one entry per dimension");
+  }
+  int has_index = get_u64(req, "index", 0, 0, &index, err);
+  if (has_index < 0) return err->code;
+  if (sd_tensor_numel(name, (uint32_t)n, shape, &numel, err) != 0) return err->code;
+  sd_box box;
+  memcpy(box.start, start, sizeof box.start);
+  memcpy(box.count, count, sizeof box.count);
+  if (sd_box_check(name, (uint32_t)n, shape, &box, err) != 0) return err->code;
+  for (size_t i = 0; i < n; i++)
+    FUZZ_CHECK(start[i] <= shape[i] && count[i] <= shape[i] - start[i], "box check let dim %zu escape", i);
+  if (sd_tensor_numel(name, (uint32_t)n, count, &numel, err) != 0) return err->code;
+  unsigned esize = sd_dtype_size(dt);
+  if (numel > UINT64_MAX / esize) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "byte size overflows");
+  uint64_t len = numel * esize;
+  /* parse_source */
+  int has_data = get_str(req, "data", 0, &data, &dlen, err);
+  if (has_data < 0) return err->code;
+  int has_region = get_u64(req, "region", 0, 0, &rid, err);
+  if (has_region < 0) return err->code;
+  int has_offset = get_u64(req, "offset", 0, 0, &offset, err);
+  if (has_offset < 0) return err->code;
+  if (has_data && (has_region || has_offset))
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give either 'region' and 'offset' or 'data'");
+  if (has_data) {
+    uint8_t *bytes = NULL;
+    size_t got = 0;
+    if (decode_b64(data, dlen, &bytes, &got, err) != 0) return err->code;
+    free(bytes);
+    if (got != len) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'data' holds %zu bytes", got);
+  } else if (!has_region || !has_offset) {
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give 'region' and 'offset' (or inline 'data')");
+  }
+  /* A tensor whose full byte size overflows can never be covered by real
+   * slices, so only sizes that fit are expected to plan. */
+  sd_tensor t = {.name = name, .dtype = dt, .ndim = (uint32_t)n, .index = has_index ? (int64_t)index : -1};
+  memcpy(t.shape, shape, sizeof t.shape);
+  sd_error e2 = {0};
+  uint64_t nbytes = 0;
+  if (sd_tensor_nbytes(&t, &nbytes, &e2) == 0) {
+    sd_plan_opts opts = {0};
+    plan_roundtrip(&t, &opts, "put (name, dtype, shape, index)");
+  }
+  return 0;
+}
+
+static int op_file(const json_t *req, sd_error *err) {
+  const char *save = NULL, *path = NULL, *data = NULL;
+  size_t dlen = 0, got = 0;
+  uint8_t *bytes = NULL;
+  if (get_str(req, "save", 1, &save, NULL, err) < 0 || get_str(req, "path", 1, &path, NULL, err) < 0 ||
+      sd_path_check_name(path, err) || get_str(req, "data", 1, &data, &dlen, err) < 0)
+    return err->code;
+  if (decode_b64(data, dlen, &bytes, &got, err) != 0) return err->code;
+  free(bytes);
+  return 0;
+}
+
+static int op_save_only(const json_t *req, sd_error *err) {
+  const char *save = NULL;
+  if (get_str(req, "save", 1, &save, NULL, err) < 0) return err->code;
+  return 0;
+}
+
+static int op_status(const json_t *req, sd_error *err) {
+  (void)req;
+  (void)err;
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  int (*fn)(const json_t *req, sd_error *err);
+} ops[] = {
+    {"hello", op_hello}, {"attach", op_attach},    {"detach", op_detach},      {"begin", op_begin},
+    {"put", op_put},     {"file", op_file},        {"seal", op_save_only},     {"wait", op_save_only},
+    {"abort", op_save_only}, {"status", op_status},
+};
+
+/* sd_ops_dispatch without the daemon. */
+static void handle_line(const char *line, size_t len) {
+  sd_error err = {0};
+  json_t *req = NULL;
+  if (sd_msg_parse(line, len, &req, &err) != 0) {
+    FUZZ_CHECK(req == NULL && err.code == SHARDD_E_BAD_REQUEST, "parse failure rc %d", err.code);
+    reply_err(NULL, &err);
+    return;
+  }
+  FUZZ_CHECK(json_is_object(req), "sd_msg_parse returned a non-object");
+  json_t *id = json_object_get(req, "id");
+  const char *op = NULL;
+  if (sd_msg_op(req, &op, &err) != 0) {
+    FUZZ_CHECK(err.code == SHARDD_E_BAD_REQUEST, "op failure rc %d", err.code);
+    reply_err(id, &err);
+    json_decref(req);
+    return;
+  }
+  int found = 0;
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0] && !found; i++) {
+    if (strcmp(ops[i].name, op) != 0) continue;
+    found = 1;
+    if (ops[i].fn(req, &err) != 0)
+      reply_err(id, &err);
+    else
+      check_reply(sd_msg_ok(id), id, 0);
+  }
+  if (!found) {
+    sd_fail(&err, SHARDD_E_UNKNOWN_OP, "unknown op '%.100s'", op);
+    reply_err(id, &err);
+  }
+  json_decref(req);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Framing
+ * ------------------------------------------------------------------------ */
+static uint32_t next_rand(uint32_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 17;
+  *s ^= *s << 5;
+  return *s;
+}
+
+/* Byte 0 picks the line cap (small caps make the too-long path reachable)
+ * and seeds the chunk sizes; the rest is what the client sent. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < 1) return 0;
+  uint8_t ctl = data[0];
+  const char *S = (const char *)data + 1;
+  size_t total = size - 1;
+  size_t max_line = (ctl & 0x80) ? 8 + (size_t)(ctl & 0x3f) * 4 : 0;
+  uint32_t rng = 0x9e3779b9u ^ ctl;
+  sd_linebuf lb;
+  sd_linebuf_init(&lb, max_line);
+  if (!max_line) max_line = SD_LINE_MAX_DEFAULT;
+  size_t fed = 0, pos = 0;
+  int closed = 0;
+  while (fed < total && !closed) {
+    size_t chunk = 1 + next_rand(&rng) % 97;
+    if (chunk > total - fed) chunk = total - fed;
+    if (next_rand(&rng) & 1) {
+      size_t avail = 0;
+      char *p = sd_linebuf_reserve(&lb, chunk, &avail);
+      FUZZ_CHECK(p != NULL && avail >= chunk, "reserve gave %zu of %zu bytes", avail, chunk);
+      memcpy(p, S + fed, chunk);
+      sd_linebuf_commit(&lb, chunk);
+    } else {
+      sd_error err = {0};
+      FUZZ_CHECK(sd_linebuf_feed(&lb, S + fed, chunk, &err) == 0, "feed failed: %s", err.msg);
+    }
+    fed += chunk;
+    for (;;) {
+      char *line = NULL;
+      size_t len = 0;
+      sd_error err = {0};
+      int rc = sd_linebuf_next(&lb, &line, &len, &err);
+      const char *nl = memchr(S + pos, '\n', fed - pos);
+      size_t n = nl ? (size_t)(nl - (S + pos)) : fed - pos;
+      if (rc < 0) {
+        FUZZ_CHECK(rc == SHARDD_E_BAD_REQUEST && err.code == rc, "framing rc %d", rc);
+        FUZZ_CHECK(n > max_line, "line of %zu bytes refused (cap %zu)", n, max_line);
+        reply_err(NULL, &err);
+        closed = 1; /* framing is lost: the session hangs up */
+        break;
+      }
+      if (rc == 0) {
+        FUZZ_CHECK(!nl, "a complete line at %zu was not handed out", pos);
+        FUZZ_CHECK(n <= max_line, "pending %zu bytes over the cap %zu not refused", n, max_line);
+        FUZZ_CHECK(sd_linebuf_pending(&lb) == n, "pending %zu, expected %zu", sd_linebuf_pending(&lb), n);
+        break;
+      }
+      FUZZ_CHECK(rc == 1 && nl, "line handed out without a newline");
+      FUZZ_CHECK(n <= max_line, "line of %zu bytes over the cap %zu accepted", n, max_line);
+      size_t want = n > 0 && S[pos + n - 1] == '\r' ? n - 1 : n;
+      FUZZ_CHECK(len == want && memcmp(line, S + pos, len) == 0 && line[len] == '\0',
+                 "line at %zu differs from the reference split", pos);
+      pos += n + 1;
+      handle_line(line, len);
+    }
+  }
+  sd_linebuf_free(&lb);
+  return 0;
+}

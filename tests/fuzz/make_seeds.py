@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Regenerates the hand-made seed corpora in tests/fuzz/corpus/ (run from anywhere)."""
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def put(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---------------------------------------------------------------- request
+# Byte 0: bit 7 set -> small line cap (8 + 4 * (b & 0x3f)); the rest is the stream.
+session = b"""{"op":"hello","id":1,"proto":1}
+{"op":"attach","id":2,"shm":"/shardd-demo"}
+{"op":"begin","id":3,"save":"step-1","dir":"demo/step-1","rank":0,"world_size":1,"metadata":{"step":"1"}}
+{"op":"put","id":4,"save":"step-1","name":"lm_head.weight","dtype":"F32","shape":[2,2],"region":1,"offset":0,"index":1}
+{"op":"put","id":5,"save":"step-1","name":"embed.weight","dtype":"BF16","shape":[2,3],"start":[0,0],"count":[1,3],"data":"gD8AQEBA","index":0}
+{"op":"put","id":6,"save":"step-1","name":"embed.weight","dtype":"BF16","shape":[2,3],"start":[1,0],"count":[1,3],"data":"gECgQMBA"}
+{"op":"file","id":8,"save":"step-1","path":"config.json","data":"eyJtb2RlbF90eXBlIjoiZGVtbyJ9Cg=="}
+{"op":"status","id":9}
+{"op":"seal","id":10,"save":"step-1"}
+{"op":"wait","id":11,"save":"step-1"}
+{"op":"detach","id":12,"region":1}
+{"op":"abort","id":17,"save":"step-2"}
+"""
+put("request", "session", b"\x00" + session)
+put("request", "session-crlf", b"\x00" + session.replace(b"\n", b"\r\n"))
+put("request", "session-small-cap", b"\x9f" + session)
+lines = {
+    "hello-bad-proto": b'{"op":"hello","proto":2,"id":[1,{"a":null}]}',
+    "begin-full": b'{"op":"begin","id":"x","save":"s:1@a+b=c","dir":"a/b/c","rank":3,"world_size":4,'
+                  b'"max_shard_size":1e3,"prefix":"shard","metadata":{"format":"pt","k":"v\\u00e9"},"overwrite":true}',
+    "begin-bad-dir": b'{"op":"begin","id":14,"save":"step-2","dir":"../elsewhere","rank":0,"world_size":1}',
+    "begin-rank-past-world": b'{"op":"begin","save":"s","dir":"d","rank":1,"world_size":1,"max_shard_size":null}',
+    "put-scalar": b'{"op":"put","save":"s","name":"w","dtype":"F32","shape":[],"data":"AACAPw=="}',
+    "put-box-outside": b'{"op":"put","save":"s","name":"w","dtype":"I64","shape":[4,4],"start":[2,0],"count":[3,4],"region":1,"offset":0}',
+    "put-huge": b'{"op":"put","save":"s","name":"w","dtype":"F64","shape":[9007199254740992,9007199254740992],"region":1,"offset":0}',
+    "put-fraction": b'{"op":"put","save":"s","name":"w","dtype":"U8","shape":[2.5],"data":""}',
+    "put-negative": b'{"op":"put","save":"s","name":"w","dtype":"U8","shape":[-1],"data":""}',
+    "put-both-sources": b'{"op":"put","save":"s","name":"w","dtype":"U8","shape":[1],"data":"AA==","region":1}',
+    "put-bad-b64": b'{"op":"put","save":"s","name":"w","dtype":"U16","shape":[1],"data":"AB=="}',
+    "put-f4": b'{"op":"put","save":"s","name":"w","dtype":"F4","shape":[2],"region":1,"offset":0}',
+    "put-ctrl-name": b'{"op":"put","save":"s","name":"a\\u0007b","dtype":"U8","shape":[1],"data":"AA=="}',
+    "put-metadata-name": b'{"op":"put","save":"s","name":"__metadata__","dtype":"U8","shape":[1],"data":"AA=="}',
+    "file-bad-path": b'{"op":"file","save":"s","path":"../x","data":""}',
+    "dup-keys": b'{"op":"seal","save":"a","save":"b"}',
+    "nul-escape": b'{"op":"wait","save":"a\\u0000b"}',
+    "bad-utf8": b'{"op":"wait","save":"\xc3\x28"}',
+    "not-object": b'[1,2,3]',
+    "no-op": b'{"id":{"deep":[1,2.5,"x"]}}',
+    "unknown-op": b'{"op":"frobnicate","id":19}',
+    "big-int": b'{"op":"detach","region":99999999999999999999999}',
+    "truncated": b'{"op":"status","id":"la',
+}
+for name, line in lines.items():
+    put("request", name, b"\x00" + line + b"\n")
+put("request", "half-line-then-stall", b"\x00" + b'{"op":"status"}\n{"op":"hel')
+put("request", "too-long-line", b"\x81" + b'{"op":"status","id":"' + b"x" * 40 + b'"}\n')
+
+# ----------------------------------------------------------------- reader
+def st(tensors, meta=None, pad_to=8, data=None, raw_header=None):
+    """A .safetensors file: tensors = [(name, dtype, shape, nbytes)] laid out in order."""
+    if raw_header is None:
+        h = {}
+        if meta is not None:
+            h["__metadata__"] = meta
+        off = 0
+        for name, dt, shape, nb in tensors:
+            h[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + nb]}
+            off += nb
+        raw_header = json.dumps(h, separators=(",", ":")).encode()
+    else:
+        off = 0
+    while len(raw_header) % pad_to:
+        raw_header += b" "
+    if data is None:
+        data = bytes(range(256)) * (off // 256 + 1)
+        data = data[:off]
+    return struct.pack("<Q", len(raw_header)) + raw_header + data
+
+
+put("reader", "one-f32", st([("w", "F32", [3], 12)], meta={"format": "pt"}))
+put("reader", "two-tensors", st([("a.weight", "BF16", [2, 2], 8), ("b", "I64", [1], 8)]))
+put("reader", "scalar-and-empty", st([("s", "F64", [], 8), ("e", "U8", [0, 5], 0)]))
+put("reader", "empty-header", st([], raw_header=b"{}"))
+put("reader", "metadata-only", st([], meta={"format": "pt", "k": "v"}))
+put("reader", "wrong-size", st([("w", "F32", [3], 10)]))
+put("reader", "hole", st([], raw_header=b'{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+                                   b'"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}}', data=b"\0" * 6))
+put("reader", "overlap", st([], raw_header=b'{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},'
+                                      b'"b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}}', data=b"\0" * 4))
+put("reader", "trailing", st([("w", "U8", [2], 2)]) + b"xx")
+put("reader", "dup-key", st([], raw_header=b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+                                      b'"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', data=b"\0"))
+put("reader", "extra-field", st([], raw_header=b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}}',
+                                data=b"\0"))
+put("reader", "f4-dtype", st([("w", "F4", [2], 1)]))
+put("reader", "overflow-shape", st([], raw_header=b'{"w":{"dtype":"F64","shape":[4294967296,4294967296],'
+                                         b'"data_offsets":[0,0]}}'))
+put("reader", "length-past-end", struct.pack("<Q", 1000) + b"{}")
+put("reader", "short", b"\x02\0\0")
+put("reader", "not-object", st([], raw_header=b"[1]"))
+put("reader", "index", json.dumps({"metadata": {"total_size": 20, "total_parameters": 5},
+                                   "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                  "b": "model-00002-of-00002.safetensors"}}).encode())
+
+# --------------------------------------------------------------- coverage
+# Byte 0: mode (0 random small, 1 grid, 2 scaled grid, 3 wide 64-bit); bit 2: no keep[].
+put("coverage", "grid-2x3-cuts", bytes([1, 1, 1, 0b10, 2, 0b100, 0]))          # 2x3 split on both dims
+put("coverage", "grid-drop", bytes([1, 1, 3, 0b110, 3, 0b110, 1, 0, 2, 0, 0]))  # a gap
+put("coverage", "grid-replica", bytes([5, 2, 2, 0b10, 2, 0b10, 2, 0b10, 1, 1, 0, 0, 0]))
+put("coverage", "grid-nudge", bytes([1, 0, 5, 0b11110, 1, 2, 0, 0, 0b11]))    # an overlap
+put("coverage", "grid-full-4d", bytes([1, 3] + [5, 0xff] * 4 + [0]))           # 1296 boxes, heap path
+put("coverage", "random-2d", bytes([0, 2, 3, 4, 3, 0, 0, 3, 4, 0, 2, 1, 3, 1, 2, 0, 1]))
+put("coverage", "scalar", bytes([0, 0, 0, 3]))
+put("coverage", "scaled-grid", bytes([2, 0, 0, 0, 0, 0, 0, 1, 0, 4, 2, 0b10, 3, 0b100, 1, 2, 0, 1, 0, 0x2]))
+put("coverage", "wide", bytes([3, 3]) + b"\xff" * 8 + b"\x01" + b"\x10" * 8 + b"\x20" + b"\xff" * 8 + b"\x30"
+    + bytes([2]) + b"\x00" * 60)

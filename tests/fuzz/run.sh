@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan+UBSan) and runs each for a bounded time on a copy of its seeds.
+#
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     default: 20 s, all targets
+#   tests/fuzz/run.sh 0                                    only replay the seed corpora
+#
+# Env: FUZZ_OUT (build dir, default build-fuzz), FUZZ_CC (default clang),
+#      FUZZ_KEEP_CORPUS=DIR (keep the grown corpora there instead of discarding them).
+# Seeds are copied to a temporary directory, so the repository is never written;
+# a crash leaves its input in $FUZZ_OUT/artifacts/ and the script fails.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+secs=${1:-20}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(request reader coverage)
+out=${FUZZ_OUT:-build-fuzz}
+cc=${FUZZ_CC:-clang}
+
+# ------------------------------------------------------------------------
+# Is libFuzzer there? (Debian: clang + libclang-rt-14-dev)
+# ------------------------------------------------------------------------
+mkdir -p "$out/obj" "$out/artifacts"
+probe="$out/probe.c"
+printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' >"$probe"
+if ! command -v "$cc" >/dev/null 2>&1 ||
+   ! "$cc" -fsanitize=fuzzer,address,undefined "$probe" -o "$out/probe" >"$out/probe.log" 2>&1; then
+  echo "fuzz: SKIPPED: '$cc' cannot build libFuzzer targets (install clang and libclang-rt-14-dev)"
+  [ -f "$out/probe.log" ] && sed 's/^/fuzz:   /' "$out/probe.log" | head -5
+  exit 0
+fi
+
+# ------------------------------------------------------------------------
+# Build: the proto sources the targets use, plus the daemon's pure path
+# checks, instrumented; each target links them directly.
+# ------------------------------------------------------------------------
+proto_srcs=(error dtype tensor plan header index coverage runs reader checkpoint base64 linebuf msg)
+san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+cflags=(-std=gnu11 -g -O1 -Wall -Wextra -Iinclude -Iproto -Idaemon -D_GNU_SOURCE
+        $(pkg-config --cflags jansson) $(pkg-config --cflags libuv))
+libs=($(pkg-config --libs jansson) -lm)
+
+objs=()
+build_obj() { # src obj
+  if [ ! -f "$2" ] || [ "$1" -nt "$2" ] || [ tests/fuzz/run.sh -nt "$2" ]; then
+    "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "$1" -o "$2"
+  fi
+}
+pids=()
+for s in "${proto_srcs[@]}"; do
+  build_obj "proto/$s.c" "$out/obj/$s.o" & pids+=($!)
+  objs+=("$out/obj/$s.o")
+done
+build_obj daemon/pathsafe.c "$out/obj/pathsafe.o" & pids+=($!)
+objs+=("$out/obj/pathsafe.o")
+for p in "${pids[@]}"; do wait "$p"; done
+
+for t in "${targets[@]}"; do
+  src="tests/fuzz/fuzz_$t.c"
+  [ -f "$src" ] || { echo "fuzz: no target '$t' ($src)"; exit 2; }
+  "$cc" "${cflags[@]}" -Werror "${san[@]}" -fsanitize=fuzzer "$src" "${objs[@]}" "${libs[@]}" -o "$out/fuzz_$t"
+done
+echo "fuzz: built ${targets[*]} in $out/"
+
+# ------------------------------------------------------------------------
+# Run
+# ------------------------------------------------------------------------
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardd-fuzz.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+status=0
+for t in "${targets[@]}"; do
+  seeds="tests/fuzz/corpus/$t"
+  dict=()
+  [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
+  log="$out/fuzz_$t.log"
+  if [ "$secs" = 0 ]; then
+    # Replay: every seed (and every kept reproducer) must pass.
+    if ! "$out/fuzz_$t" -rss_limit_mb=2048 -timeout=5 "$seeds"/* >"$log" 2>&1; then
+      echo "fuzz: $t FAILED replaying $seeds (log: $log)"
+      tail -30 "$log"
+      status=1
+    else
+      echo "fuzz: $t: $(ls "$seeds" | wc -l) seeds replay cleanly"
+    fi
+    continue
+  fi
+  corpus="$tmp/$t"
+  mkdir -p "$corpus"
+  cp -r "$seeds/." "$corpus/"
+  if ! "$out/fuzz_$t" "${dict[@]}" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=5 -max_len=8192 \
+       -print_final_stats=1 -artifact_prefix="$out/artifacts/$t-" "$corpus" >"$log" 2>&1; then
+    echo "fuzz: $t FAILED (log: $log; reproducer: $(ls -t "$out/artifacts/$t-"* 2>/dev/null | head -1))"
+    grep -A25 -m1 -E 'ERROR: |invariant broken|runtime error' "$log" || tail -30 "$log"
+    status=1
+    continue
+  fi
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  echo "fuzz: $t: ${secs}s, ${execs:-?} runs, corpus $(ls "$seeds" | wc -l) -> $(ls "$corpus" | wc -l) inputs, no crash"
+  if [ -n "${FUZZ_KEEP_CORPUS:-}" ]; then
+    mkdir -p "$FUZZ_KEEP_CORPUS/$t"
+    cp -r "$corpus/." "$FUZZ_KEEP_CORPUS/$t/"
+  fi
+done
+exit $status

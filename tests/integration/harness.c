@@ -1,0 +1,742 @@
+/* Integration harness: starts and stops a real shardd, forks rank processes, reads checkpoints back strictly. */
+#include "harness.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "synth.h"
+
+h_daemon H;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static const char *env_path(const char *var) {
+  const char *v = getenv(var);
+  cr_assert(v && *v, "environment variable %s is not set (meson test sets it)", var);
+  return v;
+}
+
+const char *h_path(char *buf, size_t n, const char *rel) {
+  snprintf(buf, n, "%s/%s", H.root, rel);
+  return buf;
+}
+
+int h_exists(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0;
+}
+
+char *h_slurp(const char *path, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NULL;
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap + 1);
+  for (;;) {
+    if (n == cap) {
+      cap *= 2;
+      buf = realloc(buf, cap + 1);
+    }
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  close(fd);
+  buf[n] = 0;
+  if (len) *len = n;
+  return buf;
+}
+
+/* ------------------------------------------------------------------------ *
+ * The daemon
+ * ------------------------------------------------------------------------ */
+static int sock_accepts(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  size_t n = strlen(path);
+  if (n >= sizeof sa.sun_path) {
+    close(fd);
+    return 0;
+  }
+  memcpy(sa.sun_path, path, n + 1);
+  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+static void dump_log(const h_daemon *d) {
+  char *log = h_slurp(d->log, NULL);
+  if (log) {
+    size_t n = strlen(log);
+    fprintf(stderr, "---- shardd log (%s), last bytes ----\n%s\n----\n", d->log,
+            n > 4000 ? log + n - 4000 : log);
+  }
+  free(log);
+}
+
+void h_daemon_start(h_daemon *d) {
+  const char *bin = env_path("SHARDD");
+  int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  cr_assert(logfd >= 0, "open %s: %s", d->log, strerror(errno));
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0, "fork: %s", strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int nul = open("/dev/null", O_RDONLY);
+    dup2(nul, 0);
+    dup2(logfd, 1);
+    dup2(logfd, 2);
+    execl(bin, bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", (char *)NULL);
+    _exit(127);
+  }
+  close(logfd);
+  d->pid = pid;
+  int64_t deadline = now_ms() + 20000;
+  while (!sock_accepts(d->sock)) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      d->pid = 0;
+      dump_log(d);
+      cr_assert_fail("shardd exited before accepting (status 0x%x)", st);
+    }
+    if (now_ms() > deadline) {
+      dump_log(d);
+      cr_assert_fail("shardd did not accept on %s within 20 s", d->sock);
+    }
+    sleep_ms(5);
+  }
+}
+
+void h_daemon_stop(h_daemon *d) {
+  if (!d->pid) return;
+  pid_t pid = d->pid;
+  d->pid = 0;
+  cr_assert_eq(kill(pid, SIGTERM), 0, "kill: %s", strerror(errno));
+  int st = 0;
+  int64_t deadline = now_ms() + 30000;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) break;
+    if (now_ms() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      dump_log(d);
+      cr_assert_fail("shardd did not exit within 30 s of SIGTERM");
+    }
+    sleep_ms(5);
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) dump_log(d);
+  cr_assert(WIFEXITED(st), "shardd died of signal %d after SIGTERM", WIFSIGNALED(st) ? WTERMSIG(st) : -1);
+  cr_assert_eq(WEXITSTATUS(st), 0, "shardd exited %d after SIGTERM (sanitizer report or shutdown error)",
+               WEXITSTATUS(st));
+  cr_assert(!h_exists(d->sock), "shardd left its socket %s behind", d->sock);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(p);
+  return 0;
+}
+
+void h_setup(void) {
+  memset(&H, 0, sizeof H);
+  snprintf(H.base, sizeof H.base, "/tmp/shardd-it-XXXXXX");
+  cr_assert_not_null(mkdtemp(H.base), "mkdtemp: %s", strerror(errno));
+  snprintf(H.root, sizeof H.root, "%s/root", H.base);
+  snprintf(H.sock, sizeof H.sock, "%s/sock", H.base);
+  snprintf(H.log, sizeof H.log, "%s/shardd.log", H.base);
+  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
+  cr_assert_eq(mkdir(H.outside, 0755), 0);
+  h_daemon_start(&H);
+}
+
+void h_teardown(void) {
+  h_daemon_stop(&H);
+  const char *keep = getenv("H_KEEP");
+  if (keep && *keep && strcmp(keep, "0") != 0) {
+    fprintf(stderr, "kept %s\n", H.base);
+    return;
+  }
+  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Processes and rendezvous
+ * ------------------------------------------------------------------------ */
+h_shared *h_shared_new(void) {
+  void *p = mmap(NULL, sizeof(h_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  cr_assert(p != MAP_FAILED, "mmap: %s", strerror(errno));
+  memset(p, 0, sizeof(h_shared));
+  return p;
+}
+
+void h_shared_free(h_shared *s) {
+  if (s) munmap(s, sizeof *s);
+}
+
+void h_signal(h_shared *s, int k) { __atomic_add_fetch(&s->counters[k], 1, __ATOMIC_SEQ_CST); }
+
+int h_await(h_shared *s, int k, int n) {
+  int64_t deadline = now_ms() + H_WAIT_MS;
+  while (__atomic_load_n(&s->counters[k], __ATOMIC_SEQ_CST) < n) {
+    if (now_ms() > deadline) return -1;
+    sleep_ms(1);
+  }
+  return 0;
+}
+
+pid_t h_fork(h_child_fn fn, int idx, void *arg) {
+  fflush(NULL);
+  pid_t p = fork();
+  cr_assert(p >= 0, "fork: %s", strerror(errno));
+  if (p == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    fn(idx, arg);
+    fflush(NULL);
+    _exit(0);
+  }
+  return p;
+}
+
+int h_reap(pid_t pid) {
+  int st = 0;
+  int64_t deadline = now_ms() + H_WAIT_MS + 30000;
+  for (;;) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    cr_assert(r == 0, "waitpid %d: %s", (int)pid, strerror(errno));
+    if (now_ms() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      cr_assert_fail("process %d did not finish; killed it", (int)pid);
+    }
+    sleep_ms(2);
+  }
+}
+
+void h_reap_ok(pid_t pid, const char *what) {
+  int st = h_reap(pid);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s (pid %d) ended with status 0x%x", what, (int)pid, st);
+}
+
+void h_result_fail(h_result *r, const char *step, int rc, const shardd_client *c) {
+  r->rc = rc;
+  snprintf(r->step, sizeof r->step, "%s", step);
+  const char *m = shardd_last_error(c);
+  snprintf(r->msg, sizeof r->msg, "%s", m && *m ? m : shardd_strerror(rc));
+}
+
+/* ------------------------------------------------------------------------ *
+ * Scripted ranks (child side: no criterion asserts here, only reports)
+ * ------------------------------------------------------------------------ */
+unsigned h_dtype_size(const char *dtype) {
+  sd_dtype dt;
+  sd_error e;
+  return sd_dtype_parse(dtype, &dt, &e) == 0 ? sd_dtype_size(dt) : 0;
+}
+
+static uint64_t numel(int ndim, const uint64_t *dims) {
+  uint64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= dims[d];
+  return n;
+}
+
+static uint64_t put_nbytes(const h_put *p) {
+  return numel(p->ndim, p->boxed ? p->count : p->shape) * h_dtype_size(p->dtype);
+}
+
+static int rank_puts(const h_put *p, int rank) { return p->rank < 0 || p->rank == rank; }
+
+/* The slice's bytes into out (put_nbytes long). */
+static void put_bytes(const h_put *p, uint64_t seed, uint8_t *out) {
+  uint64_t n = put_nbytes(p);
+  if (p->bytes) {
+    memcpy(out, p->bytes, n < p->len ? n : p->len);
+    return;
+  }
+  uint64_t zero[SD_MAX_DIMS] = {0};
+  sd_synth_fill_box(sd_synth_key(p->name, seed), p->ndim, p->shape, p->boxed ? p->start : zero,
+                    p->boxed ? p->count : p->shape, h_dtype_size(p->dtype), out);
+}
+
+static void finish(h_result *r, shardd_client *c, shardd_arena *a) {
+  if (a) shardd_arena_destroy(a);
+  shardd_close(c);
+  (void)r;
+}
+
+/* Wait for the save's end and record it. */
+static void rank_wait(const h_script *s, h_result *r, shardd_client *c) {
+  shardd_result res;
+  memset(&res, 0, sizeof res);
+  int rc = shardd_wait(c, s->opts.save, H_WAIT_MS, &res);
+  r->waited = 1;
+  r->wrc = rc;
+  if (rc) {
+    const char *m = shardd_last_error(c);
+    snprintf(r->wmsg, sizeof r->wmsg, "%s", m);
+  } else {
+    r->res = res;
+  }
+}
+
+void h_rank_main(int rank, void *arg) {
+  const h_script *s = arg;
+  h_result *r = &s->sh->r[rank];
+  shardd_client *c = NULL;
+  shardd_arena *a = NULL;
+  int rc = shardd_connect(H.sock, &c);
+  if (rc) {
+    h_result_fail(r, "connect", rc, NULL);
+    return;
+  }
+  /* Arena layout: every arena or copy put of this rank, 64-byte aligned. */
+  uint64_t size = 0;
+  uint64_t *off = calloc(s->nputs ? s->nputs : 1, sizeof *off);
+  for (size_t i = 0; i < s->nputs; i++) {
+    if (!rank_puts(&s->puts[i], rank) || s->puts[i].how == H_INLINE) continue;
+    off[i] = size;
+    size += (put_nbytes(&s->puts[i]) + 63) & ~(uint64_t)63;
+  }
+  rc = shardd_arena_create(c, size ? size : 64, &a);
+  if (rc) {
+    h_result_fail(r, "arena", rc, c);
+    free(off);
+    finish(r, c, NULL);
+    return;
+  }
+  snprintf(r->shm, sizeof r->shm, "%s", shardd_arena_name(a));
+
+  shardd_save_opts o = s->opts;
+  o.rank = rank;
+  rc = shardd_begin(c, &o);
+  if (rc) {
+    h_result_fail(r, "begin", rc, c);
+    goto failed;
+  }
+  if (s->hook) s->hook(s, rank, H_AT_BEGIN, c);
+  for (size_t i = 0; i < s->nputs; i++) {
+    const h_put *p = &s->puts[i];
+    if (!rank_puts(p, rank)) continue;
+    shardd_tensor_desc d = {.name = p->name, .dtype = p->dtype, .ndim = p->ndim, .shape = p->shape,
+                            .start = p->boxed ? p->start : NULL, .count = p->boxed ? p->count : NULL,
+                            .index = p->has_index ? p->index : -1};
+    uint64_t n = put_nbytes(p);
+    if (p->how == H_ARENA) {
+      put_bytes(p, s->seed, (uint8_t *)shardd_arena_data(a) + off[i]);
+      rc = shardd_put(c, o.save, &d, a, off[i]);
+    } else {
+      uint8_t *buf = malloc(n ? n : 1);
+      put_bytes(p, s->seed, buf);
+      rc = p->how == H_COPY ? shardd_put_copy(c, o.save, &d, a, off[i], buf, n)
+                            : shardd_put_inline(c, o.save, &d, buf, n);
+      free(buf);
+    }
+    if (rc) {
+      h_result_fail(r, "put", rc, c);
+      goto failed;
+    }
+  }
+  for (size_t i = 0; i < s->nfiles; i++) {
+    const h_file *f = &s->files[i];
+    if (f->rank >= 0 && f->rank != rank) continue;
+    rc = shardd_file(c, o.save, f->path, f->data, f->len);
+    if (rc) {
+      h_result_fail(r, "file", rc, c);
+      goto failed;
+    }
+  }
+  if (s->hook) s->hook(s, rank, H_AT_PUTS, c);
+  int end = s->end[rank];
+  if (end == H_END_KILL_BEFORE_SEAL) {
+    /* Leave the segment for the parent to unlink (its name is in r->shm),
+     * as a crashed trainer would leave it. */
+    raise(SIGKILL);
+  }
+  rc = shardd_seal(c, o.save);
+  if (rc) {
+    h_result_fail(r, "seal", rc, c);
+    goto failed;
+  }
+  if (s->hook) s->hook(s, rank, H_AT_SEAL, c);
+  if (end == H_END_DESTROY_EXIT) {
+    rc = shardd_arena_destroy(a);
+    a = NULL;
+    if (rc) h_result_fail(r, "destroy", rc, c);
+    shardd_close(c);
+    r->done = 1;
+    free(off);
+    return;
+  }
+  if (end == H_END_UNLINK_EXIT) {
+    shm_unlink(shardd_arena_name(a));
+    r->done = 1;
+    fflush(NULL);
+    _exit(0); /* no detach, no close: the kernel closes the socket */
+  }
+  rank_wait(s, r, c);
+  r->done = 1;
+  free(off);
+  finish(r, c, a);
+  return;
+
+failed:
+  if (s->wait_after_fail) rank_wait(s, r, c);
+  r->done = 1;
+  free(off);
+  finish(r, c, a);
+}
+
+void h_start(h_script *s, pid_t *pids) {
+  if (!s->sh) s->sh = h_shared_new();
+  cr_assert(s->opts.world_size >= 1 && s->opts.world_size <= H_MAX_RANKS);
+  for (int r = 0; r < s->opts.world_size; r++) pids[r] = h_fork(h_rank_main, r, s);
+}
+
+void h_reap_all(h_script *s, const pid_t *pids) {
+  for (int r = 0; r < s->opts.world_size; r++) {
+    int st = h_reap(pids[r]);
+    if (s->end[r] == H_END_KILL_BEFORE_SEAL) {
+      cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "rank %d should have died of SIGKILL (0x%x)", r,
+                st);
+      if (s->sh->r[r].shm[0]) shm_unlink(s->sh->r[r].shm);
+      continue;
+    }
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d ended with status 0x%x", r, st);
+    cr_assert(s->sh->r[r].done, "rank %d did not reach the end of its script", r);
+  }
+}
+
+void h_run(h_script *s) {
+  pid_t pids[H_MAX_RANKS];
+  h_start(s, pids);
+  h_reap_all(s, pids);
+}
+
+void h_expect_committed(const h_script *s) {
+  char want[PATH_MAX];
+  h_path(want, sizeof want, s->opts.dir);
+  for (int r = 0; r < s->opts.world_size; r++) {
+    const h_result *x = &s->sh->r[r];
+    cr_assert_eq(x->rc, 0, "rank %d: %s failed: %s", r, x->step, x->msg);
+    if (s->end[r] != H_END_WAIT) continue;
+    cr_assert(x->waited, "rank %d never waited", r);
+    cr_assert_eq(x->wrc, 0, "rank %d: save '%s' did not commit: %s", r, s->opts.save, x->wmsg);
+    cr_assert_str_eq(x->res.dir, want, "rank %d: committed dir", r);
+    cr_assert_gt(x->res.files, 0);
+  }
+}
+
+void h_expect_failed(const h_script *s, int code, ...) {
+  for (int r = 0; r < s->opts.world_size; r++) {
+    if (s->end[r] == H_END_KILL_BEFORE_SEAL) continue;
+    const h_result *x = &s->sh->r[r];
+    int got = x->waited ? x->wrc : x->rc;
+    const char *msg = x->waited ? x->wmsg : x->msg;
+    cr_assert_eq(got, code, "rank %d: expected %s, got %s (%s; first failure: %s %s)", r, shardd_err_name(code),
+                 shardd_err_name(got), msg, x->step, x->msg);
+    va_list ap;
+    va_start(ap, code);
+    for (const char *frag; (frag = va_arg(ap, const char *));)
+      cr_assert(strstr(msg, frag), "rank %d: message '%s' lacks '%s'", r, msg, frag);
+    va_end(ap);
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * Reading back
+ * ------------------------------------------------------------------------ */
+void h_ckpt_read(const char *rel, sd_ckpt *c) {
+  char p[PATH_MAX];
+  sd_error e = {0};
+  memset(c, 0, sizeof *c);
+  int rc = sd_ckpt_read(h_path(p, sizeof p, rel), c, &e);
+  cr_assert_eq(rc, 0, "strict reader refuses %s: %s", p, e.msg);
+}
+
+const sd_st_tensor *h_ckpt_find(const sd_ckpt *c, const char *name, const sd_ckpt_file **file) {
+  for (size_t f = 0; f < c->nfiles; f++) {
+    const sd_st_tensor *t = sd_st_find(&c->files[f].h, name);
+    if (t) {
+      if (file) *file = &c->files[f];
+      return t;
+    }
+  }
+  return NULL;
+}
+
+/* Reads [off, off+len) of ROOT/rel/file. */
+static uint8_t *read_range(const char *rel, const char *file, uint64_t off, size_t len) {
+  char dir[PATH_MAX], p[PATH_MAX + 256];
+  snprintf(p, sizeof p, "%s/%s", h_path(dir, sizeof dir, rel), file);
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  cr_assert(fd >= 0, "open %s: %s", p, strerror(errno));
+  uint8_t *buf = malloc(len ? len : 1);
+  size_t got = 0;
+  while (got < len) {
+    ssize_t r = pread(fd, buf + got, len - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    cr_assert(r > 0, "short read of %s at %llu", p, (unsigned long long)(off + got));
+    got += (size_t)r;
+  }
+  close(fd);
+  return buf;
+}
+
+uint8_t *h_read_tensor(const char *rel, const char *name, size_t *len) {
+  sd_ckpt c;
+  h_ckpt_read(rel, &c);
+  const sd_ckpt_file *f = NULL;
+  const sd_st_tensor *t = h_ckpt_find(&c, name, &f);
+  cr_assert_not_null(t, "tensor '%s' is not in %s", name, rel);
+  *len = (size_t)(t->end - t->begin);
+  uint8_t *b = read_range(rel, f->name, f->h.data_start + t->begin, *len);
+  sd_ckpt_free(&c);
+  return b;
+}
+
+static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (a[i] != b[i]) return i;
+  return n;
+}
+
+void h_check_bytes(const char *rel, const char *name, const void *want, size_t len) {
+  size_t got_len = 0;
+  uint8_t *got = h_read_tensor(rel, name, &got_len);
+  cr_assert_eq(got_len, len, "tensor '%s': %zu bytes on disk, expected %zu", name, got_len, len);
+  size_t d = first_diff(got, want, len);
+  cr_assert_eq(d, len, "tensor '%s': byte %zu on disk is 0x%02x, ranks sent 0x%02x", name, d, got[d],
+               ((const uint8_t *)want)[d]);
+  free(got);
+}
+
+uint8_t *h_synth_tensor(const char *name, uint64_t seed, const char *dtype, int ndim, const uint64_t *shape,
+                        size_t *len) {
+  *len = (size_t)(numel(ndim, shape) * h_dtype_size(dtype));
+  uint8_t *b = malloc(*len ? *len : 1);
+  sd_synth_fill(sd_synth_key(name, seed), 0, *len, b);
+  return b;
+}
+
+/* Places a packed box into a row-major global tensor (independent of the daemon's run planner). */
+static void scatter(uint8_t *dst, int ndim, const uint64_t *shape, const uint64_t *start, const uint64_t *count,
+                    unsigned esize, const uint8_t *src) {
+  if (ndim == 0) {
+    memcpy(dst, src, esize);
+    return;
+  }
+  if (numel(ndim, count) == 0) return;
+  uint64_t pos[SD_MAX_DIMS] = {0};
+  uint64_t run = count[ndim - 1] * esize;
+  for (;;) {
+    uint64_t e = 0;
+    for (int d = 0; d < ndim; d++) e = e * shape[d] + start[d] + pos[d];
+    memcpy(dst + e * esize, src, run);
+    src += run;
+    int d = ndim - 2;
+    for (; d >= 0; d--) {
+      if (++pos[d] < count[d]) break;
+      pos[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+void h_check_script(const h_script *s) {
+  sd_ckpt c;
+  h_ckpt_read(s->opts.dir, &c);
+  size_t distinct = 0;
+  static char out[1 << 20];
+  char dir[PATH_MAX];
+  h_path(dir, sizeof dir, s->opts.dir);
+  h_verify_ok(s->opts.dir);
+  int st = h_shardctl(out, sizeof out, "inspect", dir, (char *)NULL);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "shardctl inspect %s failed: %s", dir, out);
+
+  for (size_t i = 0; i < s->nputs; i++) {
+    const h_put *p = &s->puts[i];
+    int seen = 0;
+    for (size_t j = 0; j < i && !seen; j++) seen = strcmp(s->puts[j].name, p->name) == 0;
+    if (seen) continue;
+    distinct++;
+    const sd_ckpt_file *f = NULL;
+    const sd_st_tensor *t = h_ckpt_find(&c, p->name, &f);
+    cr_assert_not_null(t, "tensor '%s' is missing from %s", p->name, dir);
+    cr_assert_str_eq(sd_dtype_name(t->dtype), p->dtype, "tensor '%s' dtype", p->name);
+    cr_assert_eq((int)t->ndim, p->ndim, "tensor '%s' ndim", p->name);
+    for (int d = 0; d < p->ndim; d++)
+      cr_assert_eq(t->shape[d], p->shape[d], "tensor '%s' shape[%d]", p->name, d);
+    unsigned es = h_dtype_size(p->dtype);
+    cr_assert_eq((f->h.data_start + t->begin) % es, 0, "tensor '%s' is not aligned to %u bytes", p->name, es);
+    cr_assert(strstr(out, p->name), "shardctl inspect does not list '%s':\n%s", p->name, out);
+
+    /* What the ranks sent, assembled box by box. */
+    size_t len = (size_t)(numel(p->ndim, p->shape) * es);
+    uint8_t *want = calloc(1, len ? len : 1);
+    for (size_t j = i; j < s->nputs; j++) {
+      const h_put *q = &s->puts[j];
+      if (strcmp(q->name, p->name) != 0) continue;
+      uint64_t n = put_nbytes(q);
+      uint8_t *b = malloc(n ? n : 1);
+      put_bytes(q, s->seed, b);
+      uint64_t zero[SD_MAX_DIMS] = {0};
+      scatter(want, q->ndim, q->shape, q->boxed ? q->start : zero, q->boxed ? q->count : q->shape, es, b);
+      free(b);
+    }
+    h_check_bytes(s->opts.dir, p->name, want, len);
+    free(want);
+  }
+  cr_assert_eq(c.ntensors, distinct, "%s holds %llu tensors, ranks put %zu", dir, (unsigned long long)c.ntensors,
+               distinct);
+  sd_ckpt_free(&c);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Tools and the file system
+ * ------------------------------------------------------------------------ */
+int h_shardctl(char *out, size_t n, ...) {
+  const char *bin = env_path("SHARDCTL");
+  const char *argv[32];
+  int k = 0;
+  argv[k++] = bin;
+  argv[k++] = "--socket";
+  argv[k++] = H.sock;
+  va_list ap;
+  va_start(ap, n);
+  for (const char *a; k < 31 && (a = va_arg(ap, const char *));) argv[k++] = a;
+  va_end(ap);
+  argv[k] = NULL;
+  int pfd[2];
+  cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(pfd[1], 1);
+    dup2(pfd[1], 2);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  close(pfd[1]);
+  size_t got = 0;
+  for (;;) {
+    char tmp[4096];
+    ssize_t r = read(pfd[0], tmp, sizeof tmp);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    size_t take = (size_t)r;
+    if (n && got + take > n - 1) take = n - 1 - got;
+    memcpy(out + got, tmp, take);
+    got += take;
+  }
+  close(pfd[0]);
+  if (n) out[got] = 0;
+  return h_reap(pid);
+}
+
+void h_verify_ok(const char *rel) {
+  char dir[PATH_MAX], out[8192];
+  h_path(dir, sizeof dir, rel);
+  int st = h_shardctl(out, sizeof out, "verify", dir, (char *)NULL);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "shardctl verify %s refuses it: %s", dir, out);
+  cr_assert(strstr(out, "tensor"), "shardctl verify printed no summary: %s", out);
+}
+
+int h_dir_count(const char *path) {
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int n = 0;
+  DIR *d = fdopendir(fd);
+  for (struct dirent *de; (de = readdir(d));)
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+static int tmp_found;
+static int count_tmp(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  if (strncmp(p + ftw->base, ".shardd-tmp", 11) == 0) tmp_found++;
+  return 0;
+}
+
+int h_tmp_count(void) {
+  tmp_found = 0;
+  nftw(H.root, count_tmp, 16, FTW_PHYS);
+  return tmp_found;
+}
+
+void h_expect_unpublished(const char *rel) {
+  char p[PATH_MAX];
+  cr_assert(!h_exists(h_path(p, sizeof p, rel)), "%s exists after a failed save", p);
+  cr_assert_eq(h_tmp_count(), 0, "a temporary folder is left under %s", H.root);
+  cr_assert_eq(h_dir_count(H.outside), 0, "something was created in %s", H.outside);
+}
+
+void h_expect_serving(void) {
+  static int n;
+  shardd_client *c = NULL;
+  int rc = shardd_connect(H.sock, &c);
+  cr_assert_eq(rc, 0, "daemon no longer accepts: %s", shardd_last_error(NULL));
+  char *js = NULL;
+  rc = shardd_status(c, &js);
+  cr_assert_eq(rc, 0, "status fails: %s", shardd_last_error(c));
+  json_error_t je;
+  json_t *st = json_loads(js, 0, &je);
+  cr_assert_not_null(st, "status is not JSON: %s", js);
+  cr_assert(json_is_array(json_object_get(st, "saves")), "status has no saves list: %s", js);
+  cr_assert_eq(json_array_size(json_object_get(st, "saves")), 0, "saves still in flight: %s", js);
+  json_decref(st);
+  shardd_free(js);
+
+  char save[64], dir[64];
+  snprintf(save, sizeof save, "serving-%d", ++n);
+  snprintf(dir, sizeof dir, "serving/check-%d", n);
+  shardd_save_opts o = {.save = save, .dir = dir, .rank = 0, .world_size = 1};
+  cr_assert_eq(shardd_begin(c, &o), 0, "begin after a failure: %s", shardd_last_error(c));
+  const float v[3] = {1.5f, -2.0f, (float)n};
+  uint64_t shape[1] = {3};
+  shardd_tensor_desc d = {.name = "health.w", .dtype = "F32", .ndim = 1, .shape = shape, .index = -1};
+  cr_assert_eq(shardd_put_inline(c, save, &d, v, sizeof v), 0, "%s", shardd_last_error(c));
+  cr_assert_eq(shardd_seal(c, save), 0, "%s", shardd_last_error(c));
+  shardd_result res;
+  cr_assert_eq(shardd_wait(c, save, H_WAIT_MS, &res), 0, "a normal save after a failure does not commit: %s",
+               shardd_last_error(c));
+  shardd_close(c);
+  h_check_bytes(dir, "health.w", v, sizeof v);
+  h_verify_ok(dir);
+}

@@ -1,0 +1,202 @@
+/* Integration harness: a real shardd on a scratch root, real rank processes, checkpoints read back from disk. */
+#ifndef SD_IT_HARNESS_H
+#define SD_IT_HARNESS_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sd_format.h"
+#include "sd_reader.h"
+#include "shardd/shardd.h"
+
+/* Generous bounds that only stop a hung test; no test asserts a duration. */
+#define H_WAIT_MS 60000
+#define H_MAX_RANKS 8
+#define H_MAX_SYNC 16
+
+/* ------------------------------------------------------------------------ *
+ * The daemon under test
+ *
+ * Paths come from the environment meson sets: SHARDD (daemon binary),
+ * SHARDD_EXAMPLE_RANK, SHARDCTL. Each test gets its own scratch folder
+ * (mkdtemp) holding the root, the socket, the daemon's log and an
+ * `outside` folder that escape tests watch.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  pid_t pid;                /* 0 once stopped */
+  char base[256];
+  char root[PATH_MAX];
+  char sock[PATH_MAX];
+  char log[PATH_MAX];
+  char outside[PATH_MAX];
+} h_daemon;
+
+/* The current test's daemon (one per test process). */
+extern h_daemon H;
+
+/* Criterion .init/.fini: start H; stop it (asserting a clean exit that
+ * removed the socket) and remove the scratch folder. Set H_KEEP=1 in the
+ * environment to keep the scratch folder (and the daemon's log) for a look. */
+void h_setup(void);
+void h_teardown(void);
+
+/* Starts the daemon on d->root/d->sock (filled in by h_setup; reusable for a
+ * restart) and returns once the socket accepts connections. */
+void h_daemon_start(h_daemon *d);
+/* SIGTERM; asserts exit status 0 and that the socket file is gone. */
+void h_daemon_stop(h_daemon *d);
+
+/* "ROOT/rel" into buf. */
+const char *h_path(char *buf, size_t n, const char *rel);
+
+/* ------------------------------------------------------------------------ *
+ * Rank processes and what they report
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  int rc;                   /* first failing call's code, 0 when none failed */
+  char step[16];            /* which call: connect, arena, begin, put, file, seal, wait, ... */
+  char msg[1024];           /* shardd_last_error of that call */
+  int wrc;                  /* how the save ended for this rank, as its wait said */
+  char wmsg[1024];
+  int waited;               /* a wait was answered */
+  shardd_result res;        /* the committed result, when wrc == 0 */
+  char shm[128];            /* arena name, so the parent can clean up after a kill */
+  int done;                 /* reached the end of its script */
+} h_result;
+
+/* Lives in MAP_SHARED memory, so forked ranks write and the test reads. */
+typedef struct {
+  h_result r[H_MAX_RANKS];
+  volatile int counters[H_MAX_SYNC];
+} h_shared;
+
+h_shared *h_shared_new(void);
+void h_shared_free(h_shared *s);
+/* Cross-process rendezvous: bump counter k; wait until it reaches n. */
+void h_signal(h_shared *s, int k);
+/* 0, or -1 after H_WAIT_MS (the caller reports it). */
+int h_await(h_shared *s, int k, int n);
+
+typedef void (*h_child_fn)(int idx, void *arg);
+/* Forks a child that runs fn(idx, arg) and _exits 0; it dies with the test. */
+pid_t h_fork(h_child_fn fn, int idx, void *arg);
+/* Waits for pid (killing it after H_WAIT_MS); returns the raw wait status. */
+int h_reap(pid_t pid);
+/* Reaps and asserts a clean exit 0. */
+void h_reap_ok(pid_t pid, const char *what);
+
+/* Records a failure of `step` from client c into r (c may be NULL). */
+void h_result_fail(h_result *r, const char *step, int rc, const shardd_client *c);
+
+/* ------------------------------------------------------------------------ *
+ * Scripted saves: one table of puts for every rank of a save
+ * ------------------------------------------------------------------------ */
+enum { H_ARENA = 0, H_COPY, H_INLINE };   /* shardd_put, shardd_put_copy, shardd_put_inline */
+enum {
+  H_END_WAIT = 0,          /* seal, then wait for the end */
+  H_END_DESTROY_EXIT,      /* seal, destroy the arena (detach, unlink), close, exit */
+  H_END_UNLINK_EXIT,       /* seal, shm_unlink, _exit without a goodbye */
+  H_END_KILL_BEFORE_SEAL,  /* put everything, then SIGKILL itself */
+};
+enum { H_AT_BEGIN, H_AT_PUTS, H_AT_SEAL };  /* hook points: after begin, after puts, after seal */
+
+typedef struct {
+  int rank;                /* which rank puts it; -1: every rank (a replica) */
+  const char *name, *dtype;
+  int ndim;
+  uint64_t shape[SD_MAX_DIMS];
+  int boxed;               /* 0: the whole tensor */
+  uint64_t start[SD_MAX_DIMS], count[SD_MAX_DIMS];
+  int has_index;
+  int64_t index;
+  int how;                 /* H_ARENA, H_COPY or H_INLINE */
+  const void *bytes;       /* the slice's packed bytes; NULL: synthetic (synth.h, seed) */
+  size_t len;
+} h_put;
+
+typedef struct {
+  int rank;                /* -1: every rank sends it */
+  const char *path;
+  const void *data;
+  size_t len;
+} h_file;
+
+typedef struct h_script h_script;
+typedef void (*h_hook_fn)(const h_script *s, int rank, int point, shardd_client *c);
+
+struct h_script {
+  shardd_save_opts opts;   /* rank is filled in per process */
+  const h_put *puts;
+  size_t nputs;
+  const h_file *files;
+  size_t nfiles;
+  uint64_t seed;
+  int end[H_MAX_RANKS];    /* H_END_* per rank */
+  int wait_after_fail;     /* after a failed call, still wait to learn how the save ended */
+  h_hook_fn hook;
+  void *ud;
+  h_shared *sh;            /* results; set by h_run */
+};
+
+/* One rank's whole life (connect, arena, begin, puts, files, seal, end). */
+void h_rank_main(int rank, void *script);
+/* Forks world_size ranks running s, reaps them all (a rank killing itself
+ * on purpose is expected to die of SIGKILL; every other exits 0) and leaves
+ * their reports in s->sh (allocated here if NULL). */
+void h_run(h_script *s);
+/* Forks only; the caller reaps with h_reap_all. */
+void h_start(h_script *s, pid_t *pids);
+void h_reap_all(h_script *s, const pid_t *pids);
+
+/* Asserts every rank saw the save commit. */
+void h_expect_committed(const h_script *s);
+/* Asserts every rank's save ended with `code` and a message holding each
+ * of the NULL-terminated fragments. */
+void h_expect_failed(const h_script *s, int code, ...) __attribute__((sentinel));
+
+/* ------------------------------------------------------------------------ *
+ * Reading back
+ * ------------------------------------------------------------------------ */
+/* Strictly reads ROOT/rel (asserting it is valid); free with sd_ckpt_free. */
+void h_ckpt_read(const char *rel, sd_ckpt *c);
+/* The file and header entry holding a tensor, or NULL. */
+const sd_st_tensor *h_ckpt_find(const sd_ckpt *c, const char *name, const sd_ckpt_file **file);
+/* The tensor's bytes as stored on disk (malloc'd; *len set). Asserts presence. */
+uint8_t *h_read_tensor(const char *rel, const char *name, size_t *len);
+/* Compares every tensor the script put against what ranks sent (or the
+ * synthetic bytes): dtype, shape and every byte; also that the checkpoint
+ * holds no other tensor, that each tensor is aligned to its element size,
+ * and that shardctl verify accepts it and shardctl inspect lists each tensor. */
+void h_check_script(const h_script *s);
+/* Asserts tensor `name` in ROOT/rel holds exactly len bytes equal to want. */
+void h_check_bytes(const char *rel, const char *name, const void *want, size_t len);
+
+/* ------------------------------------------------------------------------ *
+ * Tools and the file system
+ * ------------------------------------------------------------------------ */
+/* Runs $SHARDCTL with the given NULL-terminated arguments (--socket is
+ * added first), output (stdout and stderr) into out; returns the wait status. */
+int h_shardctl(char *out, size_t n, ...) __attribute__((sentinel));
+void h_verify_ok(const char *rel);
+/* lstat succeeds: the path exists (a dangling symlink counts). */
+int h_exists(const char *path);
+/* Entries in a folder; -1 when it is not a folder (symlinks not followed). */
+int h_dir_count(const char *path);
+/* Number of `.shardd-tmp-*` entries anywhere under the root. */
+int h_tmp_count(void);
+/* The save failed cleanly: ROOT/rel is absent and no temporary folder is left. */
+void h_expect_unpublished(const char *rel);
+/* The daemon still serves: status answers with no save in flight and a
+ * fresh one-rank save commits with the bytes it was given. */
+void h_expect_serving(void);
+/* Reads a whole file (malloc'd, NUL-terminated); NULL when it cannot. */
+char *h_slurp(const char *path, size_t *len);
+
+/* Synthetic bytes of a whole tensor (malloc'd). */
+uint8_t *h_synth_tensor(const char *name, uint64_t seed, const char *dtype, int ndim,
+                        const uint64_t *shape, size_t *len);
+unsigned h_dtype_size(const char *dtype);
+
+#endif
