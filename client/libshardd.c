@@ -496,8 +496,18 @@ SHARDD_EXPORT int shardd_connect(const char *socket_path, shardd_client **out) {
   *out = NULL;
   connect_err[0] = '\0';
   const char *path = socket_path;
+  /* A longer path could not be connected to anyway. */
+  char xdg_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   if (!path) path = getenv("SHARDD_SOCKET");
-  if (!path || !*path) path = SHARDD_DEFAULT_SOCKET;
+  if (!path || !*path) {
+    /* The daemon's own default (daemon/config.c): an unprivileged daemon
+     * listens in the user's runtime folder. */
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    path = SHARDD_DEFAULT_SOCKET;
+    if (geteuid() != 0 && xdg && *xdg &&
+        (size_t)snprintf(xdg_path, sizeof xdg_path, "%s/shardd.sock", xdg) < sizeof xdg_path)
+      path = xdg_path;
+  }
 
   shardd_client *c = calloc(1, sizeof *c);
   if (!c) return connect_fail(SHARDD_E_NO_MEMORY, "cannot allocate the client");
@@ -687,6 +697,100 @@ SHARDD_EXPORT int shardd_arena_destroy(shardd_arena *a) {
 /* ------------------------------------------------------------------------ *
  * Saves
  * ------------------------------------------------------------------------ */
+/* The multi-node fields; the daemon checks them further. */
+static int begin_peers(shardd_client *c, json_t *req, const shardd_save_opts *o) {
+  if (o->node_rank < 0 || o->node_rank >= o->nnodes)
+    return cfail(c, SHARDD_E_INVALID_ARGUMENT, "begin: node_rank %d is outside nnodes %d", o->node_rank, o->nnodes);
+  json_t *leader = o->leader ? json_string(o->leader) : NULL;
+  if (!leader)
+    return cfail(c, SHARDD_E_INVALID_ARGUMENT, "begin: nnodes is %d but leader is NULL or not valid UTF-8", o->nnodes);
+  json_object_set_new(req, "nnodes", json_integer(o->nnodes));
+  json_object_set_new(req, "node_rank", json_integer(o->node_rank));
+  json_object_set_new(req, "leader", leader);
+  if (o->write_mode) {
+    json_t *m = json_string(o->write_mode);
+    if (!m) return cfail(c, SHARDD_E_INVALID_ARGUMENT, "begin: write_mode is not valid UTF-8");
+    json_object_set_new(req, "write_mode", m);
+  }
+  return 0;
+}
+
+/* A non-negative decimal environment variable: 1 when set, 0 when unset, -1 when malformed. */
+static int env_int(const char *name, int *out) {
+  const char *s = getenv(name);
+  if (!s || !*s) return 0;
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < 0 || v > INT_MAX) {
+    connect_fail(SHARDD_E_INVALID_ARGUMENT, "environment variable %s='%.40s' is not a non-negative integer", name, s);
+    return -1;
+  }
+  *out = (int)v;
+  return 1;
+}
+
+SHARDD_EXPORT int shardd_save_opts_from_env(shardd_save_opts *o, char *leader_buf, size_t leader_len) {
+  if (!o) return connect_fail(SHARDD_E_INVALID_ARGUMENT, "shardd_save_opts_from_env: opts is NULL");
+  int rank = 0, world = 0, nnodes = 1, node = 0, local_rank = 0, local_world = 0, port = SHARDD_DEFAULT_PEER_PORT;
+  int r;
+  if ((r = env_int("RANK", &rank)) < 0) return SHARDD_E_INVALID_ARGUMENT;
+  if (r == 0) return connect_fail(SHARDD_E_INVALID_ARGUMENT, "environment variable RANK is not set (run under torchrun)");
+  if ((r = env_int("WORLD_SIZE", &world)) < 0) return SHARDD_E_INVALID_ARGUMENT;
+  if (r == 0 || world < 1)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "environment variable WORLD_SIZE is not set or is 0");
+  if (rank >= world)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "RANK=%d is outside WORLD_SIZE=%d", rank, world);
+  int has_lw = env_int("LOCAL_WORLD_SIZE", &local_world);
+  if (has_lw < 0) return SHARDD_E_INVALID_ARGUMENT;
+  r = env_int("NNODES", &nnodes);
+  if (r == 0) r = env_int("GROUP_WORLD_SIZE", &nnodes);
+  if (r < 0) return SHARDD_E_INVALID_ARGUMENT;
+  if (r == 0) nnodes = has_lw && local_world > 0 && world % local_world == 0 ? world / local_world : 1;
+  if (nnodes < 1 || nnodes > world)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "nnodes %d does not fit WORLD_SIZE=%d", nnodes, world);
+  r = env_int("NODE_RANK", &node);
+  if (r == 0) r = env_int("GROUP_RANK", &node);
+  if (r < 0) return SHARDD_E_INVALID_ARGUMENT;
+  if (r == 0 && nnodes > 1)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "%d nodes but neither NODE_RANK nor GROUP_RANK is set", nnodes);
+  if (node >= nnodes)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "NODE_RANK=%d is outside %d nodes", node, nnodes);
+  r = env_int("LOCAL_RANK", &local_rank);
+  if (r < 0) return SHARDD_E_INVALID_ARGUMENT;
+  if (r > 0 && has_lw > 0 && local_rank >= local_world)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "LOCAL_RANK=%d is outside LOCAL_WORLD_SIZE=%d", local_rank,
+                        local_world);
+  o->rank = rank;
+  o->world_size = world;
+  o->nnodes = nnodes;
+  o->node_rank = node;
+  if (nnodes <= 1) {
+    o->leader = NULL;
+    return 0;
+  }
+  const char *explicit_leader = getenv("SHARDD_LEADER");
+  const char *addr = getenv("MASTER_ADDR");
+  if ((r = env_int("SHARDD_PEER_PORT", &port)) < 0) return SHARDD_E_INVALID_ARGUMENT;
+  if (port < 1 || port > 65535)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "SHARDD_PEER_PORT=%d is not a TCP port", port);
+  if (!leader_buf || leader_len == 0)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "shardd_save_opts_from_env: no buffer for the leader address");
+  int n;
+  if (explicit_leader && *explicit_leader)
+    n = snprintf(leader_buf, leader_len, "%s", explicit_leader);
+  else if (!addr || !*addr)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "%d nodes but MASTER_ADDR (or SHARDD_LEADER) is not set", nnodes);
+  else if (strchr(addr, ':') && addr[0] != '[')
+    n = snprintf(leader_buf, leader_len, "[%s]:%d", addr, port); /* an IPv6 literal */
+  else
+    n = snprintf(leader_buf, leader_len, "%s:%d", addr, port);
+  if (n < 0 || (size_t)n >= leader_len)
+    return connect_fail(SHARDD_E_INVALID_ARGUMENT, "the leader address does not fit in %zu bytes", leader_len);
+  o->leader = leader_buf;
+  return 0;
+}
+
 SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!o || !o->save || !o->dir)
@@ -717,6 +821,7 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
     json_object_set_new(req, "metadata", md);
   }
   if (!rc && o->overwrite) json_object_set_new(req, "overwrite", json_true());
+  if (!rc && o->nnodes > 1) rc = begin_peers(c, req, o);
   if (rc) {
     json_decref(req);
     return rc;
@@ -906,7 +1011,8 @@ SHARDD_EXPORT int shardd_status(shardd_client *c, char **json_out) {
   if (!json_out) return cfail(c, SHARDD_E_INVALID_ARGUMENT, "status: json_out is NULL");
   *json_out = NULL;
   json_t *r;
-  int rc = request(c, json_pack("{s:s}", "op", "status"), &r);
+  /* With the daemon's counters (the "metrics" object), for shardctl metrics. */
+  int rc = request(c, json_pack("{s:s, s:b}", "op", "status", "metrics", 1), &r);
   if (rc) return rc;
   json_object_del(r, "id");
   json_object_del(r, "ok");

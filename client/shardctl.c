@@ -1,10 +1,13 @@
-/* shardctl: checks and lists checkpoints offline, and talks to a running shardd (status, abort). */
+/* shardctl: checks and lists checkpoints offline, and talks to a running shardd (status, watch, metrics, abort). */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -26,12 +29,19 @@ static const char usage_text[] =
     "                     then offset\n"
     "\n"
     "Daemon commands:\n"
-    "  status             the daemon's saves in flight, clients, regions and totals\n"
+    "  status [--json]    the daemon's saves in flight (state, ranks begun and sealed,\n"
+    "                     bytes written and planned), clients, regions and totals, as a\n"
+    "                     table, or the daemon's JSON reply with --json\n"
+    "  watch [--count N] [--interval SECONDS]\n"
+    "                     live progress bars of the saves in flight, redrawn every\n"
+    "                     0.5 s until Ctrl-C (or N times)\n"
+    "  metrics            the daemon's counters in Prometheus text format\n"
     "  abort SAVE         fail save SAVE for every rank (error code 'aborted')\n"
     "\n"
     "Options:\n"
-    "  --socket PATH      daemon socket (default: $SHARDD_SOCKET, else " SHARDD_DEFAULT_SOCKET
-    ")\n"
+    "  --socket PATH      daemon socket (default: $SHARDD_SOCKET, else\n"
+    "                     $XDG_RUNTIME_DIR/shardd.sock when not root, else\n"
+    "                     " SHARDD_DEFAULT_SOCKET ")\n"
     "  -h, --help         this help\n"
     "  -V, --version      version\n";
 
@@ -193,26 +203,306 @@ static int connect_or_report(const char *cmd, const char *socket, shardd_client 
   return 0;
 }
 
-static int cmd_status(const char *socket) {
+/* The daemon's status reply, parsed; NULL after printing why not. */
+static json_t *fetch_status(const char *cmd, shardd_client *c) {
+  char *json = NULL;
+  if (shardd_status(c, &json) != 0) {
+    fprintf(stderr, "shardctl: %s: %s\n", cmd, shardd_last_error(c));
+    return NULL;
+  }
+  json_error_t je;
+  json_t *v = json_loads(json, 0, &je);
+  if (!v || !json_is_object(v)) fprintf(stderr, "shardctl: %s: the daemon's reply is not a JSON object\n", cmd);
+  shardd_free(json);
+  return v;
+}
+
+/* A number field (integer or real) of o, 0 when absent. */
+static double num(const json_t *o, const char *key) {
+  return json_number_value(json_object_get(o, key));
+}
+
+static uint64_t u64(const json_t *o, const char *key) {
+  const json_t *v = json_object_get(o, key);
+  return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v) : 0;
+}
+
+static const char *str(const json_t *o, const char *key) {
+  const char *s = json_string_value(json_object_get(o, key));
+  return s ? s : "?";
+}
+
+/* 1536 -> "1.5 KiB": tables are for people; --json has the exact numbers. */
+static void human(uint64_t b, char *buf, size_t n) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    u++;
+  }
+  if (u == 0) snprintf(buf, n, "%llu B", (unsigned long long)b);
+  else snprintf(buf, n, "%.1f %s", v, units[u]);
+}
+
+static double percent(const json_t *s) {
+  uint64_t planned = u64(s, "bytes_planned"), written = u64(s, "bytes_written");
+  if (!planned) return 0;
+  double p = 100.0 * (double)written / (double)planned;
+  return p > 100 ? 100 : p;
+}
+
+/* Save ids are tame (the daemon checks them) but the daemon is not trusted
+ * with the terminal: control characters are not printed. */
+static void put_clean(FILE *out, const char *s, int width) {
+  int w = 0;
+  for (; *s; s++, w++) fputc((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s, out);
+  for (; w < width; w++) fputc(' ', out);
+}
+
+static void print_status_table(FILE *out, const json_t *st) {
+  const json_t *saves = json_object_get(st, "saves");
+  size_t n = json_array_size(saves), i;
+  int wid = 4;
+  for (i = 0; i < n; i++) {
+    int l = (int)strlen(str(json_array_get(saves, i), "save"));
+    if (l > wid) wid = l;
+  }
+  if (n == 0) {
+    fprintf(out, "no saves in flight\n");
+  } else {
+    fprintf(out, "%-*s  %-8s  %6s  %6s  %11s  %11s  %6s\n", wid, "SAVE", "STATE", "BEGUN", "SEALED", "WRITTEN",
+            "PLANNED", "DONE");
+    for (i = 0; i < n; i++) {
+      const json_t *s = json_array_get(saves, i);
+      char begun[32], sealed[32], w[32], p[32];
+      snprintf(begun, sizeof begun, "%llu/%llu", (unsigned long long)u64(s, "ranks_begun"),
+               (unsigned long long)u64(s, "world_size"));
+      snprintf(sealed, sizeof sealed, "%llu/%llu", (unsigned long long)u64(s, "ranks_sealed"),
+               (unsigned long long)u64(s, "world_size"));
+      human(u64(s, "bytes_written"), w, sizeof w);
+      human(u64(s, "bytes_planned"), p, sizeof p);
+      put_clean(out, str(s, "save"), wid);
+      fprintf(out, "  %-8s  %6s  %6s  %11s  %11s  %5.1f%%\n", str(s, "state"), begun, sealed, w, p, percent(s));
+    }
+  }
+  const json_t *t = json_object_get(st, "totals");
+  char total[32];
+  human(u64(t, "bytes_written"), total, sizeof total);
+  fprintf(out, "clients: %llu, regions: %llu\n", (unsigned long long)u64(st, "clients"),
+          (unsigned long long)u64(st, "regions"));
+  fprintf(out, "totals: %llu saves committed, %llu failed, %llu bytes written (%s)\n",
+          (unsigned long long)u64(t, "saves_committed"), (unsigned long long)u64(t, "saves_failed"),
+          (unsigned long long)u64(t, "bytes_written"), total);
+}
+
+static int cmd_status(const char *socket, int as_json) {
   shardd_client *c;
   if (connect_or_report("status", socket, &c)) return EXIT_INVALID;
-  char *json = NULL;
-  int rc = shardd_status(c, &json);
+  json_t *st = fetch_status("status", c);
+  shardd_close(c);
+  if (!st) return EXIT_INVALID;
+  if (as_json) {
+    char *text = json_dumps(st, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (text) puts(text);
+    free(text);
+  } else {
+    print_status_table(stdout, st);
+  }
+  json_decref(st);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * watch: live progress bars
+ * ------------------------------------------------------------------------ */
+static volatile sig_atomic_t interrupted;
+static void on_interrupt(int sig) {
+  (void)sig;
+  interrupted = 1;
+}
+
+#define BAR_WIDTH 30
+
+static void print_watch_frame(FILE *out, const json_t *st, const char *node) {
+  time_t now = time(NULL);
+  struct tm tm;
+  char stamp[32];
+  localtime_r(&now, &tm);
+  strftime(stamp, sizeof stamp, "%H:%M:%S", &tm);
+  const json_t *saves = json_object_get(st, "saves");
+  size_t n = json_array_size(saves);
+  const json_t *t = json_object_get(st, "totals");
+  fprintf(out, "shardd on %s  %s  %zu save%s in flight, %llu clients, %llu committed, %llu failed\n", node, stamp,
+          n, n == 1 ? "" : "s", (unsigned long long)u64(st, "clients"),
+          (unsigned long long)u64(t, "saves_committed"), (unsigned long long)u64(t, "saves_failed"));
+  for (size_t i = 0; i < n; i++) {
+    const json_t *s = json_array_get(saves, i);
+    double p = percent(s);
+    int fill = (int)(p / 100.0 * BAR_WIDTH + 0.5);
+    char bar[BAR_WIDTH + 1], w[32], pl[32];
+    for (int k = 0; k < BAR_WIDTH; k++) bar[k] = k < fill ? '#' : '.';
+    bar[BAR_WIDTH] = '\0';
+    human(u64(s, "bytes_written"), w, sizeof w);
+    human(u64(s, "bytes_planned"), pl, sizeof pl);
+    put_clean(out, str(s, "save"), 0);
+    fprintf(out, "  %-8s [%s] %5.1f%%  %s / %s  sealed %llu/%llu\n", str(s, "state"), bar, p, w, pl,
+            (unsigned long long)u64(s, "ranks_sealed"), (unsigned long long)u64(s, "world_size"));
+  }
+}
+
+/* Redraws every interval_ms until Ctrl-C, or count frames when count > 0. */
+static int cmd_watch(const char *socket, long count, long interval_ms) {
+  shardd_client *c;
+  if (connect_or_report("watch", socket, &c)) return EXIT_INVALID;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_interrupt; /* no SA_RESTART: the sleep ends at once */
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  int tty = isatty(STDOUT_FILENO), ex = 0;
+  char node[256];
+  snprintf(node, sizeof node, "%s", shardd_node_name(c) ? shardd_node_name(c) : "?");
+  for (long frame = 0; !interrupted && (count <= 0 || frame < count); frame++) {
+    json_t *st = fetch_status("watch", c);
+    if (!st) {
+      ex = EXIT_INVALID;
+      break;
+    }
+    /* A terminal is redrawn in place (cursor home, clear); a pipe gets
+     * frames one after another, separated by a blank line. */
+    if (tty) fputs("\033[H\033[2J", stdout);
+    else if (frame) putchar('\n');
+    print_watch_frame(stdout, st, node);
+    fflush(stdout);
+    json_decref(st);
+    if (count > 0 && frame + 1 >= count) break;
+    struct timespec ts = {interval_ms / 1000, (interval_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  shardd_close(c);
+  return ex;
+}
+
+/* ------------------------------------------------------------------------ *
+ * metrics: Prometheus text exposition format (version 0.0.4)
+ * ------------------------------------------------------------------------ */
+static void prom_head(FILE *out, const char *name, const char *type, const char *help) {
+  fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void prom_value(FILE *out, double v) {
+  if (v == (double)(uint64_t)v && v < 9e15) fprintf(out, "%llu\n", (unsigned long long)v);
+  else fprintf(out, "%.9g\n", v);
+}
+
+static void prom_simple(FILE *out, const char *name, const char *type, const char *help, double v) {
+  prom_head(out, name, type, help);
+  fprintf(out, "%s ", name);
+  prom_value(out, v);
+}
+
+/* Label values escape backslash, double quote and newline. */
+static void prom_label(FILE *out, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"') fprintf(out, "\\%c", *v);
+    else if (*v == '\n') fputs("\\n", out);
+    else fputc(*v, out);
+  }
+}
+
+static void print_prometheus(FILE *out, const json_t *st, const json_t *m) {
+  prom_head(out, "shardd_saves_total", "counter", "Saves that ended since the daemon started, by result.");
+  fprintf(out, "shardd_saves_total{result=\"committed\"} ");
+  prom_value(out, num(m, "saves_committed"));
+  fprintf(out, "shardd_saves_total{result=\"failed\"} ");
+  prom_value(out, num(m, "saves_failed"));
+  prom_head(out, "shardd_save_errors_total", "counter", "Failed saves by error code.");
+  const char *code;
+  json_t *v;
+  json_object_foreach((json_t *)json_object_get(m, "save_errors"), code, v) {
+    fprintf(out, "shardd_save_errors_total{code=\"");
+    prom_label(out, code);
+    fprintf(out, "\"} ");
+    prom_value(out, json_number_value(v));
+  }
+  prom_simple(out, "shardd_bytes_written_total", "counter", "Bytes of committed checkpoints (shard files).",
+              num(m, "bytes_written"));
+  prom_simple(out, "shardd_files_written_total", "counter", "Shard files of committed checkpoints.",
+              num(m, "files_written"));
+  prom_simple(out, "shardd_puts_total", "counter", "Slices accepted by put.", num(m, "puts"));
+  prom_simple(out, "shardd_put_bytes_total", "counter", "Bytes of the slices accepted by put.",
+              num(m, "bytes_put"));
+  prom_simple(out, "shardd_connections_total", "counter", "Client connections accepted.", num(m, "connections"));
+  prom_simple(out, "shardd_config_reloads_total", "counter", "SIGHUP reloads handled.", num(m, "reloads"));
+  prom_simple(out, "shardd_config_reload_failures_total", "counter", "SIGHUP reloads refused (invalid file).",
+              num(m, "reloads_failed"));
+  prom_simple(out, "shardd_clients", "gauge", "Open client connections.", num(m, "clients"));
+  prom_simple(out, "shardd_regions", "gauge", "Shared-memory regions mapped.", num(m, "regions"));
+  prom_simple(out, "shardd_saves_in_flight", "gauge", "Saves begun and not yet ended.", num(m, "saves_in_flight"));
+  prom_simple(out, "shardd_saves_writing", "gauge", "Saves whose files are being written.",
+              num(m, "saves_writing"));
+  prom_simple(out, "shardd_write_bytes_pending", "gauge", "Bytes of saves being written not yet written.",
+              num(m, "write_bytes_pending"));
+  prom_simple(out, "shardd_io_queue_depth", "gauge", "io_uring queue depth (entries).", num(m, "queue_depth"));
+
+  const json_t *h = json_object_get(m, "save_duration_seconds");
+  prom_head(out, "shardd_save_duration_seconds", "histogram", "Committed saves, first begin to publish.");
+  const json_t *b;
+  size_t i;
+  json_array_foreach(json_object_get(h, "buckets"), i, b) {
+    fprintf(out, "shardd_save_duration_seconds_bucket{le=\"%g\"} ", num(b, "le"));
+    prom_value(out, num(b, "count"));
+  }
+  fprintf(out, "shardd_save_duration_seconds_bucket{le=\"+Inf\"} ");
+  prom_value(out, num(h, "count"));
+  fprintf(out, "shardd_save_duration_seconds_sum ");
+  prom_value(out, num(h, "sum"));
+  fprintf(out, "shardd_save_duration_seconds_count ");
+  prom_value(out, num(h, "count"));
+  const json_t *ws = json_object_get(m, "save_write_seconds");
+  prom_head(out, "shardd_save_write_seconds", "summary", "Committed saves, last seal to publish (the write).");
+  fprintf(out, "shardd_save_write_seconds_sum ");
+  prom_value(out, num(ws, "sum"));
+  fprintf(out, "shardd_save_write_seconds_count ");
+  prom_value(out, num(ws, "count"));
+
+  /* Per save in flight, for progress panels. */
+  const json_t *saves = json_object_get(st, "saves");
+  const char *names[2] = {"shardd_save_bytes_written", "shardd_save_bytes_planned"};
+  const char *keys[2] = {"bytes_written", "bytes_planned"};
+  const char *helps[2] = {"Bytes written so far of a save in flight.",
+                          "Bytes a save in flight will write (bytes put while still open)."};
+  for (int k = 0; k < 2; k++) {
+    prom_head(out, names[k], "gauge", helps[k]);
+    json_array_foreach(saves, i, b) {
+      fprintf(out, "%s{save=\"", names[k]);
+      prom_label(out, str(b, "save"));
+      fprintf(out, "\",state=\"");
+      prom_label(out, str(b, "state"));
+      fprintf(out, "\"} ");
+      prom_value(out, num(b, keys[k]));
+    }
+  }
+  prom_simple(out, "shardd_uptime_seconds", "gauge", "Seconds since the daemon started.",
+              num(m, "uptime_seconds"));
+}
+
+static int cmd_metrics(const char *socket) {
+  shardd_client *c;
+  if (connect_or_report("metrics", socket, &c)) return EXIT_INVALID;
+  json_t *st = fetch_status("metrics", c);
+  shardd_close(c);
+  if (!st) return EXIT_INVALID;
+  const json_t *m = json_object_get(st, "metrics");
   int ex = 0;
-  if (rc != 0) {
-    fprintf(stderr, "shardctl: status: %s\n", shardd_last_error(c));
+  if (!json_is_object(m)) {
+    fprintf(stderr, "shardctl: metrics: the daemon's status reply has no \"metrics\" object (an older shardd?)\n");
     ex = EXIT_INVALID;
   } else {
-    /* Pretty JSON for now; a table (and --json) comes with the operations work. */
-    json_error_t je;
-    json_t *v = json_loads(json, 0, &je);
-    char *pretty = v ? json_dumps(v, JSON_INDENT(2)) : NULL;
-    puts(pretty ? pretty : json);
-    free(pretty);
-    json_decref(v);
+    print_prometheus(stdout, st, m);
   }
-  shardd_free(json);
-  shardd_close(c);
+  json_decref(st);
   return ex;
 }
 
@@ -241,11 +531,32 @@ static int usage_error(const char *fmt, const char *arg) {
   return EXIT_USAGE;
 }
 
+/* A positive number of digits only. */
+static int parse_positive(const char *s, long max, long *out) {
+  char *end;
+  if (!*s || *s < '0' || *s > '9') return -1;
+  long v = strtol(s, &end, 10);
+  if (*end || v <= 0 || v > max) return -1;
+  *out = v;
+  return 0;
+}
+
+/* "0.5" seconds -> 500 ms; between 10 ms and an hour. */
+static int parse_interval(const char *s, long *ms) {
+  char *end;
+  if (!*s || *s == '-' || *s == '+') return -1;
+  double v = strtod(s, &end);
+  if (*end || !(v >= 0.01 && v <= 3600)) return -1;
+  *ms = (long)(v * 1000 + 0.5);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *socket = getenv("SHARDD_SOCKET");
   if (socket && !*socket) socket = NULL;
   const char *pos[3];
-  int npos = 0, opts_done = 0;
+  int npos = 0, opts_done = 0, as_json = 0;
+  long count = 0, interval_ms = 500;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!opts_done && a[0] == '-' && a[1]) {
@@ -262,6 +573,16 @@ int main(int argc, char **argv) {
         socket = argv[i];
       } else if (!strncmp(a, "--socket=", 9)) {
         socket = a + 9;
+      } else if (!strcmp(a, "--json")) {
+        as_json = 1;
+      } else if (!strcmp(a, "--once")) {
+        count = 1;
+      } else if (!strcmp(a, "--count") || !strcmp(a, "--interval")) {
+        if (++i >= argc) return usage_error("%s needs a value", a);
+        if (a[2] == 'c' ? parse_positive(argv[i], 1000000000L, &count) : parse_interval(argv[i], &interval_ms))
+          return usage_error(a[2] == 'c' ? "--count needs a positive whole number, got '%s'"
+                                         : "--interval needs seconds between 0.01 and 3600, got '%s'",
+                             argv[i]);
       } else {
         return usage_error("unknown option '%s'", a);
       }
@@ -275,10 +596,13 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
   }
   const char *cmd = pos[0];
-  int want = !strcmp(cmd, "status") ? 1 : 2;
-  if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && strcmp(cmd, "status") &&
-      strcmp(cmd, "abort"))
+  int daemon_only = !strcmp(cmd, "status") || !strcmp(cmd, "watch") || !strcmp(cmd, "metrics");
+  int want = daemon_only ? 1 : 2;
+  if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && !daemon_only && strcmp(cmd, "abort"))
     return usage_error("unknown command '%s'", cmd);
+  if (as_json && strcmp(cmd, "status")) return usage_error("--json goes with status, not %s", cmd);
+  if ((count || interval_ms != 500) && strcmp(cmd, "watch"))
+    return usage_error("--count, --once and --interval go with watch, not %s", cmd);
   if (npos != want)
     return usage_error(want == 1 ? "%s takes no argument"
                        : !strcmp(cmd, "abort") ? "%s needs exactly one SAVE"
@@ -286,6 +610,8 @@ int main(int argc, char **argv) {
                        cmd);
   if (!strcmp(cmd, "verify")) return cmd_verify(pos[1]);
   if (!strcmp(cmd, "inspect")) return cmd_inspect(pos[1]);
-  if (!strcmp(cmd, "status")) return cmd_status(socket);
+  if (!strcmp(cmd, "status")) return cmd_status(socket, as_json);
+  if (!strcmp(cmd, "watch")) return cmd_watch(socket, count, interval_ms);
+  if (!strcmp(cmd, "metrics")) return cmd_metrics(socket);
   return cmd_abort(socket, pos[1]);
 }

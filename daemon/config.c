@@ -1,7 +1,10 @@
-/* Daemon settings: defaults that let shardd run unprivileged from a checkout, and command-line parsing. */
+/* Daemon settings: the key table, defaults that run unprivileged from a checkout, the config file, flags, reload. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -10,8 +13,500 @@
 #include "config.h"
 #include "shardd/shardd.h"
 
-#define DEFAULT_QUEUE_DEPTH 64
-#define DEFAULT_KEEP_RESULTS 64
+/* ------------------------------------------------------------------------ *
+ * The key table: one line per setting (how to add one: config.h)
+ * ------------------------------------------------------------------------ */
+#define FIELD(f) offsetof(sd_config, f), sizeof(((sd_config *)0)->f)
+#define SD_KEY_PATH(name, f, def, reload, shortopt, help) \
+  {name, SD_CT_PATH, FIELD(f), def, 0, 0, NULL, NULL, reload, shortopt, help}
+#define SD_KEY_STR(name, f, def, reload, help) {name, SD_CT_STR, FIELD(f), def, 0, 0, NULL, NULL, reload, 0, help}
+#define SD_KEY_NUM(name, f, def, lo, hi, reload, help) \
+  {name, SD_CT_NUM, FIELD(f), def, lo, hi, NULL, NULL, reload, 0, help}
+#define SD_KEY_BYTES(name, f, def, lo, hi, reload, help) \
+  {name, SD_CT_BYTES, FIELD(f), def, lo, hi, NULL, NULL, reload, 0, help}
+#define SD_KEY_MODE(name, f, def, reload, help) {name, SD_CT_MODE, FIELD(f), def, 0, 0777, NULL, NULL, reload, 0, help}
+#define SD_KEY_ENUM(name, f, def, choices, bare, reload, shortopt, help) \
+  {name, SD_CT_ENUM, FIELD(f), def, 0, 0, choices, bare, reload, shortopt, help}
+
+const sd_config_key sd_config_keys[] = {
+    SD_KEY_PATH("root", root, NULL, SD_FIXED, 'r',
+                "checkpoint root, created if missing (default: /var/lib/shardd as root, else ./checkpoints)"),
+    SD_KEY_PATH("socket", socket_path, NULL, SD_FIXED, 's',
+                "Unix socket to listen on (default: $SHARDD_SOCKET, else $XDG_RUNTIME_DIR/shardd.sock"
+                " when not root, else " SHARDD_DEFAULT_SOCKET ")"),
+    SD_KEY_MODE("socket_mode", socket_mode, "0660", SD_FIXED, "permission bits of the socket file"),
+    SD_KEY_STR("socket_group", socket_group, "", SD_FIXED,
+               "group owning the socket file, name or number (empty: the daemon's group)"),
+    SD_KEY_ENUM("log_level", log_level, "info", "error|warn|info|debug", NULL, SD_RELOAD, 'l',
+                "least severe level logged"),
+    SD_KEY_ENUM("log_syslog_prefix", log_syslog_prefix, "auto", "auto|yes|no", "yes", SD_RELOAD, 0,
+                "prefix lines with syslog priorities <N> (auto: when stderr is the systemd journal)"),
+    SD_KEY_BYTES("max_line", max_line, "16777216", 1024, 1ULL << 31, SD_RELOAD,
+                 "longest request line in bytes (new connections)"),
+    SD_KEY_NUM("queue_depth", queue_depth, "64", 1, 4096, SD_FIXED, "io_uring queue depth"),
+    SD_KEY_NUM("staging_mib", staging_mib, "128", 8, 65536, SD_FIXED,
+               "MiB of aligned staging buffers for direct I/O, registered with io_uring (locked memory)"),
+    SD_KEY_NUM("keep_results", keep_results, "64", 1, 1000000, SD_FIXED,
+               "finished saves remembered for late waits"),
+    /* limits and permissions (issue 6) */
+    SD_KEY_NUM("max_connections", max_connections, "1024", 1, 1000000, SD_RELOAD, "connections open at once"),
+    SD_KEY_NUM("max_saves", max_saves, "64", 1, 1000000, SD_RELOAD, "saves in flight at once"),
+    SD_KEY_NUM("max_tensors", max_tensors, "1000000", 1, 1ULL << 32, SD_RELOAD, "tensors in one save"),
+    SD_KEY_NUM("max_slices", max_slices, "10000000", 1, 1ULL << 36, SD_RELOAD,
+               "slices in one save, every rank's puts counted"),
+    SD_KEY_NUM("max_name_len", max_name_len, "1024", 1, 1024, SD_RELOAD, "bytes in a tensor name (at most 1024)"),
+    SD_KEY_NUM("max_dims", max_dims, "16", 0, 16, SD_RELOAD, "dimensions of a tensor (at most 16)"),
+    SD_KEY_BYTES("max_header", max_header, "100000000", 1, 100000000, SD_RELOAD,
+                 "JSON header of one shard file in bytes (the format allows 100000000)"),
+    SD_KEY_NUM("max_regions", max_regions, "64", 1, 1000000, SD_RELOAD, "shm regions attached per connection"),
+    SD_KEY_BYTES("max_output", max_output, "67108864", 4096, 1ULL << 40, SD_RELOAD,
+                 "replies a client leaves unread before it is disconnected"),
+    SD_KEY_NUM("line_timeout", line_timeout, "60", 0, 86400, SD_RELOAD,
+               "seconds a partial request line may stall before the connection is closed (0: never)"),
+    SD_KEY_STR("trusted_group", trusted_group, "", SD_FIXED,
+               "members of this group may attach shm segments the group owns (empty: only their own)"),
+    SD_KEY_MODE("file_mode", file_mode, "0644", SD_RELOAD, "permission bits of checkpoint files"),
+    SD_KEY_MODE("dir_mode", dir_mode, "0755", SD_RELOAD, "permission bits of checkpoint folders"),
+    /* peer daemons (issue 4) */
+    SD_KEY_STR("peer_listen", peer_listen, "", SD_FIXED,
+               "ADDR:PORT to listen on for peer daemons; multi-node saves need it (empty: off)"),
+    SD_KEY_STR("peer_token_file", peer_token_file, "", SD_FIXED,
+               "file holding the cluster secret peers authenticate with (mode 0600)"),
+    SD_KEY_NUM("peer_timeout", peer_timeout, "30", 1, 3600, SD_FIXED,
+               "seconds a silent peer daemon is given before its saves fail with peer_lost"),
+    SD_KEY_STR("node_name", node_name, "", SD_FIXED, "this daemon's name among its peers (empty: the host name)"),
+};
+const size_t sd_config_nkeys = sizeof sd_config_keys / sizeof sd_config_keys[0];
+
+/* What SIGHUP needs to rebuild the settings: the command line's values and
+ * where the file was. */
+typedef struct {
+  const sd_config_key *k;
+  char *value;
+} cli_value;
+
+struct sd_config_src {
+  int explicit_config;     /* --config given: the file must exist */
+  cli_value *cli;
+  size_t ncli;
+  unsigned *file_line;     /* per key: the file line that set it, 0 when none */
+};
+
+const sd_config_key *sd_config_find_key(const char *name) {
+  for (size_t i = 0; i < sd_config_nkeys; i++)
+    if (strcmp(sd_config_keys[i].name, name) == 0) return &sd_config_keys[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Values: text to field and back
+ * ------------------------------------------------------------------------ */
+static void *field(sd_config *c, const sd_config_key *k) { return (char *)c + k->offset; }
+static const void *cfield(const sd_config *c, const sd_config_key *k) { return (const char *)c + k->offset; }
+
+static void store_uint(void *p, size_t size, unsigned long long v) {
+  uint8_t u8 = (uint8_t)v;
+  uint16_t u16 = (uint16_t)v;
+  uint32_t u32 = (uint32_t)v;
+  uint64_t u64 = v;
+  switch (size) {
+    case 1: memcpy(p, &u8, 1); break;
+    case 2: memcpy(p, &u16, 2); break;
+    case 4: memcpy(p, &u32, 4); break;
+    default: memcpy(p, &u64, 8); break;
+  }
+}
+
+static unsigned long long load_uint(const void *p, size_t size) {
+  uint8_t u8;
+  uint16_t u16;
+  uint32_t u32;
+  uint64_t u64;
+  switch (size) {
+    case 1: memcpy(&u8, p, 1); return u8;
+    case 2: memcpy(&u16, p, 2); return u16;
+    case 4: memcpy(&u32, p, 4); return u32;
+    default: memcpy(&u64, p, 8); return u64;
+  }
+}
+
+/* The largest value a field of this size holds: the table's bound may not exceed it. */
+static unsigned long long size_max(size_t size) {
+  return size >= 8 ? UINT64_MAX : (1ULL << (size * 8)) - 1;
+}
+
+/* Digits only: no sign, no blanks, no overflow. */
+static int parse_digits(const char *s, int base, unsigned long long *out, const char **end) {
+  unsigned long long v = 0;
+  const char *p = s;
+  for (; *p; p++) {
+    int d = (*p >= '0' && *p <= '9') ? *p - '0' : -1;
+    if (d < 0 || d >= base) break;
+    if (v > (UINT64_MAX - (unsigned)d) / (unsigned)base) return -1;
+    v = v * (unsigned)base + (unsigned)d;
+  }
+  if (p == s) return -1;
+  *out = v;
+  *end = p;
+  return 0;
+}
+
+/* "a|b|c": index of value, or -1. */
+static int choice_index(const char *choices, const char *value) {
+  size_t n = strlen(value);
+  int i = 0;
+  for (const char *p = choices; p; i++) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncmp(p, value, n) == 0) return i;
+    p = bar ? bar + 1 : NULL;
+  }
+  return -1;
+}
+
+static void choice_name(const char *choices, int index, char *buf, size_t n) {
+  const char *p = choices;
+  for (int i = 0; i < index && p; i++) {
+    p = strchr(p, '|');
+    if (p) p++;
+  }
+  if (!p) {
+    snprintf(buf, n, "%d", index);
+    return;
+  }
+  const char *bar = strchr(p, '|');
+  snprintf(buf, n, "%.*s", (int)(bar ? bar - p : (long)strlen(p)), p);
+}
+
+int sd_config_set(sd_config *c, const sd_config_key *k, const char *value, sd_error *err) {
+  void *p = field(c, k);
+  unsigned long long v = 0;
+  const char *end = NULL;
+  switch (k->type) {
+    case SD_CT_PATH:
+      if (!*value) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "must not be empty");
+      /* fall through */
+    case SD_CT_STR: {
+      char *copy = strdup(value);
+      if (!copy) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+      char **sp = p;
+      free(*sp);
+      *sp = copy;
+      return 0;
+    }
+    case SD_CT_NUM:
+    case SD_CT_BYTES: {
+      unsigned long long hi = k->hi < size_max(k->size) ? k->hi : size_max(k->size);
+      int bad = parse_digits(value, 10, &v, &end) != 0;
+      if (!bad && *end && k->type == SD_CT_BYTES && !end[1]) {
+        const char *units = "KMGT", *u = strchr(units, *end >= 'a' ? *end - 'a' + 'A' : *end);
+        unsigned shift = u && *end ? 10u * (unsigned)(u - units + 1) : 0;
+        bad = !shift || v > (UINT64_MAX >> shift);
+        if (!bad) v <<= shift;
+      } else if (!bad && *end) {
+        bad = 1;
+      }
+      if (bad || v < k->lo || v > hi) {
+        if (k->type == SD_CT_BYTES)
+          return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                         "must be a byte count in [%llu, %llu] (suffix K, M, G or T allowed), got '%.100s'",
+                         k->lo, hi, value);
+        return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "must be an integer in [%llu, %llu], got '%.100s'", k->lo,
+                       hi, value);
+      }
+      store_uint(p, k->size, v);
+      return 0;
+    }
+    case SD_CT_MODE:
+      if (parse_digits(value, 8, &v, &end) != 0 || *end || strlen(value) > 4 || v > 0777)
+        return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "must be octal permission bits such as 0660, got '%.100s'",
+                       value);
+      store_uint(p, k->size, v);
+      return 0;
+    case SD_CT_ENUM: {
+      int i = choice_index(k->choices, value);
+      if (i < 0) {
+        char list[256];
+        size_t j = 0;
+        for (const char *q = k->choices; *q && j + 3 < sizeof list; q++) {
+          if (*q == '|') {
+            list[j++] = ',';
+            list[j++] = ' ';
+          } else {
+            list[j++] = *q;
+          }
+        }
+        list[j] = '\0';
+        return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "must be one of %s, got '%.100s'", list, value);
+      }
+      store_uint(p, k->size, (unsigned long long)i);
+      return 0;
+    }
+  }
+  return sd_fail(err, SHARDD_E_INTERNAL, "key '%s' has an unknown type", k->name);
+}
+
+void sd_config_format(const sd_config *c, const sd_config_key *k, char *buf, size_t n) {
+  const void *p = cfield(c, k);
+  switch (k->type) {
+    case SD_CT_PATH:
+    case SD_CT_STR: {
+      const char *const *sp = p;
+      snprintf(buf, n, "%s", *sp ? *sp : "");
+      return;
+    }
+    case SD_CT_NUM:
+    case SD_CT_BYTES: snprintf(buf, n, "%llu", load_uint(p, k->size)); return;
+    case SD_CT_MODE: snprintf(buf, n, "%04llo", load_uint(p, k->size)); return;
+    case SD_CT_ENUM: choice_name(k->choices, (int)load_uint(p, k->size), buf, n); return;
+  }
+  snprintf(buf, n, "?");
+}
+
+/* ------------------------------------------------------------------------ *
+ * Defaults
+ * ------------------------------------------------------------------------ */
+/* Must agree with the client library's default (client/libshardd.c). */
+static char *default_socket(void) {
+  const char *env = getenv("SHARDD_SOCKET");
+  if (env && *env) return strdup(env);
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (geteuid() != 0 && xdg && *xdg) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s/shardd.sock", xdg);
+    return strdup(buf);
+  }
+  return strdup(SHARDD_DEFAULT_SOCKET);
+}
+
+int sd_config_defaults(sd_config *c, sd_error *err) {
+  c->socket_gid = -1;
+  c->trusted_gid = -1;
+  for (size_t i = 0; i < sd_config_nkeys; i++) {
+    const sd_config_key *k = &sd_config_keys[i];
+    int rc;
+    if (k->def) {
+      rc = sd_config_set(c, k, k->def, err);
+    } else {
+      char *v = strcmp(k->name, "socket") == 0 ? default_socket()
+                                                : strdup(geteuid() == 0 ? "/var/lib/shardd" : "checkpoints");
+      rc = v ? sd_config_set(c, k, v, err) : sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+      free(v);
+    }
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * The config file's text (pure)
+ * ------------------------------------------------------------------------ */
+static int is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; }
+
+int sd_config_parse_text(sd_config *c, const char *text, size_t len, const char *file, unsigned *lines,
+                         sd_error *err) {
+  unsigned *seen = calloc(sd_config_nkeys, sizeof *seen);
+  if (!seen) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+  char line[4096];
+  unsigned lineno = 0;
+  int rc = 0;
+  for (size_t pos = 0; pos < len && !rc;) {
+    const char *nl = memchr(text + pos, '\n', len - pos);
+    size_t n = nl ? (size_t)(nl - (text + pos)) : len - pos;
+    lineno++;
+    if (memchr(text + pos, '\0', n)) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: the line holds a NUL byte", file, lineno);
+      break;
+    }
+    if (n >= sizeof line) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: the line is longer than %zu bytes", file, lineno,
+                   sizeof line - 1);
+      break;
+    }
+    memcpy(line, text + pos, n);
+    line[n] = '\0';
+    pos += n + 1;
+    /* A comment starts at '#' at the start of the line or after a blank;
+     * a '#' inside a value (a path) stays. */
+    for (size_t i = 0; i < n; i++) {
+      if (line[i] == '#' && (i == 0 || is_blank(line[i - 1]))) {
+        line[i] = '\0';
+        n = i;
+        break;
+      }
+    }
+    while (n && is_blank(line[n - 1])) line[--n] = '\0';
+    char *s = line;
+    while (is_blank(*s)) s++;
+    if (!*s) continue;
+    char *eq = strchr(s, '=');
+    if (!eq) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: expected 'key = value', got '%.200s'", file, lineno, s);
+      break;
+    }
+    char *kend = eq;
+    while (kend > s && is_blank(kend[-1])) kend--;
+    *kend = '\0';
+    char *value = eq + 1;
+    while (is_blank(*value)) value++;
+    if (!*s) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: a key is missing before '='", file, lineno);
+      break;
+    }
+    const sd_config_key *k = sd_config_find_key(s);
+    if (!k) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: unknown key '%.200s'", file, lineno, s);
+      break;
+    }
+    size_t ki = (size_t)(k - sd_config_keys);
+    if (seen[ki]) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: key '%s' is already set on line %u", file, lineno,
+                   k->name, seen[ki]);
+      break;
+    }
+    seen[ki] = lineno;
+    sd_error e = {0};
+    if (sd_config_set(c, k, value, &e) != 0) rc = sd_fail(err, e.code, "%s:%u: key '%s': %s", file, lineno, k->name, e.msg);
+  }
+  if (!rc && lines) memcpy(lines, seen, sd_config_nkeys * sizeof *seen);
+  free(seen);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Building the settings: defaults, file, command line
+ * ------------------------------------------------------------------------ */
+static void flag_name(const sd_config_key *k, char *buf, size_t n) {
+  snprintf(buf, n, "%s", k->name);
+  for (char *p = buf; *p; p++)
+    if (*p == '_') *p = '-';
+}
+
+static int read_file(const char *path, char **text, size_t *len, sd_error *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open config file '%s': %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
+    close(fd);
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "config file '%s' is not a regular file of at most 1 MiB", path);
+  }
+  char *buf = malloc((size_t)st.st_size + 1);
+  size_t got = 0;
+  while (buf && got < (size_t)st.st_size) {
+    ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  int e = errno;
+  close(fd);
+  if (!buf) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory reading '%s'", path);
+  if (got < (size_t)st.st_size) {
+    free(buf);
+    return sd_fail(err, SHARDD_E_IO, "cannot read config file '%s': %s", path, strerror(e));
+  }
+  *text = buf;
+  *len = got;
+  return 0;
+}
+/* Where key k's value came from, for messages: the option, the file line, or the default. */
+static void where(const sd_config *c, const struct sd_config_src *src, const unsigned *lines,
+                  const sd_config_key *k, char *buf, size_t n) {
+  size_t ki = (size_t)(k - sd_config_keys);
+  for (size_t i = src ? src->ncli : 0; i-- > 0;) {
+    if (src->cli[i].k == k) {
+      char flag[64];
+      flag_name(k, flag, sizeof flag);
+      snprintf(buf, n, "option --%s", flag);
+      return;
+    }
+  }
+  if (lines && lines[ki] && c->config_path)
+    snprintf(buf, n, "%s:%u: key '%s'", c->config_path, lines[ki], k->name);
+  else
+    snprintf(buf, n, "key '%s' (default)", k->name);
+}
+
+/* A group key (name or number) to its gid; -1 when empty. */
+static int resolve_group(sd_config *c, const unsigned *lines, const char *key, const char *value, long *out,
+                         sd_error *err) {
+  *out = -1;
+  if (!value || !*value) return 0;
+  unsigned long long gid = 0;
+  const char *end = NULL;
+  if (parse_digits(value, 10, &gid, &end) == 0 && !*end && gid < (1ULL << 31)) {
+    *out = (long)gid;
+    return 0;
+  }
+  struct group gr, *res = NULL;
+  char buf[4096];
+  if (getgrnam_r(value, &gr, buf, sizeof buf, &res) == 0 && res) {
+    *out = (long)res->gr_gid;
+    return 0;
+  }
+  char w[512];
+  where(c, c->src, lines, sd_config_find_key(key), w, sizeof w);
+  return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s: no group named '%.100s'", w, value);
+}
+
+/* Settings checked against the system rather than as text. */
+static int resolve(sd_config *c, const unsigned *lines, sd_error *err) {
+  int rc = resolve_group(c, lines, "socket_group", c->socket_group, &c->socket_gid, err);
+  if (rc) return rc;
+  return resolve_group(c, lines, "trusted_group", c->trusted_group, &c->trusted_gid, err);
+}
+
+/* Defaults, then the file at path (NULL: none), then the command-line
+ * values in src. lines gets the file line of each key. */
+static int build(sd_config *c, const char *path, unsigned *lines, sd_error *err) {
+  int rc = sd_config_defaults(c, err);
+  if (rc) return rc;
+  free(c->config_path);
+  c->config_path = path ? strdup(path) : NULL;
+  if (path) {
+    if (!c->config_path) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+    char *text = NULL;
+    size_t len = 0;
+    rc = read_file(path, &text, &len, err);
+    if (rc) return rc;
+    rc = sd_config_parse_text(c, text, len, path, lines, err);
+    free(text);
+    if (rc) return rc;
+  }
+  for (size_t i = 0; c->src && i < c->src->ncli; i++) {
+    const cli_value *v = &c->src->cli[i];
+    sd_error e = {0};
+    if (sd_config_set(c, v->k, v->value, &e) != 0) {
+      char flag[64];
+      flag_name(v->k, flag, sizeof flag);
+      return sd_fail(err, e.code, "option --%s: %s", flag, e.msg);
+    }
+  }
+  return resolve(c, lines, err);
+}
+
+/* --config PATH, else the default file when it exists, else none. */
+static const char *config_file(const sd_config *c, const char *given) {
+  if (c->src && c->src->explicit_config) return given;
+  return access(SD_DEFAULT_CONFIG, F_OK) == 0 ? SD_DEFAULT_CONFIG : NULL;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Start-up
+ * ------------------------------------------------------------------------ */
+enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_KEY0 };
+
+static const char *arg_name(const sd_config_key *k) {
+  switch (k->type) {
+    case SD_CT_PATH: return "PATH";
+    case SD_CT_STR: return "NAME";
+    case SD_CT_NUM: return "N";
+    case SD_CT_BYTES: return "BYTES";
+    case SD_CT_MODE: return "MODE";
+    case SD_CT_ENUM: return "WHICH";
+  }
+  return "VALUE";
+}
 
 void sd_config_usage(FILE *out) {
   fprintf(out,
@@ -20,127 +515,207 @@ void sd_config_usage(FILE *out) {
           "Per-node checkpoint daemon: ranks hand it tensor slices over shared memory and it\n"
           "writes a Hugging Face sharded safetensors checkpoint, published atomically.\n"
           "\n"
-          "  -r, --root DIR          checkpoint root, created if missing\n"
-          "                          (default: /var/lib/shardd as root, else ./checkpoints)\n"
-          "  -s, --socket PATH       Unix socket to listen on (default: $SHARDD_SOCKET, else\n"
-          "                          /run/shardd/shardd.sock as root, else\n"
-          "                          $XDG_RUNTIME_DIR/shardd.sock, else /tmp/shardd-UID.sock)\n"
-          "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
-          "      --max-line BYTES    longest request line (default 16777216)\n"
-          "      --queue-depth N     io_uring queue depth (default %d)\n"
-          "      --keep-results N    finished saves remembered for late waits (default %d)\n"
-          "  -h, --help              show this help\n"
-          "  -V, --version           show the version\n",
-          DEFAULT_QUEUE_DEPTH, DEFAULT_KEEP_RESULTS);
-}
-
-static char *default_socket(void) {
-  const char *env = getenv("SHARDD_SOCKET");
-  if (env && *env) return strdup(env);
-  if (geteuid() == 0) return strdup(SHARDD_DEFAULT_SOCKET);
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  char buf[PATH_MAX];
-  if (xdg && *xdg)
-    snprintf(buf, sizeof buf, "%s/shardd.sock", xdg);
-  else
-    snprintf(buf, sizeof buf, "/tmp/shardd-%u.sock", (unsigned)geteuid());
-  return strdup(buf);
-}
-
-static int parse_count(const char *opt, const char *s, unsigned long long lo, unsigned long long hi,
-                       unsigned long long *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi) {
-    fprintf(stderr, "shardd: %s must be an integer in [%llu, %llu], got '%s'\n", opt, lo, hi, s);
-    return -1;
+          "      --config FILE          read settings from FILE (default: " SD_DEFAULT_CONFIG
+          " when it\n"
+          "                             exists); the options below override it\n"
+          "      --check-config         validate the settings, print them (key = value) and exit\n");
+  for (size_t i = 0; i < sd_config_nkeys; i++) {
+    const sd_config_key *k = &sd_config_keys[i];
+    char flag[64], lead[128], choices[128] = "";
+    flag_name(k, flag, sizeof flag);
+    if (k->type == SD_CT_ENUM) {
+      snprintf(choices, sizeof choices, "%s", k->choices);
+      for (char *p = choices; *p; p++)
+        if (*p == '|') *p = ',';
+    }
+    if (k->bare)
+      snprintf(lead, sizeof lead, "--%s[=%s]", flag, k->type == SD_CT_ENUM ? "WHICH" : arg_name(k));
+    else
+      snprintf(lead, sizeof lead, "--%s %s", flag, arg_name(k));
+    char opt[160];
+    snprintf(opt, sizeof opt, "%c%c%c %s", k->shortopt ? '-' : ' ', k->shortopt ? k->shortopt : ' ',
+             k->shortopt ? ',' : ' ', lead);
+    /* Long flags get their help on the next line, aligned with the others. */
+    if (strlen(opt) > 26) fprintf(out, "  %s\n  %-26s %s", opt, "", k->help);
+    else fprintf(out, "  %-26s %s", opt, k->help);
+    if (*choices) fprintf(out, "; WHICH: %s", choices);
+    if (k->def && *k->def) fprintf(out, " (default %s)", k->def);
+    fputc('\n', out);
   }
-  *out = v;
+  fprintf(out,
+          "  -h, --help                 show this help\n"
+          "  -V, --version              show the version\n"
+          "\n"
+          "Each option but --config, --check-config, --help and --version is also a config-file\n"
+          "key: its name with '_' for '-' (socket_mode = 0660). SIGHUP rereads the file.\n");
+}
+
+static void print_effective(const sd_config *c, FILE *out) {
+  fprintf(out, "# shardd %s effective settings; config file: %s\n", SHARDD_VERSION_STRING,
+          c->config_path ? c->config_path : "none");
+  for (size_t i = 0; i < sd_config_nkeys; i++) {
+    char v[PATH_MAX + 64];
+    sd_config_format(c, &sd_config_keys[i], v, sizeof v);
+    fprintf(out, "%s =%s%s\n", sd_config_keys[i].name, *v ? " " : "", v);
+  }
+}
+
+static int add_cli(struct sd_config_src *src, const sd_config_key *k, const char *value) {
+  cli_value *n = realloc(src->cli, (src->ncli + 1) * sizeof *n);
+  if (!n) return -1;
+  src->cli = n;
+  n[src->ncli].k = k;
+  n[src->ncli].value = strdup(value);
+  if (!n[src->ncli].value) return -1;
+  src->ncli++;
   return 0;
 }
 
-enum { OPT_MAX_LINE = 256, OPT_QUEUE_DEPTH, OPT_KEEP_RESULTS };
-
-int sd_config_parse(sd_config *c, int argc, char **argv, int *exit_code) {
-  static const struct option longopts[] = {
-      {"root", required_argument, NULL, 'r'},
-      {"socket", required_argument, NULL, 's'},
-      {"log-level", required_argument, NULL, 'l'},
-      {"max-line", required_argument, NULL, OPT_MAX_LINE},
-      {"queue-depth", required_argument, NULL, OPT_QUEUE_DEPTH},
-      {"keep-results", required_argument, NULL, OPT_KEEP_RESULTS},
-      {"help", no_argument, NULL, 'h'},
-      {"version", no_argument, NULL, 'V'},
-      {NULL, 0, NULL, 0},
-  };
+int sd_config_load(sd_config *c, int argc, char **argv, int *exit_code) {
   memset(c, 0, sizeof *c);
-  c->log_level = SD_LOG_INFO;
-  c->max_line = 16u * 1024u * 1024u;
-  c->queue_depth = DEFAULT_QUEUE_DEPTH;
-  c->keep_results = DEFAULT_KEEP_RESULTS;
+  c->socket_gid = -1;
+  c->trusted_gid = -1;
   *exit_code = 0;
-  int ch;
-  unsigned long long v;
+  struct option *longopts = calloc(sd_config_nkeys + 5, sizeof *longopts);
+  char (*names)[64] = calloc(sd_config_nkeys, sizeof *names);
+  c->src = calloc(1, sizeof *c->src);
+  if (c->src) c->src->file_line = calloc(sd_config_nkeys, sizeof *c->src->file_line);
+  char shortopts[64] = "hV";
+  const char *given = NULL;
+  int check = 0, ch;
+  sd_error err = {0};
+  if (!longopts || !names || !c->src || !c->src->file_line) goto nomem;
+  size_t nl = 0, ns = 2;
+  longopts[nl++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
+  longopts[nl++] = (struct option){"check-config", no_argument, NULL, OPT_CHECK};
+  longopts[nl++] = (struct option){"help", no_argument, NULL, 'h'};
+  longopts[nl++] = (struct option){"version", no_argument, NULL, 'V'};
+  for (size_t i = 0; i < sd_config_nkeys; i++) {
+    const sd_config_key *k = &sd_config_keys[i];
+    flag_name(k, names[i], sizeof names[i]);
+    longopts[nl++] = (struct option){names[i], k->bare ? optional_argument : required_argument, NULL,
+                                     OPT_KEY0 + (int)i};
+    if (k->shortopt && ns + 3 < sizeof shortopts) {
+      shortopts[ns++] = (char)k->shortopt;
+      shortopts[ns++] = ':';
+      if (k->bare) shortopts[ns++] = ':';
+    }
+  }
   optind = 1;
-  while ((ch = getopt_long(argc, argv, "r:s:l:hV", longopts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+    const sd_config_key *k = NULL;
+    if (ch >= OPT_KEY0 && ch < OPT_KEY0 + (int)sd_config_nkeys) {
+      k = &sd_config_keys[ch - OPT_KEY0];
+    } else {
+      for (size_t i = 0; i < sd_config_nkeys && !k; i++)
+        if (ch < 256 && sd_config_keys[i].shortopt == ch) k = &sd_config_keys[i];
+    }
+    if (k) {
+      /* A stray "--log-syslog-prefix no" would take "no" as an argument
+       * only with '='; keep the bare value then. */
+      if (add_cli(c->src, k, optarg ? optarg : k->bare) != 0) goto nomem;
+      continue;
+    }
     switch (ch) {
-      case 'r':
-        free(c->root);
-        c->root = strdup(optarg);
-        break;
-      case 's':
-        free(c->socket_path);
-        c->socket_path = strdup(optarg);
-        break;
-      case 'l':
-        if (sd_log_parse_level(optarg, &c->log_level) != 0) {
-          fprintf(stderr, "shardd: unknown log level '%s' (error, warn, info, debug)\n", optarg);
-          goto usage;
-        }
-        break;
-      case OPT_MAX_LINE:
-        if (parse_count("--max-line", optarg, 1024, 1ULL << 31, &v)) goto usage;
-        c->max_line = (size_t)v;
-        break;
-      case OPT_QUEUE_DEPTH:
-        if (parse_count("--queue-depth", optarg, 1, 4096, &v)) goto usage;
-        c->queue_depth = (unsigned)v;
-        break;
-      case OPT_KEEP_RESULTS:
-        if (parse_count("--keep-results", optarg, 1, 1000000, &v)) goto usage;
-        c->keep_results = (unsigned)v;
-        break;
-      case 'h':
-        sd_config_usage(stdout);
-        return 1;
-      case 'V':
-        printf("shardd %s (protocol %d)\n", SHARDD_VERSION_STRING, SHARDD_PROTO_VERSION);
-        return 1;
-      default:
-        goto usage;
+      case OPT_CONFIG: given = optarg; c->src->explicit_config = 1; break;
+      case OPT_CHECK: check = 1; break;
+      case 'h': sd_config_usage(stdout); goto done;
+      case 'V': printf("shardd %s (protocol %d)\n", SHARDD_VERSION_STRING, SHARDD_PROTO_VERSION); goto done;
+      default: goto usage;
     }
   }
   if (optind < argc) {
     fprintf(stderr, "shardd: unexpected argument '%s'\n", argv[optind]);
     goto usage;
   }
-  if (!c->root) c->root = strdup(geteuid() == 0 ? "/var/lib/shardd" : "checkpoints");
-  if (!c->socket_path) c->socket_path = default_socket();
-  if (!c->root || !c->socket_path) {
-    fprintf(stderr, "shardd: out of memory\n");
-    *exit_code = 1;
-    return 1;
-  }
-  if (!*c->root || !*c->socket_path) {
-    fprintf(stderr, "shardd: --root and --socket must not be empty\n");
+  if (given && !*given) {
+    fprintf(stderr, "shardd: --config needs a file name\n");
     goto usage;
+  }
+  if (build(c, config_file(c, given), c->src->file_line, &err) != 0) {
+    fprintf(stderr, "shardd: %s\n", err.msg);
+    if (check) fprintf(stderr, "shardd: the configuration is invalid\n");
+    *exit_code = 1;
+    goto done;
+  }
+  free(longopts);
+  free(names);
+  if (check) {
+    print_effective(c, stdout);
+    return 1;
   }
   return 0;
 usage:
   fprintf(stderr, "Try 'shardd --help'.\n");
   *exit_code = 2;
+  goto done;
+nomem:
+  fprintf(stderr, "shardd: out of memory\n");
+  *exit_code = 1;
+done:
+  free(longopts);
+  free(names);
   return 1;
+}
+
+/* ------------------------------------------------------------------------ *
+ * SIGHUP
+ * ------------------------------------------------------------------------ */
+static void move_field(sd_config *to, sd_config *from, const sd_config_key *k) {
+  if (k->type == SD_CT_STR || k->type == SD_CT_PATH) {
+    char **t = field(to, k), **f = field(from, k);
+    free(*t);
+    *t = *f;
+    *f = NULL;
+  } else {
+    memcpy(field(to, k), field(from, k), k->size);
+  }
+}
+
+int sd_config_reload(sd_config *live, unsigned *applied, sd_error *err) {
+  *applied = 0;
+  sd_config fresh;
+  memset(&fresh, 0, sizeof fresh);
+  fresh.src = live->src;
+  unsigned *lines = calloc(sd_config_nkeys, sizeof *lines);
+  if (!lines) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory rereading the configuration");
+  int rc = build(&fresh, config_file(live, live->config_path), lines, err);
+  if (rc) {
+    fresh.src = NULL;
+    sd_config_free(&fresh);
+    free(lines);
+    return rc;
+  }
+  if ((fresh.config_path == NULL) != (live->config_path == NULL) ||
+      (fresh.config_path && strcmp(fresh.config_path, live->config_path) != 0))
+    sd_log_info("reload: config file is now %s", fresh.config_path ? fresh.config_path : "none");
+  for (size_t i = 0; i < sd_config_nkeys; i++) {
+    const sd_config_key *k = &sd_config_keys[i];
+    char was[PATH_MAX + 64], now[PATH_MAX + 64], w[512];
+    if (k->offset == offsetof(sd_config, root) && live->root_given)
+      snprintf(was, sizeof was, "%s", live->root_given);
+    else
+      sd_config_format(live, k, was, sizeof was);
+    sd_config_format(&fresh, k, now, sizeof now);
+    if (strcmp(was, now) == 0) continue;
+    where(&fresh, fresh.src, lines, k, w, sizeof w);
+    if (k->reload == SD_RELOAD) {
+      move_field(live, &fresh, k);
+      (*applied)++;
+      sd_log_info("reload: applied %s = %s (was %s)", k->name, now, was);
+    } else {
+      sd_log_warn("reload: cannot change %s while shardd runs: keeping %s, %s says %s; restart shardd to apply it",
+                  k->name, was, w, now);
+    }
+  }
+  char *tmp = live->config_path;
+  live->config_path = fresh.config_path;
+  fresh.config_path = tmp;
+  memcpy(live->src->file_line, lines, sd_config_nkeys * sizeof *lines);
+  free(lines);
+  fresh.src = NULL;
+  sd_config_free(&fresh);
+  return 0;
 }
 
 /* mkdir -p: parents are created too, so a fresh checkout needs no setup. */
@@ -171,13 +746,29 @@ int sd_config_prepare_root(sd_config *c, sd_error *err) {
     free(abs);
     return rc;
   }
-  free(c->root);
+  /* The configured spelling is kept: SIGHUP compares the file against it. */
+  if (!c->root_given) c->root_given = c->root;
+  else free(c->root);
   c->root = abs;
   return 0;
 }
 
 void sd_config_free(sd_config *c) {
-  free(c->root);
-  free(c->socket_path);
-  c->root = c->socket_path = NULL;
+  for (size_t i = 0; i < sd_config_nkeys; i++) {
+    const sd_config_key *k = &sd_config_keys[i];
+    if (k->type != SD_CT_STR && k->type != SD_CT_PATH) continue;
+    char **sp = field(c, k);
+    free(*sp);
+    *sp = NULL;
+  }
+  free(c->config_path);
+  free(c->root_given);
+  c->config_path = c->root_given = NULL;
+  if (c->src) {
+    for (size_t i = 0; i < c->src->ncli; i++) free(c->src->cli[i].value);
+    free(c->src->cli);
+    free(c->src->file_line);
+    free(c->src);
+    c->src = NULL;
+  }
 }

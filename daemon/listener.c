@@ -1,4 +1,4 @@
-/* The Unix socket clients connect to: stale-socket cleanup, 0660 permissions, accept into sessions. */
+/* The Unix socket clients connect to: stale-socket cleanup, configured mode and group, accept into sessions. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -58,8 +58,12 @@ int sd_listener_open(sd_daemon *d, sd_error *err) {
   char parent[PATH_MAX];
   snprintf(parent, sizeof parent, "%s", path);
   /* The parent (e.g. /run/shardd) may not exist yet on a fresh machine. */
-  if (mkdir(dirname(parent), 0755) != 0 && errno != EEXIST)
-    return sd_fail(err, SHARDD_E_IO, "cannot create the socket's folder: %s", strerror(errno));
+  const char *folder = dirname(parent);
+  if (mkdir(folder, 0755) != 0 && errno != EEXIST)
+    return sd_fail(err, SHARDD_E_IO,
+                   "cannot create '%s', the folder of socket '%s': %s (choose another with --socket, or set"
+                   " $SHARDD_SOCKET or $XDG_RUNTIME_DIR)",
+                   folder, path, strerror(errno));
   int rc = clear_stale(path, err);
   if (rc) return rc;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -72,7 +76,8 @@ int sd_listener_open(sd_daemon *d, sd_error *err) {
   snprintf(sa.sun_path, sizeof sa.sun_path, "%s", tmp);
   unlink(tmp);
   /* Created with the final mode, so there is no moment a stranger may connect. */
-  mode_t old = umask(0777 & ~SD_SOCKET_MODE);
+  mode_t mode = (mode_t)(d->cfg->socket_mode & 0777);
+  mode_t old = umask(0777 & ~mode);
   rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
   int e = errno;
   umask(old);
@@ -80,7 +85,16 @@ int sd_listener_open(sd_daemon *d, sd_error *err) {
     close(fd);
     return sd_fail(err, SHARDD_E_IO, "cannot bind '%s': %s", tmp, strerror(e));
   }
-  if (chmod(tmp, SD_SOCKET_MODE) != 0) sd_log_warn("cannot chmod %s: %s", tmp, strerror(errno));
+  if (chmod(tmp, mode) != 0) sd_log_warn("cannot chmod %s: %s", tmp, strerror(errno));
+  /* The group is set while the socket still has its private name: the
+   * group's members can reach it from the moment it appears. */
+  if (d->cfg->socket_gid >= 0 && chown(tmp, (uid_t)-1, (gid_t)d->cfg->socket_gid) != 0) {
+    e = errno;
+    close(fd);
+    unlink(tmp);
+    return sd_fail(err, SHARDD_E_PERMISSION, "cannot give socket '%s' group %ld: %s", path, d->cfg->socket_gid,
+                   strerror(e));
+  }
   uv_pipe_init(d->loop, &d->server, 0);
   d->server.data = d;
   if ((rc = uv_pipe_open(&d->server, fd)) != 0 ||
@@ -102,10 +116,29 @@ int sd_listener_open(sd_daemon *d, sd_error *err) {
   return 0;
 }
 
+/* Set when systemd passed the socket: its file belongs to shardd.socket. */
+static int adopted;
+
+int sd_listener_adopt(sd_daemon *d, int fd, sd_error *err) {
+  int rc;
+  uv_pipe_init(d->loop, &d->server, 0);
+  d->server.data = d;
+  if ((rc = uv_pipe_open(&d->server, fd)) != 0 ||
+      (rc = uv_listen((uv_stream_t *)&d->server, 128, on_connection)) != 0) {
+    uv_close((uv_handle_t *)&d->server, NULL);
+    return sd_fail(err, SHARDD_E_IO, "cannot accept on the socket systemd passed (fd %d): %s", fd,
+                   uv_strerror(rc));
+  }
+  adopted = 1;
+  d->listening = 1;
+  return 0;
+}
+
 void sd_listener_close(sd_daemon *d) {
   if (!d->listening) return;
   d->listening = 0;
   uv_close((uv_handle_t *)&d->server, NULL);
+  if (adopted) return;
   if (unlink(d->cfg->socket_path) != 0 && errno != ENOENT)
     sd_log_warn("cannot remove %s: %s", d->cfg->socket_path, strerror(errno));
 }

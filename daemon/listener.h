@@ -10,7 +10,10 @@
 /* Binds d->cfg->socket_path (removing a stale socket nobody listens on) and
  * starts accepting into sessions. */
 int sd_listener_open(sd_daemon *d, sd_error *err);
-/* Stops accepting and removes the socket file. */
+/* Accepts on fd, a listening Unix socket passed by systemd socket
+ * activation; its file is left in place on close (systemd owns it). */
+int sd_listener_adopt(sd_daemon *d, int fd, sd_error *err);
+/* Stops accepting and removes the socket file (unless adopted). */
 void sd_listener_close(sd_daemon *d);
 
 #endif

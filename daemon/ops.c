@@ -2,7 +2,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster.h"
 #include "log.h"
+#include "metrics.h"
 #include "save.h"
 #include "sd_base64.h"
 #include "sd_msg.h"
@@ -70,8 +72,15 @@ static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   const char *name = NULL;
   if (sd_msg_str(req, "shm", 1, &name, NULL, &err) < 0) return fail(id, &err);
+  if (s->regions.n >= s->d->cfg->max_regions) {
+    sd_fail(&err, SHARDD_E_LIMIT, "this connection already has %zu regions attached (max_regions=%u)",
+            s->regions.n, s->d->cfg->max_regions);
+    return fail(id, &err);
+  }
   sd_region *r = NULL;
-  if (sd_region_open(name, s->uid, &r, &err) != 0) return fail(id, &err);
+  sd_region_peer peer = {.uid = s->uid, .gid = s->gid, .groups = s->groups, .ngroups = s->ngroups,
+                         .trusted_gid = s->d->cfg->trusted_gid};
+  if (sd_region_open(name, &peer, &r, &err) != 0) return fail(id, &err);
   uint32_t rid = 0;
   if (sd_region_table_add(&s->regions, r, &rid, &err) != 0) {
     sd_region_unref(r);
@@ -112,16 +121,16 @@ static json_t *op_begin(sd_session *s, json_t *req, json_t *id) {
       sd_msg_u64(req, "max_shard_size", 0, 0, &a.max_shard_size, &err) < 0 ||
       sd_msg_str(req, "prefix", 0, &a.prefix, NULL, &err) < 0 ||
       sd_msg_str_map(req, "metadata", 0, SD_METADATA_MAX, &md, &nmd, &err) < 0 ||
-      sd_msg_bool(req, "overwrite", 0, &a.overwrite, &err) < 0)
+      sd_msg_bool(req, "overwrite", 0, &a.overwrite, &err) < 0 || sd_cluster_parse_begin(req, &a, &err) != 0)
     goto out;
   if (json_object_get(req, "max_shard_size") && !json_is_null(json_object_get(req, "max_shard_size")) &&
       a.max_shard_size == 0) {
     sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
     goto out;
   }
-  if (a.prefix && (strlen(a.prefix) > SD_PREFIX_MAX || sd_path_check_name(a.prefix, &err) != 0)) {
-    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be a plain file name of at most %d bytes",
-            SD_PREFIX_MAX);
+  if (a.prefix && (strlen(a.prefix) > SD_PREFIX_MAX || sd_prefix_check(a.prefix, &err) != 0)) {
+    if (!err.code)
+      sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be at most %d bytes", SD_PREFIX_MAX);
     goto out;
   }
   for (size_t i = 0; i < nmd; i++) {
@@ -147,12 +156,18 @@ out:
  * put
  * ------------------------------------------------------------------------ */
 /* Reads the tensor description and the slice box; computes the byte size. */
-static int parse_tensor(const json_t *req, sd_put_args *a, sd_error *err) {
+static int parse_tensor(const json_t *req, unsigned max_name, unsigned max_dims, sd_put_args *a, sd_error *err) {
   size_t nlen = 0, n = 0, ns = 0, nc = 0;
   const char *dtype = NULL;
   uint64_t index = 0;
   if (sd_msg_str(req, "name", 1, &a->name, &nlen, err) < 0) return err->code;
+  if (nlen > max_name)
+    return sd_fail(err, SHARDD_E_LIMIT, "a tensor name of %zu bytes is over max_name_len=%u", nlen, max_name);
   if (sd_name_check(a->name, nlen, err) != 0) return err->code;
+  const json_t *shape = json_object_get(req, "shape");
+  if (json_is_array(shape) && json_array_size(shape) > max_dims)
+    return sd_fail(err, SHARDD_E_LIMIT, "tensor '%s': 'shape' has %zu dimensions, over max_dims=%u", a->name,
+                   json_array_size(shape), max_dims);
   if (sd_msg_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
   if (sd_dtype_parse(dtype, &a->dtype, err) != 0) return err->code;
   if (sd_msg_u64_array(req, "shape", 1, SD_MAX_DIMS, 0, a->shape, &n, err) < 0) return err->code;
@@ -241,7 +256,7 @@ static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
   uint32_t rank = 0;
   sd_put_args a;
   memset(&a, 0, sizeof a);
-  if (find_rank(s, req, &save, &rank, &err) || parse_tensor(req, &a, &err) || parse_source(s, req, &a, &err)) {
+  if (find_rank(s, req, &save, &rank, &err) || parse_tensor(req, s->d->cfg->max_name_len, s->d->cfg->max_dims, &a, &err) || parse_source(s, req, &a, &err)) {
     free(a.data);
     return fail(id, &err);
   }
@@ -249,6 +264,7 @@ static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
   int rc = sd_save_put(save, rank, &a, &err); /* may end (and free) the save */
   free(a.data);
   if (rc) return fail(id, &err);
+  sd_metrics_put(len);
   json_t *m = sd_msg_ok(id);
   json_object_set_new(m, "bytes", json_integer((json_int_t)len));
   return m;
@@ -312,6 +328,11 @@ static json_t *op_abort(sd_session *s, json_t *req, json_t *id) {
   sd_save *save = NULL;
   const char *sid = NULL;
   int rc = find_save(s, req, &save, &sid, &err);
+  if (rc == 0 && s->uid != save->owner_uid) {
+    sd_fail(&err, SHARDD_E_PERMISSION, "save '%s' belongs to uid %u; uid %u may not abort it", save->id,
+            (unsigned)save->owner_uid, (unsigned)s->uid);
+    return fail(id, &err);
+  }
   if (rc == 0) {
     int r = sd_save_rank_of(save, s);
     if (r >= 0)
@@ -330,7 +351,6 @@ static json_t *op_abort(sd_session *s, json_t *req, json_t *id) {
  * status
  * ------------------------------------------------------------------------ */
 static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
-  (void)req;
   sd_daemon *d = s->d;
   json_t *m = sd_msg_ok(id);
   json_t *saves = json_array();
@@ -346,6 +366,7 @@ static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
     json_object_set_new(o, "files", json_integer((json_int_t)v->nfiles));
     json_object_set_new(o, "bytes_planned", json_integer((json_int_t)sd_save_bytes_planned(v)));
     json_object_set_new(o, "bytes_written", json_integer((json_int_t)sd_save_bytes_written(v)));
+    if (v->cl) sd_cluster_status_save(v, o);
     json_array_append_new(saves, o);
   }
   json_object_set_new(m, "saves", saves);
@@ -354,6 +375,9 @@ static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
   json_object_set_new(m, "totals", json_pack("{s:I,s:I,s:I}", "saves_committed", (json_int_t)d->saves_committed,
                                              "saves_failed", (json_int_t)d->saves_failed, "bytes_written",
                                              (json_int_t)d->bytes_committed));
+  sd_cluster_status(d, m);
+  /* Opt-in ("metrics": true) so a plain status stays short for people typing. */
+  if (json_is_true(json_object_get(req, "metrics"))) json_object_set_new(m, "metrics", sd_metrics_json(d));
   return m;
 }
 

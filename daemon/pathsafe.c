@@ -16,6 +16,14 @@
 /* ------------------------------------------------------------------------ *
  * Checks on names (pure)
  * ------------------------------------------------------------------------ */
+/* Control characters make names that listings and logs show wrongly (or
+ * that rewrite a log line): refused everywhere a client names a path. */
+static int find_control(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7F) return (int)i;
+  return -1;
+}
+
 int sd_path_check_rel(const char *rel, sd_error *err) {
   if (!rel || !rel[0]) return sd_fail(err, SHARDD_E_BAD_PATH, "dir is empty");
   size_t len = strnlen(rel, SD_REL_PATH_MAX + 1);
@@ -24,6 +32,10 @@ int sd_path_check_rel(const char *rel, sd_error *err) {
   if (rel[0] == '/')
     return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' is absolute; it must be relative to the root",
                    rel);
+  int ctl = find_control(rel, len);
+  if (ctl >= 0)
+    return sd_fail(err, SHARDD_E_BAD_PATH, "dir has control character 0x%02x at byte %d",
+                   (unsigned char)rel[ctl], ctl);
   const char *p = rel;
   while (1) {
     const char *end = strchr(p, '/');
@@ -35,6 +47,10 @@ int sd_path_check_rel(const char *rel, sd_error *err) {
     if (n > NAME_MAX)
       return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' has a part longer than %d bytes", rel,
                      NAME_MAX);
+    /* A restarted daemon deletes such folders as leftovers of a crash. */
+    if (n >= sizeof SD_TMP_PREFIX - 1 && !strncmp(p, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX - 1))
+      return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' has a part starting with '%s', which is reserved",
+                     rel, SD_TMP_PREFIX);
     if (!end) break;
     p = end + 1;
   }
@@ -48,6 +64,10 @@ int sd_path_check_name(const char *name, sd_error *err) {
     return sd_fail(err, SHARDD_E_BAD_PATH, "file name is longer than %d bytes", NAME_MAX);
   if (strchr(name, '/'))
     return sd_fail(err, SHARDD_E_BAD_PATH, "file name '%s' contains '/'", name);
+  int ctl = find_control(name, len);
+  if (ctl >= 0)
+    return sd_fail(err, SHARDD_E_BAD_PATH, "file name has control character 0x%02x at byte %d",
+                   (unsigned char)name[ctl], ctl);
   if (!strcmp(name, ".") || !strcmp(name, ".."))
     return sd_fail(err, SHARDD_E_BAD_PATH, "file name '%s' is not a plain name", name);
   return 0;
@@ -56,7 +76,57 @@ int sd_path_check_name(const char *name, sd_error *err) {
 /* ------------------------------------------------------------------------ *
  * Resolution beneath the root
  * ------------------------------------------------------------------------ */
+/* Without openat2 (kernels before 5.6, valgrind before 3.20): the same rules
+ * one part at a time, each opened with O_NOFOLLOW beneath the last, so no
+ * symlink is ever followed and no ".." or absolute path is taken. */
+static int openat_walk(int dirfd, const char *path, int flags, unsigned mode) {
+  if (path[0] == '/') return -EXDEV;
+  int cur = dirfd, rc = 0;
+  const char *p = path;
+  char part[NAME_MAX + 1];
+  for (;;) {
+    const char *end = strchr(p, '/');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    while (end && end[1] == '/') end++; /* "a//b" as openat2 reads it */
+    if (n > NAME_MAX) {
+      rc = -ENAMETOOLONG;
+      break;
+    }
+    memcpy(part, p, n);
+    part[n] = '\0';
+    if (!strcmp(part, "..")) {
+      rc = -EXDEV;
+      break;
+    }
+    if (!n) memcpy(part, ".", 2);
+    int last = !end || !end[1];
+    int f = last ? flags : O_PATH | O_DIRECTORY;
+    int fd = openat(cur, part, f | O_NOFOLLOW | O_CLOEXEC, (flags & O_CREAT) ? mode : 0);
+    if (fd < 0) {
+      rc = -errno;
+      struct stat st;
+      if (rc == -ENOTDIR && fstatat(cur, part, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) rc = -ELOOP;
+      break;
+    }
+    /* O_PATH | O_NOFOLLOW opens a symlink itself instead of refusing it */
+    struct stat st;
+    if ((f & O_PATH) && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+      close(fd);
+      rc = -ELOOP;
+      break;
+    }
+    if (cur != dirfd) close(cur);
+    cur = fd;
+    if (last) return fd;
+    p = end + 1;
+  }
+  if (cur != dirfd) close(cur);
+  return rc;
+}
+
 int sd_openat_beneath(int dirfd, const char *path, int flags, unsigned mode) {
+  static int no_openat2;
+  if (no_openat2) return openat_walk(dirfd, path, flags, mode);
   struct open_how how;
   memset(&how, 0, sizeof how);
   how.flags = (uint64_t)(flags | O_CLOEXEC);
@@ -66,6 +136,10 @@ int sd_openat_beneath(int dirfd, const char *path, int flags, unsigned mode) {
   do {
     fd = syscall(SYS_openat2, dirfd, path, &how, sizeof how);
   } while (fd < 0 && errno == EINTR);
+  if (fd < 0 && errno == ENOSYS) {
+    no_openat2 = 1;
+    return openat_walk(dirfd, path, flags, mode);
+  }
   return fd < 0 ? -errno : (int)fd;
 }
 
@@ -247,7 +321,8 @@ int sd_path_remove_tree(int dirfd, const char *name, sd_error *err) {
   return remove_tree_at(dirfd, name, 0, err);
 }
 
-static int cleanup_at(int dirfd, unsigned depth, sd_error *err) {
+/* owner: only folders whose name starts with it (NULL: every temporary folder). */
+static int cleanup_at(int dirfd, unsigned depth, const char *owner, sd_error *err) {
   int fd = sd_openat_beneath(dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
   if (fd < 0) return sd_fail(err, SHARDD_E_IO, "cannot read a folder under the root: %s",
                              strerror(-fd));
@@ -262,11 +337,11 @@ static int cleanup_at(int dirfd, unsigned depth, sd_error *err) {
     if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
     if (!is_dir_entry(fd, de)) continue; /* symlinks included: never followed */
     if (!strncmp(de->d_name, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX - 1)) {
-      rc = sd_path_remove_tree(fd, de->d_name, err);
+      if (!owner || !strncmp(de->d_name, owner, strlen(owner))) rc = sd_path_remove_tree(fd, de->d_name, err);
     } else if (depth + 1 < SD_WALK_DEPTH_MAX) {
       int sub = sd_openat_beneath(fd, de->d_name, O_PATH | O_DIRECTORY | O_NOFOLLOW, 0);
       if (sub < 0) continue; /* raced away, or not ours to read */
-      rc = cleanup_at(sub, depth + 1, err);
+      rc = cleanup_at(sub, depth + 1, owner, err);
       close(sub);
     }
   }
@@ -275,5 +350,9 @@ static int cleanup_at(int dirfd, unsigned depth, sd_error *err) {
 }
 
 int sd_cleanup_stale(int root_fd, sd_error *err) {
-  return cleanup_at(root_fd, 0, err);
+  return cleanup_at(root_fd, 0, NULL, err);
+}
+
+int sd_cleanup_stale_owned(int root_fd, const char *owner_prefix, sd_error *err) {
+  return cleanup_at(root_fd, 0, owner_prefix, err);
 }

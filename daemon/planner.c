@@ -37,6 +37,7 @@ typedef struct {
   size_t cap;
   uint32_t file;
   const uint8_t *src;
+  int shared;               /* src lies in a client's shm mapping */
 } run_ctx;
 
 static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
@@ -50,7 +51,8 @@ static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
     p->ops = n;
     c->cap = ncap;
   }
-  p->ops[p->nops++] = (sd_write_op){.file = c->file, .file_offset = dst, .src = c->src + src, .len = len};
+  p->ops[p->nops++] = (sd_write_op){.file = c->file, .file_offset = dst, .src = c->src + src, .len = len,
+                                    .flags = c->shared ? SD_WOP_SHARED : 0};
   return 0;
 }
 
@@ -75,6 +77,7 @@ static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd
       box_of(t, sl, &b);
       c.file = loc->file;
       c.src = sl->region ? sl->region->base + sl->offset : sl->data;
+      c.shared = sl->region != NULL;
       int rc = sd_box_runs(t->ndim, t->shape, esize, &b, loc->file_offset, add_run, &c);
       if (rc) return sd_fail(err, rc, "out of memory planning the writes of tensor '%s'", t->name);
     }
@@ -133,6 +136,14 @@ int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
   rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, &opts, err);
   if (rc) goto out;
   p->have_plan = 1;
+  /* The format caps a header at SD_HEADER_MAX; the daemon may be set lower. */
+  uint64_t max_header = save->d && save->d->cfg ? save->d->cfg->max_header : SD_HEADER_MAX;
+  for (size_t i = 0; i < p->plan.nfiles; i++) {
+    if (p->plan.files[i].header_size - 8 <= max_header) continue;
+    rc = sd_fail(err, SHARDD_E_LIMIT, "%s: header of %llu bytes is over max_header=%llu", p->plan.files[i].name,
+                 (unsigned long long)(p->plan.files[i].header_size - 8), (unsigned long long)max_header);
+    goto out;
+  }
   rc = build_ops(save, p, keep, err);
   if (rc) goto out;
   if (p->plan.needs_index) {

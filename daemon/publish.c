@@ -1,4 +1,4 @@
-/* One save's way to disk: temporary folder, writes through the ring, fsyncs, atomic rename, parent fsync. */
+/* One save's way to disk: temporary folder, staged direct-I/O writes through the ring, fsyncs, atomic rename, parent fsync. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -9,24 +9,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "crashpoint.h"
 #include "publish_int.h"
 
 #define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
-#define OP_BIT 0x80000000u    /* tag bit: this write reads a caller's source */
+#define FILES_MAX 0x80000000u
 
 typedef struct {
   const char *name;        /* points into the plan, the request copy or artifact copy */
   int fd;
+  int slot;                /* fixed-file slot, -1 none, -2 not asked for yet */
+  int direct;              /* opened O_DIRECT: whole blocks only */
+  int trim;                /* longer than size (padding, preallocation): cut before fsync */
+  uint64_t size;           /* final length */
   uint64_t left;           /* bytes not yet written; 0 queues its fsync */
 } pub_file;
-
-typedef struct {
-  uint64_t off;
-  const uint8_t *src;
-  uint64_t len;
-  uint32_t file;
-  uint32_t is_op;
-} pub_seg;
 
 typedef enum {
   PH_WRITE,                /* data, headers, artifacts, index; each file fsynced when whole */
@@ -44,12 +41,16 @@ struct sd_publish {
 
   size_t nfiles;           /* shards, then artifacts, then the index */
   pub_file *files;
+  uint32_t index_file;     /* the index's position in files, or DIR_TAG when there is none */
+  unsigned file_mode, dir_mode;
   uint8_t *artifact_bytes;
   char *names;             /* copied artifact names */
 
-  pub_seg *segs;           /* every write, sorted by file then offset */
-  size_t nsegs, seg_i;
-  uint64_t seg_off;        /* progress inside segs[seg_i] */
+  sd_fill fill;            /* the bytes of every file, and the staging cursor */
+  sd_fill_file *fill_files;
+  sd_write_op *own_ops;    /* a sorted copy when the caller's ops were not sorted */
+  sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
+  int said_buffered;       /* the O_DIRECT fallback was logged */
   uint32_t *ready;         /* files whose bytes are all written, awaiting fsync */
   size_t ready_head, ready_tail, nsynced;
 
@@ -107,12 +108,15 @@ static void fail_errno(sd_publish *p, int e, uint32_t f, const char *what, uint6
 /* ------------------------------------------------------------------------ *
  * Tear-down
  * ------------------------------------------------------------------------ */
+static void close_file(sd_publish *p, pub_file *pf) {
+  if (pf->slot >= 0) sd_writer_file_unslot(p->job.w, pf->slot);
+  pf->slot = -1;
+  if (pf->fd >= 0) close(pf->fd);
+  pf->fd = -1;
+}
+
 static void close_all(sd_publish *p) {
-  for (size_t i = 0; i < p->nfiles; i++)
-    if (p->files[i].fd >= 0) {
-      close(p->files[i].fd);
-      p->files[i].fd = -1;
-    }
+  for (size_t i = 0; i < p->nfiles; i++) close_file(p, &p->files[i]);
   if (p->tmp_fd >= 0) close(p->tmp_fd);
   p->tmp_fd = -1;
 }
@@ -127,7 +131,8 @@ static void pub_free(sd_publish *p) {
   free(p->files);
   free(p->artifact_bytes);
   free(p->names);
-  free(p->segs);
+  free(p->fill_files);
+  free(p->own_ops);
   free(p->ready);
   free(p);
 }
@@ -192,6 +197,37 @@ static void finish_ok(sd_publish *p) {
 /* ------------------------------------------------------------------------ *
  * The job as the writer sees it
  * ------------------------------------------------------------------------ */
+/* Buffered from now on: the file system refused a direct write. */
+static void go_buffered(sd_publish *p, pub_file *pf) {
+  int fl = fcntl(pf->fd, F_GETFL);
+  if (fl >= 0) fcntl(pf->fd, F_SETFL, fl & ~O_DIRECT);
+  pf->direct = 0;
+  if (!p->said_buffered) {
+    p->said_buffered = 1;
+    fprintf(stderr, "shardd: publish %s: %s/%s: a direct write was refused (EINVAL); writing the rest buffered\n",
+            p->tag, p->rel_dir, pf->name);
+  }
+}
+
+static int file_fd(sd_publish *p, pub_file *pf, int *fixed) {
+  if (pf->slot == -2) pf->slot = sd_writer_file_slot(p->job.w, pf->fd);
+  *fixed = pf->slot >= 0;
+  return pf->slot >= 0 ? pf->slot : pf->fd;
+}
+
+static void put_chunk(sd_publish *p, sd_chunk *c) {
+  sd_writer_chunk_put(p->job.w, c);
+}
+
+static void drop_waiting(sd_publish *p) {
+  while (p->wq) {
+    sd_chunk *c = p->wq;
+    p->wq = c->next;
+    put_chunk(p, c);
+  }
+  p->wq_tail = &p->wq;
+}
+
 static int job_next(sd_wjob *job, sd_io *io) {
   sd_publish *p = (sd_publish *)job;
   if (p->failed) return 0;
@@ -200,25 +236,29 @@ static int job_next(sd_wjob *job, sd_io *io) {
     if (p->ready_head < p->ready_tail) {
       uint32_t f = p->ready[p->ready_head++];
       io->kind = SD_IO_FSYNC;
-      io->fd = p->files[f].fd;
+      io->fd = file_fd(p, &p->files[f], &io->fixed);
       io->tag = f;
       return 1;
     }
-    if (p->seg_i >= p->nsegs) return 0;
-    const pub_seg *s = &p->segs[p->seg_i];
-    uint64_t chunk = s->len - p->seg_off;
-    if (chunk > SD_IO_CHUNK) chunk = SD_IO_CHUNK;
+    sd_chunk *c = p->wq;
+    if (!c) return 0;
+    p->wq = c->next;
+    if (!p->wq) p->wq_tail = &p->wq;
+    c->next = NULL;
+    pub_file *pf = &p->files[c->file];
+    /* A direct file takes whole blocks: the last one goes out padded with
+     * zeros, and the file is cut to its size before its fsync. */
+    uint32_t len = pf->direct ? (uint32_t)sd_align_up(c->len) : c->len;
+    if (len > c->len) pf->trim = 1;
+    if (c->done == 0) sd_writer_count_write(p->job.w, pf->direct);
     io->kind = SD_IO_WRITE;
-    io->fd = p->files[s->file].fd;
-    io->tag = s->file | (s->is_op ? OP_BIT : 0);
-    io->off = s->off + p->seg_off;
-    io->src = s->src + p->seg_off;
-    io->len = (uint32_t)chunk;
-    p->seg_off += chunk;
-    if (p->seg_off == s->len) {
-      p->seg_i++;
-      p->seg_off = 0;
-    }
+    io->fd = file_fd(p, pf, &io->fixed);
+    io->buf_index = c->buf_index;
+    io->tag = c->file;
+    io->off = c->off + c->done;
+    io->src = c->buf + c->done;
+    io->len = len - c->done;
+    io->chunk = c;
     return 1;
   }
   if (p->dir_queued) return 0;
@@ -229,12 +269,46 @@ static int job_next(sd_wjob *job, sd_io *io) {
   return 1;
 }
 
-static void job_progress(sd_wjob *job, uint32_t bytes) {
-  ((sd_publish *)job)->bytes_written += bytes;
+/* Bytes of the file itself, never the padding of a last block. */
+static void job_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
+  sd_publish *p = (sd_publish *)job;
+  const sd_chunk *c = io->chunk;
+  if (!c) return;
+  uint64_t before = (uint64_t)c->done + io->done, after = before + bytes;
+  p->bytes_written += (after < c->len ? after : c->len) - (before < c->len ? before : c->len);
+}
+
+static void write_complete(sd_publish *p, const sd_io *io, int res) {
+  sd_chunk *c = io->chunk;
+  uint32_t f = io->tag;
+  pub_file *pf = &p->files[f];
+  if (res == -EINVAL && pf->direct && !p->failed) {
+    /* Whatever went out stays; the rest goes again through the page cache. */
+    go_buffered(p, pf);
+    c->done += io->done;
+    c->next = p->wq;
+    p->wq = c;
+    if (!c->next) p->wq_tail = &c->next;
+    return;
+  }
+  put_chunk(p, c);
+  if (res < 0) {
+    fail_errno(p, -res, f, "write", io->off + io->done);
+    return;
+  }
+  sd_crash_point("write");
+  if (f == p->index_file) sd_crash_point("index");
+  if ((pf->left -= c->len) > 0) return;
+  if (pf->trim && ftruncate(pf->fd, (off_t)pf->size) < 0) {
+    fail_errno(p, errno, f, "truncate to its size", 0);
+    return;
+  }
+  p->ready[p->ready_tail++] = f;
 }
 
 static void job_complete(sd_wjob *job, const sd_io *io, int res) {
   sd_publish *p = (sd_publish *)job;
+  if (io->tag != DIR_TAG) res = sd_fault_point(io->kind == SD_IO_FSYNC ? "fsync" : "write", res);
   if (io->tag == DIR_TAG) {
     if (res < 0)
       fail_errno(p, -res, DIR_TAG,
@@ -243,23 +317,48 @@ static void job_complete(sd_wjob *job, const sd_io *io, int res) {
       p->dir_done = 1;
     return;
   }
-  uint32_t f = io->tag & ~OP_BIT;
+  uint32_t f = io->tag;
   if (io->kind == SD_IO_FSYNC) {
     if (res < 0) {
       fail_errno(p, -res, f, "fsync", 0);
       return;
     }
-    close(p->files[f].fd);
-    p->files[f].fd = -1;
+    close_file(p, &p->files[f]);
     p->nsynced++;
+    sd_crash_point("fsync");
+    if (f == p->index_file) sd_crash_point("index");
     return;
   }
-  if (res < 0) {
-    fail_errno(p, -res, f, "write", io->off + io->done);
+  write_complete(p, io, res);
+}
+
+static int job_stage(sd_wjob *job, sd_chunk *c) {
+  sd_publish *p = (sd_publish *)job;
+  if (p->failed || p->phase != PH_WRITE) return 0;
+  return sd_fill_next(&p->fill, c->cap, c);
+}
+
+static void job_fill(sd_wjob *job, sd_chunk *c) {
+  sd_fill_copy(&((sd_publish *)job)->fill, c);
+}
+
+static void job_filled(sd_wjob *job, sd_chunk *c) {
+  sd_publish *p = (sd_publish *)job;
+  p->ops_left -= c->src_bytes;
+  if (c->fault) {
+    /* save.c names the client's segment that shrank, when it finds it. */
+    pub_fail(p, SHARDD_E_IO,
+             "%s/%s: reading the bytes for offset %llu faulted (SIGBUS): a client's shared memory "
+             "is shorter than when it was attached",
+             p->rel_dir, p->files[c->file].name, (unsigned long long)c->fault_off);
+  }
+  if (p->failed) {
+    put_chunk(p, c);
     return;
   }
-  if (io->tag & OP_BIT) p->ops_left -= io->len;
-  if ((p->files[f].left -= io->len) == 0) p->ready[p->ready_tail++] = f;
+  c->next = NULL;
+  *p->wq_tail = c;
+  p->wq_tail = &c->next;
 }
 
 static int do_rename(sd_publish *p) {
@@ -291,43 +390,50 @@ static void job_poll(sd_wjob *job) {
     if (p->on_released) p->on_released(p, p->ud); /* may cancel p */
   }
   if (p->failed) {
-    if (p->job.inflight == 0) finish_failed(p);
+    drop_waiting(p);
+    if (p->job.inflight == 0 && p->job.filling == 0) finish_failed(p);
     return;
   }
   if (p->phase == PH_WRITE && p->nsynced == p->nfiles && p->job.inflight == 0) {
     p->phase = PH_DIRSYNC;
     p->dir_queued = p->dir_done = 0;
   } else if (p->phase == PH_DIRSYNC && p->dir_done) {
+    sd_crash_point("dirsync");
     if (do_rename(p) < 0) {
       finish_failed(p); /* nothing is in flight after the folder's fsync */
       return;
     }
+    sd_crash_point("rename");
     p->phase = PH_PARENTSYNC;
     p->dir_queued = p->dir_done = 0;
   } else if (p->phase == PH_PARENTSYNC && p->dir_done) {
+    sd_crash_point("parentsync");
     finish_ok(p);
   }
 }
 
-static void job_shutdown(sd_wjob *job) {
-  sd_publish_cancel((sd_publish *)job, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+static void job_fail(sd_wjob *job, int code, const char *why) {
+  sd_publish_cancel((sd_publish *)job, code, why);
 }
 
 static const sd_wjob_ops pub_ops = {
   .next = job_next,
   .complete = job_complete,
   .progress = job_progress,
+  .stage = job_stage,
+  .fill = job_fill,
+  .filled = job_filled,
   .poll = job_poll,
-  .shutdown = job_shutdown,
+  .fail = job_fail,
 };
 
 /* ------------------------------------------------------------------------ *
  * Start
  * ------------------------------------------------------------------------ */
-static int seg_cmp(const void *a, const void *b) {
-  const pub_seg *x = a, *y = b;
+static int op_cmp(const void *a, const void *b) {
+  const sd_write_op *x = a, *y = b;
   if (x->file != y->file) return x->file < y->file ? -1 : 1;
-  if (x->off != y->off) return x->off < y->off ? -1 : 1;
+  if (x->file_offset != y->file_offset) return x->file_offset < y->file_offset ? -1 : 1;
   return 0;
 }
 
@@ -346,17 +452,45 @@ static void append_clean(char *dst, size_t *n, const char *s, size_t max) {
   dst[*n] = '\0';
 }
 
+/* The data writes in file and offset order: the caller's own array when it
+ * already is (the planner's is), else a sorted copy of the non-empty ones. */
+static int sorted_ops(sd_publish *p, const sd_publish_req *req, sd_error *err) {
+  int sorted = 1;
+  for (size_t i = 1; i < req->nops && sorted; i++) sorted = op_cmp(&req->ops[i - 1], &req->ops[i]) <= 0;
+  if (sorted) {
+    p->fill.ops = req->ops;
+    p->fill.nops = req->nops;
+    return 0;
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < req->nops; i++) n += req->ops[i].len > 0;
+  p->own_ops = malloc((n ? n : 1) * sizeof *p->own_ops);
+  if (!p->own_ops) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish writes");
+  n = 0;
+  for (size_t i = 0; i < req->nops; i++)
+    if (req->ops[i].len > 0) p->own_ops[n++] = req->ops[i];
+  qsort(p->own_ops, n, sizeof *p->own_ops, op_cmp);
+  p->fill.ops = p->own_ops;
+  p->fill.nops = n;
+  return 0;
+}
+
 /* Files, sizes and writes, checked and laid out before anything touches the disk. */
-static int prepare(sd_publish *p, const sd_publish_req *req, uint64_t **extent, sd_error *err) {
+static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   const sd_plan *plan = req->plan;
   size_t nf = plan->nfiles + req->nartifacts + (plan->needs_index ? 1 : 0);
-  if (nf >= OP_BIT) return sd_fail(err, SHARDD_E_LIMIT, "too many files in one checkpoint");
+  if (nf >= FILES_MAX) return sd_fail(err, SHARDD_E_LIMIT, "too many files in one checkpoint");
   p->files = calloc(nf ? nf : 1, sizeof *p->files);
   p->ready = calloc(nf ? nf : 1, sizeof *p->ready);
-  *extent = calloc(nf ? nf : 1, sizeof **extent);
-  if (!p->files || !p->ready || !*extent) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
+  p->fill_files = calloc(nf ? nf : 1, sizeof *p->fill_files);
+  if (!p->files || !p->ready || !p->fill_files) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
   p->nfiles = nf;
-  for (size_t i = 0; i < nf; i++) p->files[i].fd = -1;
+  p->index_file = DIR_TAG;
+  p->wq_tail = &p->wq;
+  for (size_t i = 0; i < nf; i++) {
+    p->files[i].fd = -1;
+    p->files[i].slot = -2;
+  }
 
   size_t art_bytes = 0, name_bytes = 0;
   for (size_t i = 0; i < req->nartifacts; i++) {
@@ -371,14 +505,7 @@ static int prepare(sd_publish *p, const sd_publish_req *req, uint64_t **extent, 
   p->names = malloc(name_bytes ? name_bytes : 1);
   if (!p->artifact_bytes || !p->names) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
 
-  size_t nsegs = 0;
-  for (size_t i = 0; i < plan->nfiles; i++) nsegs += plan->files[i].header_size > 0;
-  for (size_t i = 0; i < req->nops; i++) nsegs += req->ops[i].len > 0;
-  nsegs += req->nartifacts + 1;
-  p->segs = malloc(nsegs * sizeof *p->segs);
-  if (!p->segs) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish writes");
-
-  pub_seg *s = p->segs;
+  sd_fill_file *ff = p->fill_files;
   uint32_t f = 0;
   for (; f < plan->nfiles; f++) {
     const sd_plan_file *pf = &plan->files[f];
@@ -387,9 +514,7 @@ static int prepare(sd_publish *p, const sd_publish_req *req, uint64_t **extent, 
     if (pf->header_size > pf->file_size)
       return sd_fail(err, SHARDD_E_INTERNAL, "%s: header is larger than the file", pf->name);
     p->files[f].name = pf->name;
-    (*extent)[f] = pf->file_size;
-    if (pf->header_size)
-      *s++ = (pub_seg){0, (const uint8_t *)pf->header, pf->header_size, f, 0};
+    ff[f] = (sd_fill_file){(const uint8_t *)pf->header, pf->header_size, pf->file_size};
   }
   for (size_t i = 0; i < req->nops; i++) {
     const sd_write_op *op = &req->ops[i];
@@ -402,7 +527,6 @@ static int prepare(sd_publish *p, const sd_publish_req *req, uint64_t **extent, 
       return sd_fail(err, SHARDD_E_INTERNAL, "write %zu (%llu bytes at %llu) lies outside %s", i,
                      (unsigned long long)op->len, (unsigned long long)op->file_offset,
                      plan->files[op->file].name);
-    *s++ = (pub_seg){op->file_offset, op->src, op->len, op->file, 1};
     p->ops_left += op->len;
   }
   uint8_t *ab = p->artifact_bytes;
@@ -414,8 +538,7 @@ static int prepare(sd_publish *p, const sd_publish_req *req, uint64_t **extent, 
     p->files[f].name = nb;
     nb += nl;
     if (a->len) memcpy(ab, a->data, a->len);
-    (*extent)[f] = a->len;
-    if (a->len) *s++ = (pub_seg){0, ab, a->len, f, 0};
+    ff[f] = (sd_fill_file){ab, a->len, a->len};
     ab += a->len;
   }
   if (plan->needs_index) {
@@ -425,28 +548,60 @@ static int prepare(sd_publish *p, const sd_publish_req *req, uint64_t **extent, 
       return sd_fail(err, SHARDD_E_INTERNAL, "%s: the plan needs an index but none was given",
                      plan->index_name);
     p->files[f].name = plan->index_name;
-    (*extent)[f] = req->index_len;
-    if (req->index_len) *s++ = (pub_seg){0, (const uint8_t *)req->index_json, req->index_len, f, 0};
+    p->index_file = f;
+    ff[f] = (sd_fill_file){(const uint8_t *)req->index_json, req->index_len, req->index_len};
     f++;
   }
-  p->nsegs = (size_t)(s - p->segs);
+  p->fill.files = ff;
+  p->fill.nfiles = nf;
 
-  /* Sorted writes go out sequentially per file, and each file finishes
-   * (and is fsynced) while the next one is still being written. */
-  qsort(p->segs, p->nsegs, sizeof *p->segs, seg_cmp);
-  for (size_t i = 0; i < p->nsegs; i++) {
-    const pub_seg *c = &p->segs[i];
-    if (i > 0 && c[-1].file == c->file && c[-1].off + c[-1].len > c->off)
+  int rc = sorted_ops(p, req, err);
+  if (rc) return rc;
+  /* Each file's writes in order: none may overlap another or the header. */
+  const sd_write_op *prev = NULL;
+  for (size_t i = 0; i < p->fill.nops; i++) {
+    const sd_write_op *c = &p->fill.ops[i];
+    if (c->len == 0) continue;
+    uint64_t floor = prev && prev->file == c->file ? prev->file_offset + prev->len : ff[c->file].head_len;
+    if (c->file_offset < floor)
       return sd_fail(err, SHARDD_E_INTERNAL, "writes overlap in %s at offset %llu",
-                     p->files[c->file].name, (unsigned long long)c->off);
-    p->files[c->file].left += c->len;
-    p->bytes_total += c->len;
+                     p->files[c->file].name, (unsigned long long)c->file_offset);
+    prev = c;
+  }
+  /* Every byte of every file is written (bytes no write covers as zeros). */
+  for (size_t i = 0; i < nf; i++) {
+    p->files[i].size = p->files[i].left = ff[i].size;
+    p->bytes_total += ff[i].size;
   }
   return 0;
 }
 
-/* The temporary folder, every file in it, each sized to its final length. */
-static int make_files(sd_publish *p, const uint64_t *extent, sd_error *err) {
+/* O_DIRECT when the file system takes it; the file then gets its blocks up
+ * front (preallocated: the writes overwrite allocated blocks instead of
+ * allocating under an exclusive lock) and its size rounded up to whole
+ * blocks, cut back once the last write is in. */
+static int go_direct(sd_publish *p, pub_file *pf) {
+  if (sd_writer_buffered(p->job.w) || pf->size == 0) return 0;
+  int fl = fcntl(pf->fd, F_GETFL);
+  if (fl < 0 || fcntl(pf->fd, F_SETFL, fl | O_DIRECT) < 0) {
+    if (!p->said_buffered) {
+      p->said_buffered = 1;
+      fprintf(stderr, "shardd: publish %s: the file system under %s refuses O_DIRECT (%s); writing buffered\n",
+              p->tag, p->rel_dir, strerror(errno));
+    }
+    return 0;
+  }
+  pf->direct = 1;
+  /* A failure here only loses the optimisation: the writes themselves
+   * report a full disk or a file too large, naming the file and offset. */
+  off_t sized = (off_t)sd_align_up(pf->size);
+  if (fallocate(pf->fd, 0, 0, sized) == 0 || ftruncate(pf->fd, sized) == 0)
+    pf->trim = (uint64_t)sized > pf->size;
+  return 0;
+}
+
+/* The temporary folder and every file in it. */
+static int make_files(sd_publish *p, sd_error *err) {
   char name[NAME_MAX + 1];
   size_t n = 0;
   append_clean(name, &n, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX);
@@ -456,7 +611,7 @@ static int make_files(sd_publish *p, const uint64_t *extent, sd_error *err) {
   snprintf(name + n, sizeof name - n, "-%ld-%lu", (long)getpid(), ++tmp_counter);
   if (!(p->tmp_name = strdup(name))) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
 
-  if (mkdirat(p->parent_fd, p->tmp_name, 0755) < 0) {
+  if (mkdirat(p->parent_fd, p->tmp_name, 0700) < 0) {
     int e = errno;
     free(p->tmp_name);
     p->tmp_name = NULL; /* not ours: never remove it */
@@ -468,17 +623,11 @@ static int make_files(sd_publish *p, const uint64_t *extent, sd_error *err) {
     return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", p->rel_dir,
                    strerror(-p->tmp_fd));
 
-  uint64_t *end = calloc(p->nfiles ? p->nfiles : 1, sizeof *end);
-  if (!end) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
-  for (size_t i = 0; i < p->nsegs; i++) {
-    const pub_seg *s = &p->segs[i];
-    if (s->off + s->len > end[s->file]) end[s->file] = s->off + s->len;
-  }
   int rc = 0;
   for (size_t i = 0; i < p->nfiles && !rc; i++) {
     pub_file *pf = &p->files[i];
     /* The folder is fresh and the name plain, so nothing here can be a symlink. */
-    pf->fd = openat(p->tmp_fd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+    pf->fd = openat(p->tmp_fd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, p->file_mode);
     if (pf->fd < 0) {
       int e = errno;
       if (e == EEXIST)
@@ -487,16 +636,17 @@ static int make_files(sd_publish *p, const uint64_t *extent, sd_error *err) {
       else
         rc = sd_fail(err, e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
                      "cannot create %s/%s: %s", p->rel_dir, pf->name, strerror(e));
-    } else if (end[i] < extent[i] && ftruncate(pf->fd, (off_t)extent[i]) < 0) {
-      /* A stretch no write covers (zero-size tensors only, in practice)
-       * still has to exist: the file is sized before the writes land. */
-      int e = errno;
-      rc = sd_fail(err, e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
-                   "cannot size %s/%s: %s", p->rel_dir, pf->name, strerror(e));
+    } else if (fchmod(pf->fd, p->file_mode) < 0) {
+      rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of %s/%s: %s", p->rel_dir, pf->name, strerror(errno));
+    } else {
+      rc = go_direct(p, pf);
     }
     if (!rc && pf->left == 0) p->ready[p->ready_tail++] = (uint32_t)i;
   }
-  free(end);
+  /* Exactly the configured modes, whatever the daemon's umask; the folder's
+   * last, so a mode without owner write cannot stop the files being made. */
+  if (!rc && fchmod(p->tmp_fd, p->dir_mode) < 0)
+    rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of the folder for '%s': %s", p->rel_dir, strerror(errno));
   return rc;
 }
 
@@ -512,6 +662,8 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
   p->root_fd = req->root_fd;
   p->parent_fd = p->tmp_fd = -1;
   p->overwrite = req->overwrite;
+  p->file_mode = req->file_mode ? req->file_mode & 07777 : 0644;
+  p->dir_mode = req->dir_mode ? req->dir_mode & 07777 : 0755;
   p->on_released = req->on_released;
   p->on_done = req->on_done;
   p->ud = req->ud;
@@ -523,8 +675,8 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
     return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
   }
 
-  uint64_t *extent = NULL;
-  rc = prepare(p, req, &extent, err);
+  p->job.w = w; /* for go_direct; attach sets it again */
+  rc = prepare(p, req, err);
   if (!rc) rc = sd_path_open_parent(p->root_fd, p->rel_dir, 1, &p->parent_fd,
                                     &p->created_parents, &p->base, err);
   if (!rc) {
@@ -543,8 +695,7 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
       rc = sd_fail(err, SHARDD_E_IO, "'%s': %s", p->rel_dir, strerror(-fd));
     }
   }
-  if (!rc) rc = make_files(p, extent, err);
-  free(extent);
+  if (!rc) rc = make_files(p, err);
   if (!rc) rc = sd_writer_attach(w, &p->job, err);
   if (rc) {
     p->err = *err;
@@ -554,8 +705,9 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
     return rc;
   }
   *out = p;
+  sd_crash_point("start");
   sd_writer_pump(w);
-  if (p->ops_left == 0 || p->ready_tail > 0) sd_writer_kick(w); /* nothing may complete to poll us */
+  sd_writer_kick(w); /* a poll soon, whatever completes: release, empty files, failures */
   return 0;
 }
 

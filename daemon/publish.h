@@ -25,6 +25,9 @@ int sd_path_check_name(const char *name, sd_error *err);
 int sd_path_exists(int root_fd, const char *rel, int *exists, sd_error *err);
 /* Removes temporary folders a crashed daemon left anywhere under the root. */
 int sd_cleanup_stale(int root_fd, sd_error *err);
+/* Only those whose name starts with owner_prefix: on a root shared by peer
+ * daemons, another node's folder may belong to a save still in flight. */
+int sd_cleanup_stale_owned(int root_fd, const char *owner_prefix, sd_error *err);
 
 /* ------------------------------------------------------------------------ *
  * The writer: one io_uring per daemon, its completions delivered on the
@@ -38,7 +41,15 @@ typedef struct {
   uint64_t file_offset;    /* absolute offset in that file */
   const uint8_t *src;      /* shm mapping or heap; valid until the done callback */
   uint64_t len;
+  uint32_t flags;          /* SD_WOP_* */
 } sd_write_op;
+
+/* src lies in a client's MAP_SHARED mapping: reading it may fault if the
+ * client shrinks the segment (caught, the save fails), and once copied its
+ * pages are dropped from the daemon's page tables, so the daemon's resident
+ * memory stays at its staging size however large the checkpoint. Never set
+ * it for private (heap) memory: dropping those pages would zero them. */
+#define SD_WOP_SHARED 1u
 
 typedef struct {
   const char *name;        /* plain file name, checked with sd_path_check_name */
@@ -46,8 +57,9 @@ typedef struct {
   size_t len;
 } sd_artifact;
 
-/* Called once every data byte has been written: the sources are never read
- * again, so a rank's shared memory may be reused ("released" event). */
+/* Called once every data byte has been copied out of its source (into the
+ * staging buffers, usually well before it is on disk): the sources are never
+ * read again, so a rank's shared memory may be reused ("released" event). */
 typedef void (*sd_publish_released_cb)(sd_publish *pub, void *ud);
 /* Called exactly once: err is NULL and final_path the absolute published
  * folder on success; otherwise nothing was published and the temporary
@@ -60,6 +72,8 @@ typedef struct {
   const char *root_path;   /* absolute, for final_path */
   const char *rel_dir;     /* passed sd_path_check_rel */
   int overwrite;           /* replace an existing ROOT/rel_dir atomically */
+  unsigned file_mode;      /* checkpoint files (0: 0644), set exactly, whatever the umask */
+  unsigned dir_mode;       /* the checkpoint folder (0: 0755) */
   const sd_plan *plan;     /* file names, headers, sizes */
   const sd_write_op *ops;  /* data writes; everything must stay valid until done */
   size_t nops;
@@ -73,10 +87,40 @@ typedef struct {
   void *ud;
 } sd_publish_req;
 
+/* Data goes through staging buffers: copied from the sources (on a worker
+ * thread, one copy at a time) into aligned chunks registered with the ring,
+ * then written with O_DIRECT in whole aligned blocks; the staging size bounds
+ * the writer's memory however many saves are in flight. */
+#define SD_STAGING_DEFAULT_MIB 128
+#define SD_STAGING_CHUNK (4u << 20)  /* bytes per staging buffer (and per write) */
+
+typedef struct {
+  unsigned queue_depth;    /* io_uring entries; 0: 64 */
+  uint64_t staging_bytes;  /* 0: SD_STAGING_DEFAULT_MIB MiB; at least two chunks are used */
+  uint32_t chunk_bytes;    /* 0: SD_STAGING_CHUNK; rounded up to 4 KiB (tests use small ones) */
+  int buffered;            /* 1: never O_DIRECT (the fallback, forced) */
+} sd_writer_opts;
+
+int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *o, sd_error *err);
+/* sd_writer_init_opts with the default staging. */
 int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_error *err);
 /* Cancels what is in flight (each gets its done callback with SHUTTING_DOWN)
  * and frees the writer once the ring is drained; cb may be NULL. */
 void sd_writer_close(sd_writer *w, void (*cb)(void *ud), void *ud);
+
+/* What the writer has done since it started (status, tests, benchmarks). */
+typedef struct {
+  uint64_t writes_direct;    /* data writes through O_DIRECT */
+  uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
+  uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
+  uint64_t writes_fixed_file;/* ... to a registered file */
+  uint64_t copy_trips;       /* trips to the copy worker */
+  uint64_t staging_bytes;    /* staging allocated now */
+  uint64_t staging_peak;     /* staging allocated at most */
+  uint64_t staging_max;      /* the bound */
+} sd_writer_stats;
+
+void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
 
 /* Copies what it needs from req except the ops' sources, plan and index. */
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err);

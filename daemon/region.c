@@ -23,7 +23,27 @@ static int name_check(const char *name, sd_error *err) {
   return 0;
 }
 
-int sd_region_open(const char *name, uid_t uid, sd_region **out, sd_error *err) {
+int sd_region_may_attach(const sd_region_peer *p, uid_t owner_uid, gid_t owner_gid) {
+  if (owner_uid == p->uid) return 1;
+  if (p->trusted_gid < 0 || (long)owner_gid != p->trusted_gid) return 0;
+  if (p->gid == owner_gid) return 1;
+  for (size_t i = 0; i < p->ngroups; i++)
+    if (p->groups[i] == owner_gid) return 1;
+  return 0;
+}
+
+int sd_region_check(const sd_region *r, sd_error *err) {
+  struct stat st;
+  if (fstat(r->fd, &st) != 0)
+    return sd_fail(err, SHARDD_E_IO, "cannot stat shm '%s': %s", r->name, strerror(errno));
+  if ((uint64_t)st.st_size < r->size)
+    return sd_fail(err, SHARDD_E_OUT_OF_RANGE,
+                   "shm '%s' shrank from %llu to %llu bytes after it was attached", r->name,
+                   (unsigned long long)r->size, (unsigned long long)st.st_size);
+  return 0;
+}
+
+int sd_region_open(const char *name, const sd_region_peer *peer, sd_region **out, sd_error *err) {
   *out = NULL;
   int rc = name_check(name, err);
   if (rc) return rc;
@@ -45,11 +65,13 @@ int sd_region_open(const char *name, uid_t uid, sd_region **out, sd_error *err) 
     rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "shm '%s' is not a regular segment", name);
     goto out;
   }
-  /* Only the peer's own memory: otherwise any local user could make the
-   * daemon publish another user's secrets. */
-  if (st.st_uid != uid) {
-    rc = sd_fail(err, SHARDD_E_PERMISSION, "shm '%s' is owned by uid %u, not by the caller (uid %u)",
-                 name, (unsigned)st.st_uid, (unsigned)uid);
+  /* Only the peer's own memory (or its trusted group's): otherwise any
+   * local user could make the daemon publish another user's secrets. */
+  if (!sd_region_may_attach(peer, st.st_uid, st.st_gid)) {
+    rc = sd_fail(err, SHARDD_E_PERMISSION,
+                 "shm '%s' is owned by uid %u (group %u), not by the caller (uid %u)%s", name,
+                 (unsigned)st.st_uid, (unsigned)st.st_gid, (unsigned)peer->uid,
+                 peer->trusted_gid >= 0 ? " nor by a trusted group it belongs to" : "");
     goto out;
   }
   if (st.st_size <= 0) {
@@ -71,12 +93,14 @@ int sd_region_open(const char *name, uid_t uid, sd_region **out, sd_error *err) 
   r->refs = 1;
   r->base = base;
   r->size = (uint64_t)st.st_size;
+  r->fd = fd;
+  fd = -1;
   snprintf(r->name, sizeof r->name, "%s", name);
   live++;
   *out = r;
   rc = 0;
 out:
-  close(fd);
+  if (fd >= 0) close(fd);
   return rc;
 }
 
@@ -85,6 +109,7 @@ void sd_region_ref(sd_region *r) { r->refs++; }
 void sd_region_unref(sd_region *r) {
   if (!r || --r->refs > 0) return;
   munmap((void *)r->base, (size_t)r->size);
+  if (r->fd >= 0) close(r->fd);
   live--;
   free(r);
 }

@@ -14,12 +14,32 @@ typedef struct sd_region {
   unsigned refs;
   const uint8_t *base;
   uint64_t size;
+  int fd;                  /* kept open, so a shrink after attach can be detected */
   char name[SD_SHM_NAME_MAX + 1];
 } sd_region;
 
-/* Opens POSIX shm `name` ("/x") read-only, checks its owner is `uid`
+/* Who attaches: the peer's credentials (SO_PEERCRED, SO_PEERGROUPS) and the
+ * configured trusted group. */
+typedef struct {
+  uid_t uid;
+  gid_t gid;
+  const gid_t *groups;     /* supplementary groups of the peer */
+  size_t ngroups;
+  long trusted_gid;        /* -1: none */
+} sd_region_peer;
+
+/* Pure: may a peer attach a segment owned by owner_uid:owner_gid? Yes when
+ * it owns it, or when the segment's group is the trusted group and the peer
+ * is a member of it (primary or supplementary). */
+int sd_region_may_attach(const sd_region_peer *p, uid_t owner_uid, gid_t owner_gid);
+
+/* Opens POSIX shm `name` ("/x") read-only, checks the peer may attach it
  * (SHARDD_E_PERMISSION otherwise) and maps it. One reference. */
-int sd_region_open(const char *name, uid_t uid, sd_region **out, sd_error *err);
+int sd_region_open(const char *name, const sd_region_peer *peer, sd_region **out, sd_error *err);
+/* SHARDD_E_OUT_OF_RANGE naming the region when its segment is now shorter
+ * than when it was mapped (the client shrank it): reading the missing pages
+ * would fault. */
+int sd_region_check(const sd_region *r, sd_error *err);
 void sd_region_ref(sd_region *r);
 /* Unmaps on the last reference. */
 void sd_region_unref(sd_region *r);

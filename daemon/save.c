@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
+#include "cluster.h"
 #include "planner.h"
 #include "save.h"
 #include "sd_msg.h"
@@ -115,6 +117,7 @@ static void kv_free(sd_kv *kv, size_t n) {
 }
 
 static void save_free(sd_save *save) {
+  if (save->cl) sd_cluster_save_free(save);
   for (size_t i = 0; i < save->ntensors; i++) {
     sd_save_tensor *t = save->tensors[i];
     for (size_t j = 0; j < t->nslices; j++) {
@@ -254,17 +257,27 @@ static void finalize(sd_save *save, const char *final_path) {
       r.files = save->planned->nfiles;
       r.tensors = save->planned->ntensors;
       r.bytes = save->planned->total_bytes;
+    } else if (save->cl) {
+      sd_cluster_result(save, &r.files, &r.tensors, &r.bytes);
     }
-    double secs = (double)(uv_hrtime() - save->t_write) / 1e9;
+    uint64_t now = uv_hrtime();
+    double secs = (double)(now - save->t_write) / 1e9, total = (double)(now - save->t_begin) / 1e9;
+    uint64_t forwarded = 0; /* bytes streamed to peer daemons (multi-node saves) */
+    if (save->cl) forwarded = sd_cluster_bytes_forwarded(save);
     d->saves_committed++;
     d->bytes_committed += r.bytes;
-    sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s (%.2f GB/s)",
+    sd_metrics_save_committed(r.files, r.bytes, total, secs);
+    /* The one summary line per save: files, bytes, write seconds, GB/s, forwarded bytes. */
+    sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s, %.2f GB/s, "
+                "%llu bytes forwarded (%.3f s since the first begin)",
                 save->id, final_path, (unsigned long long)r.files, (unsigned long long)r.tensors,
-                (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0);
+                (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0,
+                (unsigned long long)forwarded, total);
   } else {
     r.err = save->err;
     if (!r.err.code) sd_fail(&r.err, SHARDD_E_INTERNAL, "save '%s' ended without a result", save->id);
     d->saves_failed++;
+    sd_metrics_save_failed(r.err.code);
     sd_log_warn("save '%s' failed (%s): %s", save->id, sd_err_name(r.err.code), r.err.msg);
   }
   json_t *tmpl = sd_save_result_reply(&r, NULL);
@@ -302,6 +315,7 @@ void sd_save_fail_err(sd_save *save, const sd_error *err) {
   if (save->err.code) return;
   save->err = *err;
   if (!save->err.code) save->err.code = SHARDD_E_INTERNAL;
+  if (save->cl && sd_cluster_fail(save)) return; /* finished once its peer writes stop */
   if (save->state == SD_SAVE_WRITING) {
     save->state = SD_SAVE_FAILING;
     if (save->pub) sd_publish_cancel(save->pub, save->err.code, save->err.msg);
@@ -332,9 +346,27 @@ void sd_save_fail_all(sd_daemon *d, int code, const char *why) {
 /* ------------------------------------------------------------------------ *
  * Publishing
  * ------------------------------------------------------------------------ */
+/* A region whose segment is now shorter than its mapping (the client shrank
+ * it): 0, or that region's out_of_range error naming it and its rank. */
+static int regions_check(const sd_save *save, sd_error *err) {
+  for (uint32_t r = 0; r < save->world_size; r++)
+    for (size_t k = 0; k < save->ranks[r].nregions; k++)
+      if (sd_region_check(save->ranks[r].regions[k], err) != 0) {
+        char why[SD_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return sd_fail(err, err->code, "save '%s', rank %u: %s", save->id, r, why);
+      }
+  return 0;
+}
+
 static void publish_done(sd_save *save, const sd_error *err, const char *final_path) {
   save->pub = NULL;
   if (err && err->code) {
+    /* A write that faulted (EFAULT) because a client shrank its segment is
+     * reported as that client's doing, naming the region, not as a disk error. */
+    sd_error shrunk = {0};
+    if (err->code == SHARDD_E_IO && !save->err.code && regions_check(save, &shrunk) == SHARDD_E_OUT_OF_RANGE)
+      err = &shrunk;
     if (!save->err.code) save->err = *err;
     finalize(save, NULL);
     return;
@@ -343,6 +375,12 @@ static void publish_done(sd_save *save, const sd_error *err, const char *final_p
    * checkpoint is on disk, so report what is true. */
   finalize(save, final_path ? final_path : save->dir);
 }
+
+void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path) {
+  publish_done(save, err, final_path);
+}
+
+void sd_save_released(sd_save *save) { send_released(save); }
 
 static void on_released(sd_publish *pub, void *ud) {
   (void)pub;
@@ -365,6 +403,10 @@ static void on_done(sd_publish *pub, void *ud, const sd_error *err, const char *
 static void start_write(sd_save *save) {
   sd_daemon *d = save->d;
   sd_error err = {0};
+  if (regions_check(save, &err) != 0) {
+    sd_save_fail_err(save, &err);
+    return;
+  }
   save->planned = calloc(1, sizeof *save->planned);
   if (!save->planned) {
     sd_save_fail(save, SHARDD_E_NO_MEMORY, "out of memory planning save '%s'", save->id);
@@ -380,6 +422,8 @@ static void start_write(sd_save *save) {
       .root_path = d->cfg->root,
       .rel_dir = save->dir,
       .overwrite = save->overwrite,
+      .file_mode = d->cfg->file_mode,
+      .dir_mode = d->cfg->dir_mode,
       .plan = &p->plan,
       .ops = p->ops,
       .nops = p->nops,
@@ -418,6 +462,10 @@ static void start_write(sd_save *save) {
 }
 
 void sd_save_maybe_start(sd_save *save) {
+  if (save->cl) {
+    if (save->state == SD_SAVE_OPEN && !save->err.code) sd_cluster_sealed(save); /* the leader plans */
+    return;
+  }
   if (save->state == SD_SAVE_OPEN && !save->err.code && save->nsealed == save->world_size)
     start_write(save);
 }
@@ -455,7 +503,7 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   if (!metadata_equal(save, a))
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives different metadata than earlier ranks",
                    save->id, a->rank);
-  return 0;
+  return sd_cluster_begin_check(save, a, err);
 }
 
 static int create_save(sd_daemon *d, const sd_begin_args *a, sd_save **out, sd_error *err) {
@@ -464,6 +512,9 @@ static int create_save(sd_daemon *d, const sd_begin_args *a, sd_save **out, sd_e
   for (sd_save *s = d->saves; s; s = s->next)
     if (strcmp(s->dir, a->dir) == 0)
       return sd_fail(err, SHARDD_E_CONFLICT, "dir '%s' is already the destination of save '%s'", a->dir, s->id);
+  if (d->cfg && d->nsaves >= d->cfg->max_saves)
+    return sd_fail(err, SHARDD_E_LIMIT, "%zu saves are in flight (max_saves=%u); save '%s' cannot begin",
+                   d->nsaves, d->cfg->max_saves, a->save);
   int exists = 0;
   rc = sd_path_exists(d->root_fd, a->dir, &exists, err);
   if (rc) return rc;
@@ -491,6 +542,10 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
   sd_save *save = sd_save_find(d, a->save);
   int rc;
   if (save) {
+    /* Another user's save is not there to be joined: refused without harming it. */
+    if (s->uid != save->owner_uid)
+      return sd_fail(err, SHARDD_E_PERMISSION, "save '%s' belongs to uid %u; uid %u may not join it", save->id,
+                     (unsigned)save->owner_uid, (unsigned)s->uid);
     int mine = sd_save_rank_of(save, s);
     if (mine >= 0)
       return sd_fail(err, SHARDD_E_BAD_STATE, "this connection already is rank %d of save '%s'", mine, save->id);
@@ -511,6 +566,12 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
   } else {
     rc = create_save(d, a, &save, err);
     if (rc) return rc;
+    if (a->nnodes > 1 && (rc = sd_cluster_begin_new(save, a, err)) != 0) {
+      unlink_save(d, save);
+      save_free(save);
+      return rc;
+    }
+    save->owner_uid = s->uid;
   }
   if (sd_session_add_member(s, save, a->rank) != 0) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory joining save '%s'", save->id);
@@ -554,6 +615,13 @@ static int rank_hold_region(sd_rank *rk, sd_region *r) {
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   size_t slot = 0;
   sd_save_tensor *t = tensor_find(save, a->name, &slot);
+  const sd_config *cfg = save->d->cfg;
+  if (cfg && !t && save->ntensors >= cfg->max_tensors)
+    return sd_fail(err, SHARDD_E_LIMIT, "save '%s' already has %zu tensors (max_tensors=%llu); tensor '%s' refused",
+                   save->id, save->ntensors, (unsigned long long)cfg->max_tensors, a->name);
+  if (cfg && save->nslices >= cfg->max_slices)
+    return sd_fail(err, SHARDD_E_LIMIT, "save '%s' already has %llu slices (max_slices=%llu); tensor '%s' refused",
+                   save->id, (unsigned long long)save->nslices, (unsigned long long)cfg->max_slices, a->name);
   if (t) {
     if (t->dtype != a->dtype || t->ndim != a->ndim ||
         memcmp(t->shape, a->shape, a->ndim * sizeof(uint64_t)) != 0) {
@@ -616,6 +684,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   memcpy(sl->dims, a->start, a->ndim * sizeof(uint64_t));
   memcpy(sl->dims + a->ndim, a->count, a->ndim * sizeof(uint64_t));
   t->slices[t->nslices++] = sl;
+  save->nslices++;
   rk->bytes += a->len;
   save->bytes_put += a->len;
   return 0;
@@ -719,6 +788,7 @@ uint64_t sd_save_bytes_planned(const sd_save *save) {
 }
 
 uint64_t sd_save_bytes_written(const sd_save *save) {
+  if (save->cl) return sd_cluster_bytes_written(save);
   return save->pub ? sd_publish_bytes_written(save->pub) : 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <jansson.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "ops.h"
 #include "region.h"
@@ -77,6 +78,8 @@ typedef struct sd_save {
   sd_rank *ranks;
   uint32_t nbegun, nsealed;
 
+  uid_t owner_uid;          /* who began it: only this uid may join or abort */
+  uint64_t nslices;         /* every rank's puts, against max_slices */
   sd_save_tensor **tensors; /* in first-put order */
   size_t ntensors, tcap;
   uint32_t *hslots;        /* open addressing: tensor index + 1, 0 empty */
@@ -93,6 +96,7 @@ typedef struct sd_save {
   sd_error early_err;
   char *early_path;
   uint64_t t_begin, t_write;
+  struct sd_csave *cl;     /* multi-node part (cluster.c); NULL for a one-node save */
 } sd_save;
 
 /* A finished save, as a `wait` reports it. */
@@ -113,6 +117,10 @@ typedef struct {
   const sd_kv *metadata;
   size_t nmetadata;
   int overwrite;
+  /* Multi-node saves (cluster.c, proto/PEERS.md): nnodes 1 is the one-node path. */
+  uint32_t nnodes, node_rank;
+  const char *leader;      /* "host:port" of node 0's peer listener */
+  int write_mode;          /* sd_write_mode */
 } sd_begin_args;
 
 typedef struct {
@@ -155,6 +163,11 @@ int sd_save_add_waiter(sd_save *save, struct sd_session *s, json_t *id, sd_error
 void sd_save_session_gone(sd_daemon *d, struct sd_session *s);
 /* Shutdown: every save in flight fails with shutting_down. */
 void sd_save_fail_all(sd_daemon *d, int code, const char *why);
+/* Multi-node saves end through these (cluster.c): err NULL and final_path
+ * set commits, otherwise the save's error stands. */
+void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path);
+/* Sends "released" to the ranks once: their shared memory is no longer read. */
+void sd_save_released(sd_save *save);
 
 uint64_t sd_save_bytes_planned(const sd_save *save);
 uint64_t sd_save_bytes_written(const sd_save *save);

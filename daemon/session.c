@@ -1,9 +1,11 @@
 /* One client connection: reads lines, dispatches requests in order, queues replies and events, closes gracefully. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "save.h"
 #include "sd_msg.h"
 #include "session.h"
@@ -11,7 +13,6 @@
 /* A client that stops reading its replies stops being read from, so its
  * unread output cannot grow without bound; reading resumes once drained. */
 #define WRITE_HIGH_WATER (4u << 20)
-#define WRITE_LOW_WATER (1u << 20)
 #define READ_CHUNK (64u << 10)
 #define OUT_BATCH (256u << 10)
 
@@ -23,6 +24,30 @@ typedef struct {
 
 static void pump(sd_session *s);
 static void maybe_finish(sd_session *s);
+static void on_closed(uv_handle_t *h);
+
+/* Pausing starts below the output cap, so a client that merely reads
+ * slowly is throttled long before it could be dropped. */
+static size_t high_water(const sd_session *s) {
+  size_t cap = s->d->cfg->max_output;
+  return cap && cap / 2 < WRITE_HIGH_WATER ? cap / 2 : WRITE_HIGH_WATER;
+}
+
+/* A client that never reads: its replies and events pile up in the daemon.
+ * Past the cap it is dropped at once, without flushing. */
+static int over_output_cap(sd_session *s) {
+  size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) + s->olen;
+  size_t cap = s->d->cfg->max_output;
+  if (!cap || queued <= cap || s->closing) return 0;
+  sd_log_warn("client %llu (pid %d, uid %u): %zu bytes of replies unread, over max_output=%zu; disconnecting",
+              (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid, queued, cap);
+  s->closing = 1;
+  s->olen = 0;
+  if (s->reading) uv_read_stop((uv_stream_t *)&s->pipe);
+  s->reading = 0;
+  uv_close((uv_handle_t *)&s->pipe, on_closed);
+  return 1;
+}
 
 /* ------------------------------------------------------------------------ *
  * Output
@@ -37,7 +62,7 @@ static void on_write(uv_write_t *req, int status) {
     sd_session_close(s);
     return;
   }
-  if (s->paused && !s->closing && uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) < WRITE_LOW_WATER) {
+  if (s->paused && !s->closing && uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) < high_water(s) / 4) {
     s->paused = 0;
     pump(s);
   }
@@ -58,7 +83,9 @@ static void write_buf(sd_session *s, char *buf, size_t len) {
     free(buf);
     free(w);
     sd_session_close(s);
+    return;
   }
+  over_output_cap(s);
 }
 
 static void flush(sd_session *s) {
@@ -122,6 +149,7 @@ static void on_closed(uv_handle_t *h) {
   sd_save_session_gone(d, s);
   sd_region_table_clear(&s->regions);
   sd_linebuf_free(&s->lb);
+  free(s->groups);
   free(s->obuf);
   free(s->members);
   if (s->prev) s->prev->next = s->next;
@@ -226,7 +254,7 @@ static void pump(sd_session *s) {
   if (s->pumping) return;
   s->pumping = 1;
   while (!s->closing) {
-    if (uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) + s->olen > WRITE_HIGH_WATER) {
+    if (uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) + s->olen > high_water(s)) {
       s->paused = 1;
       break;
     }
@@ -237,11 +265,16 @@ static void pump(sd_session *s) {
     if (rc == 0) break;
     if (rc < 0) {
       /* Framing is lost: say why, then hang up. */
+      if (err.code == SHARDD_E_BAD_REQUEST)
+        sd_fail(&err, SHARDD_E_LIMIT, "request line longer than max_line=%zu bytes; closing the connection",
+                s->d->cfg->max_line);
+      sd_log_warn("client %llu (pid %d): %s", (unsigned long long)s->id, (int)s->pid, err.msg);
       sd_session_send(s, sd_msg_error_from(NULL, &err));
       s->pumping = 0;
       sd_session_close(s);
       return;
     }
+    s->partial_since = 0;
     sd_ops_dispatch(s, line, len);
   }
   s->pumping = 0;
@@ -265,6 +298,9 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   if (nread > 0) {
     sd_linebuf_commit(&s->lb, (size_t)nread);
     pump(s);
+    /* The sweep below hangs up on a line left unfinished for too long. */
+    if (!s->closing && !s->partial_since && sd_linebuf_pending(&s->lb) > 0)
+      s->partial_since = uv_now(s->d->loop);
     return;
   }
   if (nread == 0) return;
@@ -289,6 +325,56 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 static void read_start(sd_session *s) {
   if (s->reading || s->closing || s->eof) return;
   if (uv_read_start((uv_stream_t *)&s->pipe, on_alloc, on_read) == 0) s->reading = 1;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Stalled partial lines: one daemon-wide timer, not one per connection
+ * ------------------------------------------------------------------------ */
+#define SWEEP_MS 500
+
+static uv_timer_t sweep_timer;
+static int sweep_started;
+
+static void on_sweep(uv_timer_t *t) {
+  sd_daemon *d = t->data;
+  uint64_t limit = (uint64_t)d->cfg->line_timeout * 1000;
+  if (!limit) return;
+  uint64_t now = uv_now(d->loop);
+  for (sd_session *s = d->sessions; s; s = s->next) {
+    /* A paused client is not being read, so its line cannot finish. */
+    if (s->closing || s->paused || !s->partial_since || now - s->partial_since < limit) continue;
+    sd_error err = {0};
+    sd_fail(&err, SHARDD_E_LIMIT, "request line unfinished for %u s (line_timeout=%u); closing the connection",
+            d->cfg->line_timeout, d->cfg->line_timeout);
+    sd_log_warn("client %llu (pid %d, uid %u): %s", (unsigned long long)s->id, (int)s->pid, (unsigned)s->uid,
+                err.msg);
+    sd_session_send(s, sd_msg_error_from(NULL, &err));
+    sd_session_close(s); /* frees s later, in a callback: the walk stays valid */
+  }
+}
+
+static void sweep_start(sd_daemon *d) {
+  if (sweep_started) return;
+  sweep_started = 1;
+  uv_timer_init(d->loop, &sweep_timer);
+  sweep_timer.data = d;
+  uv_timer_start(&sweep_timer, on_sweep, SWEEP_MS, SWEEP_MS);
+  uv_unref((uv_handle_t *)&sweep_timer); /* never what keeps the daemon running */
+}
+
+/* Supplementary groups of the peer, for the trusted-group shm check. */
+static void read_groups(sd_session *s, int fd) {
+  socklen_t len = 0;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, NULL, &len) != 0 && errno != ERANGE) return;
+  if (len == 0) return;
+  s->groups = malloc(len);
+  if (!s->groups) return;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, s->groups, &len) != 0) {
+    free(s->groups);
+    s->groups = NULL;
+    return;
+  }
+  s->ngroups = len / sizeof(gid_t);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -330,7 +416,20 @@ void sd_session_accept(sd_daemon *d, uv_stream_t *server) {
   s->uid = cred.uid;
   s->gid = cred.gid;
   s->pid = cred.pid;
+  read_groups(s, fd);
+  sweep_start(d);
+  if (d->cfg->max_connections && d->nsessions > d->cfg->max_connections) {
+    sd_error err = {0};
+    sd_fail(&err, SHARDD_E_LIMIT, "too many connections (max_connections=%u); try again later",
+            d->cfg->max_connections);
+    sd_log_warn("client %llu (pid %d, uid %u) refused: %s", (unsigned long long)s->id, (int)s->pid,
+                (unsigned)s->uid, err.msg);
+    sd_session_send(s, sd_msg_error_from(NULL, &err));
+    sd_session_close(s);
+    return;
+  }
   sd_log_debug("client %llu connected (pid %d, uid %u)", (unsigned long long)s->id, (int)s->pid,
                (unsigned)s->uid);
+  sd_metrics_connection();
   read_start(s);
 }

@@ -26,6 +26,9 @@ typedef struct sd_session {
   uid_t uid;
   gid_t gid;
   pid_t pid;
+  gid_t *groups;            /* supplementary groups (SO_PEERGROUPS), for the trusted group */
+  size_t ngroups;
+  uint64_t partial_since;   /* loop time (ms) an unfinished line started stalling; 0: none */
   sd_linebuf lb;
   char *obuf;               /* replies batched while a read is being handled */
   size_t olen, ocap;

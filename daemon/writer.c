@@ -1,4 +1,4 @@
-/* The daemon's single io_uring: batched submissions fed round-robin from every job, completions reaped on the libuv loop. */
+/* The daemon's single io_uring: batched submissions fed round-robin from every job, staging chunks filled by one copy worker, completions reaped on the libuv loop. */
 #include <errno.h>
 #include <liburing.h>
 #include <stdio.h>
@@ -11,6 +11,11 @@
 
 #define SD_REAP_BATCH 64
 #define SD_QD_MAX 4096
+/* Chunks per trip to the copy worker: enough to get the disk going at the
+ * start of a save, few enough that the first writes leave early. */
+#define SD_COPY_BATCH 4
+/* Staging memory goes back to the system once the writer has been idle this long. */
+#define SD_TRIM_MS 10000
 
 struct sd_writer {
   uv_loop_t *loop;
@@ -18,7 +23,16 @@ struct sd_writer {
   int efd;
   uv_poll_t poll;          /* eventfd readable: completions are waiting */
   uv_async_t kick;         /* work appeared outside a completion (start, cancel) */
+  uv_timer_t trim;         /* idle: give the staging memory back */
   unsigned handles_open;
+
+  sd_staging stg;
+  int buffered;            /* never O_DIRECT */
+  uv_work_t copy;          /* the copy worker's one trip in flight */
+  int copy_busy;
+  sd_chunk *copy_batch;    /* the chunks on that trip */
+  sd_wjob *stage_rr;       /* the job the next staging round starts with */
+  sd_writer_stats st;
 
   unsigned qd;
   unsigned inflight;       /* SQEs handed to the ring and not yet reaped */
@@ -45,11 +59,20 @@ static void wlog(const char *fmt, const char *what, int e) {
 /* ------------------------------------------------------------------------ *
  * Submission
  * ------------------------------------------------------------------------ */
+static void stage(sd_writer *w);
 static void prep(sd_writer *w, sd_io *io, struct io_uring_sqe *sqe) {
   if (io->kind == SD_IO_FSYNC)
     io_uring_prep_fsync(sqe, io->fd, 0);
+  else if (io->buf_index >= 0)
+    io_uring_prep_write_fixed(sqe, io->fd, io->src + io->done, io->len - io->done,
+                              io->off + io->done, io->buf_index);
   else
     io_uring_prep_write(sqe, io->fd, io->src + io->done, io->len - io->done, io->off + io->done);
+  if (io->fixed) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+  if (io->kind == SD_IO_WRITE && io->done == 0) {
+    w->st.writes_fixed_buf += io->buf_index >= 0;
+    w->st.writes_fixed_file += io->fixed != 0;
+  }
   io_uring_sqe_set_data(sqe, io);
   w->inflight++;
 }
@@ -71,6 +94,7 @@ static sd_io *next_request(sd_writer *w) {
     sd_wjob *nj = j->next ? j->next : w->jobs;
     if (!j->exhausted) {
       memset(io, 0, sizeof *io);
+      io->buf_index = -1;
       if (j->ops->next(j, io)) {
         w->free_slots = w->free_slots->next;
         io->job = j;
@@ -111,6 +135,7 @@ void sd_writer_pump(sd_writer *w) {
     else if (rc < 0)
       wlog("shardd: writer: %s: %s\n", "submit", -rc);
   }
+  stage(w);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -127,7 +152,112 @@ static void poll_jobs(sd_writer *w) {
     j = next;
   }
   w->polling = 0;
-  if (w->closing && !w->jobs && w->inflight == 0) finish_close(w);
+  if (w->closing && !w->jobs && w->inflight == 0 && !w->copy_busy) finish_close(w);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Staging: idle chunks go round-robin to the jobs with data left, one
+ * chunk per job per turn, so a large save cannot starve a small one; one
+ * trip to the copy worker at a time, so copying takes one core at most.
+ * ------------------------------------------------------------------------ */
+static void copy_work(uv_work_t *req) {
+  sd_writer *w = req->data;
+  sd_bus_guard_install();
+  for (sd_chunk *c = w->copy_batch; c; c = c->next) c->job->ops->fill(c->job, c);
+}
+
+static void copy_done(uv_work_t *req, int status) {
+  (void)status; /* never cancelled: close waits for the trip to end */
+  sd_writer *w = req->data;
+  sd_chunk *c = w->copy_batch;
+  w->copy_batch = NULL;
+  w->copy_busy = 0;
+  while (c) {
+    sd_chunk *next = c->next;
+    sd_wjob *j = c->job;
+    c->next = NULL;
+    j->filling--;
+    j->ops->filled(j, c);
+    c = next;
+  }
+  poll_jobs(w);
+  sd_writer_pump(w);
+}
+
+static void stage(sd_writer *w) {
+  if (w->copy_busy || !w->jobs) return;
+  sd_chunk *head = NULL, **tail = &head;
+  unsigned n = 0, idle = 0; /* idle: jobs in a row that staged nothing */
+  sd_wjob *j = w->stage_rr ? w->stage_rr : w->jobs;
+  while (n < SD_COPY_BATCH && idle < w->njobs) {
+    sd_wjob *nj = j->next ? j->next : w->jobs;
+    if (!j->staged_all) {
+      sd_chunk *c = sd_staging_get(&w->stg);
+      if (!c && w->stg.busy > 0) break; /* every chunk is busy: wait for one to come back */
+      if (!c) {
+        /* Not one chunk could be had, and none will come back. */
+        j->ops->fail(j, SHARDD_E_NO_MEMORY, "no memory for a staging buffer");
+        j->staged_all = 1;
+        sd_writer_kick(w);
+      } else if (j->ops->stage(j, c)) {
+        c->job = j;
+        j->filling++;
+        *tail = c;
+        tail = &c->next;
+        n++;
+        idle = 0;
+        j = nj;
+        continue;
+      } else {
+        sd_staging_put(&w->stg, c);
+        j->staged_all = 1;
+      }
+    }
+    idle++;
+    j = nj;
+  }
+  w->stage_rr = j;
+  for (sd_wjob *k = w->jobs; k; k = k->next) k->staged_all = 0;
+  if (!head) return;
+  w->copy_batch = head;
+  w->copy_busy = 1;
+  w->st.copy_trips++;
+  w->copy.data = w;
+  if (uv_queue_work(w->loop, &w->copy, copy_work, copy_done) < 0) {
+    /* Cannot happen with a valid loop; fill on this thread rather than stall. */
+    copy_work(&w->copy);
+    copy_done(&w->copy, 0);
+  }
+}
+
+void sd_writer_chunk_put(sd_writer *w, sd_chunk *c) {
+  sd_staging_put(&w->stg, c);
+}
+
+int sd_writer_file_slot(sd_writer *w, int fd) {
+  return sd_staging_file_slot(&w->stg, fd);
+}
+
+void sd_writer_file_unslot(sd_writer *w, int slot) {
+  sd_staging_file_unslot(&w->stg, slot);
+}
+
+int sd_writer_buffered(const sd_writer *w) {
+  return w->buffered;
+}
+
+void sd_writer_count_write(sd_writer *w, int direct) {
+  if (direct)
+    w->st.writes_direct++;
+  else
+    w->st.writes_buffered++;
+}
+
+void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out) {
+  *out = w->st;
+  out->staging_bytes = sd_staging_bytes(&w->stg);
+  out->staging_peak = (uint64_t)w->stg.peak * w->stg.chunk_bytes;
+  out->staging_max = (uint64_t)w->stg.max * w->stg.chunk_bytes;
 }
 
 static void reap(sd_writer *w) {
@@ -140,7 +270,7 @@ static void reap(sd_writer *w) {
       w->inflight--;
       sd_wjob *j = io->job;
       if (io->kind == SD_IO_WRITE && res > 0) {
-        j->ops->progress(j, (uint32_t)res);
+        j->ops->progress(j, io, (uint32_t)res);
         io->done += (uint32_t)res;
         if (io->done < io->len) {
           /* Short write: the rest goes out again ahead of new work. */
@@ -191,11 +321,19 @@ void sd_writer_kick(sd_writer *w) {
 /* ------------------------------------------------------------------------ *
  * Jobs
  * ------------------------------------------------------------------------ */
+static void on_trim(uv_timer_t *t) {
+  sd_writer *w = t->data;
+  if (!w->jobs && !w->copy_busy) sd_staging_trim(&w->stg);
+}
+
 int sd_writer_attach(sd_writer *w, sd_wjob *job, sd_error *err) {
   if (w->closing) return sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the writer is shutting down");
   job->w = w;
   job->inflight = 0;
+  job->filling = 0;
   job->exhausted = 0;
+  job->staged_all = 0;
+  uv_timer_stop(&w->trim);
   job->prev = NULL;
   job->next = w->jobs;
   if (w->jobs) w->jobs->prev = job;
@@ -209,15 +347,25 @@ void sd_writer_detach(sd_writer *w, sd_wjob *job) {
   else w->jobs = job->next;
   if (job->next) job->next->prev = job->prev;
   if (w->rr == job) w->rr = job->next;
+  if (w->stage_rr == job) w->stage_rr = job->next;
   job->prev = job->next = NULL;
-  if (--w->njobs == 0) uv_unref((uv_handle_t *)&w->poll);
+  if (--w->njobs == 0) {
+    uv_unref((uv_handle_t *)&w->poll);
+    if (!w->closing) uv_timer_start(&w->trim, on_trim, SD_TRIM_MS, 0);
+  }
 }
 
 /* ------------------------------------------------------------------------ *
  * Life cycle
  * ------------------------------------------------------------------------ */
 int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_error *err) {
+  sd_writer_opts o = {.queue_depth = queue_depth};
+  return sd_writer_init_opts(out, loop, &o, err);
+}
+
+int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *o, sd_error *err) {
   *out = NULL;
+  unsigned queue_depth = o->queue_depth;
   if (queue_depth == 0) queue_depth = 64;
   if (queue_depth > SD_QD_MAX) queue_depth = SD_QD_MAX;
   sd_writer *w = calloc(1, sizeof *w);
@@ -252,14 +400,32 @@ int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_er
     free(w);
     return sd_fail(err, SHARDD_E_IO, "io_uring eventfd: %s", strerror(e));
   }
+  uint64_t staging = o->staging_bytes ? o->staging_bytes : (uint64_t)SD_STAGING_DEFAULT_MIB << 20;
+  uint64_t chunk = o->chunk_bytes ? o->chunk_bytes : SD_STAGING_CHUNK;
+  /* A small staging still gets two chunks, smaller ones, within its size. */
+  if (chunk > SD_IO_CHUNK) chunk = SD_IO_CHUNK;
+  if (staging / 2 < chunk) chunk = staging / 2 / SD_DIO_ALIGN * SD_DIO_ALIGN;
+  if (chunk < SD_DIO_ALIGN) chunk = SD_DIO_ALIGN;
+  rc = sd_staging_init(&w->stg, &w->ring, staging, (uint32_t)chunk, err);
+  if (rc) {
+    close(w->efd);
+    io_uring_queue_exit(&w->ring);
+    free(w->slots);
+    free(w);
+    return rc;
+  }
+  w->buffered = o->buffered;
+  sd_bus_guard_install();
   uv_poll_init(loop, &w->poll, w->efd);
   uv_async_init(loop, &w->kick, on_kick);
-  w->poll.data = w->kick.data = w;
-  w->handles_open = 2;
+  uv_timer_init(loop, &w->trim);
+  w->poll.data = w->kick.data = w->trim.data = w;
+  w->handles_open = 3;
   uv_poll_start(&w->poll, UV_READABLE, on_eventfd);
-  /* Neither handle keeps the loop alive on its own: only attached jobs do. */
+  /* No handle keeps the loop alive on its own: only attached jobs do. */
   uv_unref((uv_handle_t *)&w->poll);
   uv_unref((uv_handle_t *)&w->kick);
+  uv_unref((uv_handle_t *)&w->trim);
   *out = w;
   return 0;
 }
@@ -267,6 +433,7 @@ int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_er
 static void on_handle_closed(uv_handle_t *h) {
   sd_writer *w = h->data;
   if (--w->handles_open) return;
+  sd_staging_free(&w->stg);
   io_uring_queue_exit(&w->ring);
   close(w->efd);
   void (*cb)(void *) = w->close_cb;
@@ -277,9 +444,10 @@ static void on_handle_closed(uv_handle_t *h) {
 }
 
 static void finish_close(sd_writer *w) {
-  if (w->handles_open != 2 || uv_is_closing((uv_handle_t *)&w->poll)) return;
+  if (w->handles_open != 3 || uv_is_closing((uv_handle_t *)&w->poll)) return;
   uv_close((uv_handle_t *)&w->poll, on_handle_closed);
   uv_close((uv_handle_t *)&w->kick, on_handle_closed);
+  uv_close((uv_handle_t *)&w->trim, on_handle_closed);
 }
 
 void sd_writer_close(sd_writer *w, void (*cb)(void *ud), void *ud) {
@@ -287,7 +455,8 @@ void sd_writer_close(sd_writer *w, void (*cb)(void *ud), void *ud) {
   w->closing = 1;
   w->close_cb = cb;
   w->close_ud = ud;
-  for (sd_wjob *j = w->jobs; j; j = j->next) j->ops->shutdown(j);
+  uv_timer_stop(&w->trim);
+  for (sd_wjob *j = w->jobs; j; j = j->next) j->ops->fail(j, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   /* Keep the loop alive until the ring is drained and the handles closed. */
   uv_ref((uv_handle_t *)&w->kick);
   sd_writer_kick(w);

@@ -13,20 +13,42 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
     sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
     return NULL;
   }
-  for (size_t i = 0; i < n; i++) {
-    if (p->loc[i].file >= p->nfiles) {
-      free(e);
-      sd_fail(err, SHARDD_E_INTERNAL, "tensor %zu has no file in the plan", i);
-      return NULL;
+  /* Files in order, each in header order: for a checkpoint whose tensors
+   * share one dtype that is a handful of sorted runs, cheap to merge. */
+  size_t m = 0;
+  for (size_t f = 0; f < p->nfiles; f++) {
+    for (size_t j = 0; j < p->files[f].ntensors && m < n; j++) {
+      uint32_t i = p->files[f].tensors[j];
+      if (j + 8 < p->files[f].ntensors) __builtin_prefetch(&tensors[p->files[f].tensors[j + 8]]);
+      e[m++] = (sd_skey){(const unsigned char *)tensors[i].name, (uint32_t)strlen(tensors[i].name),
+                         i};
     }
-    e[i] = (sd_skey){(const unsigned char *)tensors[i].name, (uint32_t)strlen(tensors[i].name),
-                     (uint32_t)i};
+  }
+  if (m != n) {
+    free(e);
+    sd_fail(err, SHARDD_E_INTERNAL, "the plan's files hold %zu of its %zu tensors", m, n);
+    return NULL;
   }
   if (sd_sort_keys(e, n)) {
     free(e);
     sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
     return NULL;
   }
+
+  /* Each file's `": "name"` part is escaped once, not once per tensor. */
+  sd_buf fv = {0};
+  size_t *fo = malloc((p->nfiles + 1) * sizeof *fo);
+  if (!fo) {
+    free(e);
+    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
+    return NULL;
+  }
+  for (size_t f = 0; f < p->nfiles; f++) {
+    fo[f] = fv.len;
+    sd_buf_puts(&fv, ": ");
+    sd_buf_json_str_ascii(&fv, p->files[f].name, strlen(p->files[f].name));
+  }
+  fo[p->nfiles] = fv.len;
 
   sd_buf b = {0};
   sd_buf_reserve(&b, 128 + n * 96);
@@ -41,15 +63,17 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
       __builtin_prefetch(e[i + 8].key);
     }
     sd_buf_puts(&b, i ? ",\n    " : "\n    ");
-    const char *file = p->files[p->loc[e[i].idx].file].name;
+    uint32_t f = p->loc[e[i].idx].file;
     sd_buf_json_str_ascii(&b, (const char *)e[i].key, e[i].len);
-    sd_buf_puts(&b, ": ");
-    sd_buf_json_str_ascii(&b, file, strlen(file));
+    sd_buf_put(&b, fv.p + fo[f], fo[f + 1] - fo[f]);
   }
   sd_buf_puts(&b, n ? "\n  }\n}\n" : "}\n}\n");
   sd_buf_putc(&b, '\0');
   free(e);
-  if (b.oom) {
+  free(fo);
+  int oom = fv.oom;
+  free(fv.p);
+  if (b.oom || oom) {
     free(b.p);
     sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
     return NULL;

@@ -52,7 +52,9 @@ int sd_msg_str(const json_t *obj, const char *field, int required, const char **
 /* Shared by scalar and array fields; `what` names the field in messages. */
 static int number_u64(const json_t *v, const char *what, uint64_t max, uint64_t *out,
                       sd_error *err) {
-  if (max == 0) max = SD_MSG_INT_MAX;
+  /* Above 2^53 a double no longer holds every integer, so comparisons and the
+   * cast below would round: the wire never carries larger values. */
+  if (max == 0 || max > SD_MSG_INT_MAX) max = SD_MSG_INT_MAX;
   if (json_is_integer(v)) {
     json_int_t i = json_integer_value(v);
     if (i < 0) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field '%s' must not be negative", what);
@@ -227,11 +229,13 @@ json_t *sd_msg_event(const char *event, const char *save) {
 }
 
 char *sd_msg_dump(const json_t *msg, size_t *len) {
-  size_t n = json_dumpb(msg, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+  /* 12 significant digits: 0.1 goes out as 0.1, not 0.10000000000000001. */
+  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(12);
+  size_t n = json_dumpb(msg, NULL, 0, flags);
   if (n == 0) return NULL;
   char *s = malloc(n + 2);
   if (!s) return NULL;
-  if (json_dumpb(msg, s, n, JSON_COMPACT | JSON_ENCODE_ANY) != n) {
+  if (json_dumpb(msg, s, n, flags) != n) {
     free(s);
     return NULL;
   }

@@ -10,7 +10,7 @@
 /* Leaves room for "-00001-of-00001.safetensors.index.json" within NAME_MAX. */
 #define PREFIX_MAX 200
 
-static int prefix_check(const char *prefix, sd_error *err) {
+int sd_prefix_check(const char *prefix, sd_error *err) {
   char shown[SD_MSGNAME_MAX];
   size_t len = strlen(prefix);
   const char *why = NULL;
@@ -157,6 +157,9 @@ static int header_order(sd_plan_file *pf, const sd_tensor *t, const uint32_t *na
     uint32_t ti = pf->tensors[i];
     k[i] = (sd_skey){(const unsigned char *)t[ti].name, name_len[ti], ti};
   }
+  /* Natural order and byte order agree unless digit runs of different
+   * lengths meet (layers.9 / layers.10), so this is usually one or a few
+   * sorted runs, which the sort merely checks or merges. */
   if (sd_sort_keys(k, n)) return SHARDD_E_NO_MEMORY;
   /* Stable bucketing by element size (8, 4, 2, 1); len is free for it now. */
   size_t at[9] = {0};
@@ -191,7 +194,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   if (!opts) opts = &defaults;
   uint64_t max = opts->max_shard_size ? opts->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
   const char *prefix = opts->prefix ? opts->prefix : SD_DEFAULT_PREFIX;
-  if ((rc = prefix_check(prefix, err))) return rc;
+  if ((rc = sd_prefix_check(prefix, err))) return rc;
   if (n >= (1u << 28)) /* the name sort's limit; far beyond any header limit anyway */
     return sd_fail(err, SHARDD_E_LIMIT, "%zu tensors is more than a checkpoint can hold", n);
   if (n && !tensors) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensors are missing");

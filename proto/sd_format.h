@@ -106,6 +106,10 @@ typedef struct {
 
 /* Assigns each tensor a file and an offset and encodes every header.
  * Tensor names must be unique (checked). The tensors array must outlive p. */
+/* A file-name prefix: non-empty, at most 200 bytes, UTF-8, no '/', no leading '.',
+ * no control characters. The daemon checks it at begin with the same rule. */
+int sd_prefix_check(const char *prefix, sd_error *err);
+
 int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_opts *opts,
                   sd_error *err);
 void sd_plan_free(sd_plan *p);

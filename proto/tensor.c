@@ -1,4 +1,4 @@
-/* Tensor names, element counts and byte sizes (overflow-checked), natural name order, message helpers. */
+/* Tensor names, element counts and byte sizes (overflow-checked), natural order, fast name sorting, message helpers. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -402,8 +402,51 @@ static void radix_level(skw *w, skw *tmp, size_t n, size_t depth) {
   }
 }
 
+static int key_less(const sd_skey *a, const sd_skey *b) {
+  uint32_t m = a->len < b->len ? a->len : b->len;
+  int c = memcmp(a->key, b->key, m);
+  return c < 0 || (c == 0 && a->len < b->len);
+}
+
+/* Input that is already a few sorted runs (the index walks files that are
+ * each sorted, the walk of a checkpoint saved in order) is merged in
+ * place of a full radix sort: log2(runs) linear passes. */
+#define MERGE_RUNS_MAX 32
+
+static int merge_runs(sd_skey *v, size_t n, size_t *start, size_t runs) {
+  sd_skey *tmp = malloc(n * sizeof *tmp);
+  if (!tmp) return SHARDD_E_NO_MEMORY;
+  start[runs] = n;
+  while (runs > 1) {
+    size_t out = 0;
+    for (size_t r = 0; r < runs; r += 2) {
+      size_t a = start[r], m = start[r + 1 < runs ? r + 1 : runs], e = start[r + 2 < runs ? r + 2 : runs];
+      start[out++] = a;
+      if (m == e) continue;
+      memcpy(tmp + a, v + a, (m - a) * sizeof *v);
+      size_t i = a, j = m, o = a;
+      while (i < m && j < e) v[o++] = key_less(&v[j], &tmp[i]) ? v[j++] : tmp[i++];
+      while (i < m) v[o++] = tmp[i++];
+    }
+    runs = out;
+    start[runs] = n;
+  }
+  free(tmp);
+  return 0;
+}
+
 int sd_sort_keys(sd_skey *v, size_t n) {
   if (n < 2) return 0;
+  size_t start[MERGE_RUNS_MAX + 1], runs = 1;
+  start[0] = 0;
+  for (size_t i = 1; i < n && runs <= MERGE_RUNS_MAX; i++)
+    if (key_less(&v[i], &v[i - 1])) {
+      if (runs < MERGE_RUNS_MAX) start[runs] = i;
+      runs++;
+    }
+  if (runs == 1) return 0;
+  if (runs <= MERGE_RUNS_MAX) return merge_runs(v, n, start, runs);
+
   if (n >= (1u << 28)) return SHARDD_E_LIMIT;
   skw *w = malloc(2 * n * sizeof *w);
   if (!w) return SHARDD_E_NO_MEMORY;

@@ -6,6 +6,8 @@ shardd_packages=(
   libuv1-dev liburing-dev libjansson-dev libssl-dev
   libcriterion-dev
   ncat python3 python3-numpy
+  valgrind
+  clang libclang-rt-14-dev
 )
 
 shardd_install_deps() {

@@ -1,20 +1,28 @@
 #!/bin/sh
 # Checks the generated units with systemd-analyze verify and applies sysusers/tmpfiles entries to a scratch root.
-# Usage: verify-units.sh SERVICE SOCKET SYSUSERS TMPFILES BUILT_DAEMON INSTALLED_DAEMON ROOT MANDIR
+# Usage: verify-units.sh SERVICE SOCKET SYSUSERS TMPFILES BUILT_DAEMON INSTALLED_DAEMON ROOT MANDIR CONF SYSCONFDIR
 # Exit 77 (meson's "skipped") only when systemd-analyze is not installed.
 set -eu
 
-service=$1 socket=$2 sysusers=$3 tmpfiles=$4 built=$5 installed=$6 root=$7 mandir=$8
+service=$1 socket=$2 sysusers=$3 tmpfiles=$4 built=$5 installed=$6 root=$7 mandir=$8 conf=$9 sysconfdir=${10}
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# ---- the generated shardd.conf: valid, and naming the units' root and socket ----
+# systemd wants absolute paths; meson passes built files relative to the build dir.
+case $built in /*) ;; *) built=$PWD/$built ;; esac
+grep -qx "ExecStart=$installed --config $sysconfdir/shardd/shardd.conf" "$service" ||
+  fail "$service: ExecStart does not pass --config $sysconfdir/shardd/shardd.conf"
+eff=$("$built" --check-config --config "$conf") || fail "shardd --check-config refuses $conf"
+echo "$eff" | grep -qx "root = $root" || fail "$conf: root is not $root: $eff"
+echo "$eff" | grep -qx "socket = /run/shardd/shardd.sock" || fail "$conf: socket is not /run/shardd/shardd.sock"
+if grep -n '@[A-Z_]*@' "$conf"; then fail "$conf: unsubstituted template variables left"; fi
+echo "shardd --check-config: $conf valid ($(echo "$eff" | grep -c ' = ') settings)"
 
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "systemd-analyze not found: skipping"
   exit 77
 fi
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-# systemd wants absolute paths; meson passes built files relative to the build dir.
-case $built in /*) ;; *) built=$PWD/$built ;; esac
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardd-units.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

@@ -83,7 +83,9 @@ SHARDD_EXPORT int shardd_err_from_name(const char *name);
 typedef struct shardd_client shardd_client;
 typedef struct shardd_arena shardd_arena;
 
-/* Default socket when path is NULL: $SHARDD_SOCKET, else /run/shardd/shardd.sock. */
+/* Default socket when path is NULL, the same rule the daemon follows:
+ * $SHARDD_SOCKET; else, when not running as root and $XDG_RUNTIME_DIR is
+ * set, $XDG_RUNTIME_DIR/shardd.sock; else /run/shardd/shardd.sock. */
 #define SHARDD_DEFAULT_SOCKET "/run/shardd/shardd.sock"
 
 /* Connects and performs the hello handshake. On failure *out is NULL and
@@ -132,7 +134,27 @@ typedef struct {
   const char *const *metadata; /* nmetadata key/value pairs: k0, v0, k1, v1, ... */
   size_t nmetadata;
   int overwrite;
+  /* Multi-node saves (one shardd per node, peers over TCP): nnodes 0 or 1
+   * is a one-node save and the fields below are ignored. Every rank of the
+   * save gives the same nnodes, leader and write_mode; ranks on one node the
+   * same node_rank. See shardd_save_opts_from_env. */
+  int nnodes;
+  int node_rank;
+  const char *leader;        /* "host:port" of node 0's shardd peer listener */
+  const char *write_mode;    /* NULL or "owner": each file written by one node; "shared": in place by all */
 } shardd_save_opts;
+
+/* Fills rank, world_size, nnodes, node_rank and leader from a torchrun-style
+ * environment: RANK, WORLD_SIZE (required), NNODES (else GROUP_WORLD_SIZE,
+ * else WORLD_SIZE / LOCAL_WORLD_SIZE, else 1), NODE_RANK (else GROUP_RANK),
+ * LOCAL_RANK (checked when set), and the leader as $SHARDD_LEADER, else
+ * MASTER_ADDR:$SHARDD_PEER_PORT (default port 7077). The leader string is
+ * written into leader_buf (leader_len bytes), which opts->leader then points
+ * to. Other fields are left alone. Returns 0 or SHARDD_E_INVALID_ARGUMENT
+ * (missing or malformed variable; the message is in shardd_last_error(NULL)).
+ * Thread-safe. */
+SHARDD_EXPORT int shardd_save_opts_from_env(shardd_save_opts *opts, char *leader_buf, size_t leader_len);
+#define SHARDD_DEFAULT_PEER_PORT 7077
 
 typedef struct {
   const char *name;

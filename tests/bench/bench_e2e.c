@@ -292,7 +292,7 @@ static int phase_serial(const char *work, const sd_e2e_model *m, phase *ph, char
   rc = sd_e2e_verify(dir, m, msg, sizeof msg);
   ph->ok = rc == 0;
   sd_e2e_fmt(ph->note, sizeof ph->note, "%s%zu files; verify: %s", rc ? "FAILED: " : "", res.nfiles, msg);
-  if (!keep) sd_e2e_rmtree(dir);
+  if (!keep && rc == 0) sd_e2e_rmtree(dir);
   return rc;
 }
 
@@ -306,7 +306,8 @@ typedef struct {
 typedef struct {
   double wall_s, window_s, spread_s;
   double daemon_cpu_s;
-  uint64_t hwm, peak_anon, anon_end, shmem_end;
+  double tail_s;            /* last seal -> commit: the daemon's write, fsync and publish */
+  uint64_t hwm, peak_anon, peak_shmem, anon_end, shmem_end;
   int daemon_exit;          /* wait status, -1 when it had to be killed */
   int same_layout;
   rank_out r[NRANKS];
@@ -403,15 +404,21 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
     pfds[r] = pidfd_open_(pids[r]);
     left++;
   }
-  /* Reap ranks as they finish; meanwhile sample the daemon's private memory. */
+  if (left < NRANKS) {
+    /* A save with a missing rank never ends: stop the others. */
+    for (int r = 0; r < NRANKS; r++)
+      if (pids[r] > 0) kill(pids[r], SIGKILL);
+    rc = -1;
+  }
+  /* Reap ranks as they finish; meanwhile sample the daemon's memory. */
   double deadline = t0 + 600 + (double)m->tensor_bytes / 20e6;
   while (left > 0) {
     struct pollfd p[NRANKS];
     for (int r = 0; r < NRANKS; r++) p[r] = (struct pollfd){.fd = end[r] == 0 ? pfds[r] : -1, .events = POLLIN};
-    if (left < NRANKS && pfds[0] < 0) usleep(1000); /* no pidfd: poll alone would spin */
     poll(p, NRANKS, 20);
-    uint64_t anon = sd_e2e_proc_status(dpid, "RssAnon");
+    uint64_t anon = sd_e2e_proc_status(dpid, "RssAnon"), shm = sd_e2e_proc_status(dpid, "RssShmem");
     if (anon > s->peak_anon) s->peak_anon = anon;
+    if (shm > s->peak_shmem) s->peak_shmem = shm;
     for (int r = 0; r < NRANKS; r++) {
       int st;
       struct rusage ru;
@@ -440,7 +447,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
   s->shmem_end = sd_e2e_proc_status(dpid, "RssShmem");
   unlink_rank_shm(pids);
 
-  double lo = 1e300, hi = 0;
+  double lo = 1e300, hi = 0, tail = 1e300;
   for (int r = 0; r < NRANKS; r++) {
     char buf[8192];
     ssize_t n = pipes[r] >= 0 ? read(pipes[r], buf, sizeof buf - 1) : -1;
@@ -454,7 +461,11 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
     double span = s->r[r].blocked + s->r[r].wait;
     if (span > hi) hi = span;
     if (span < lo) lo = span;
+    /* The daemon plans and writes once the last rank seals; that rank's
+     * wait is the shortest. */
+    if (s->r[r].wait < tail) tail = s->r[r].wait;
   }
+  s->tail_s = tail < 1e300 ? tail : 0;
   s->window_s = hi;
   s->spread_s = hi - lo;
   return rc;
@@ -503,23 +514,24 @@ static int phase_shardd(const options *o, const char *work, const sd_e2e_model *
   }
   read_daemon_line(log, s->daemon_line, sizeof s->daemon_line);
 
-  char listing[4096], msg[400] = "not checked";
+  char listing[4096], msg[400] = "";
   ph->bytes = dir_listing(ckpt, listing, sizeof listing);
   s->same_layout = serial_listing && serial_listing[0] && strcmp(listing, serial_listing) == 0;
   ph->seconds = s->window_s;
   ph->cpu_s = s->daemon_cpu_s;
-  if (rc == 0) rc = sd_e2e_verify(ckpt, m, msg, sizeof msg);
+  int verified = rc == 0;
+  if (verified) rc = sd_e2e_verify(ckpt, m, msg, sizeof msg);
   ph->ok = rc == 0;
-  if (rc != 0 && !strcmp(msg, "not checked")) {
+  if (!verified) {
     for (int r = 0; r < NRANKS; r++)
-      if (strcmp(s->r[r].state, "committed") != 0) {
+      if (!s->r[r].exit_ok || strcmp(s->r[r].state, "committed") != 0) {
         sd_e2e_fmt(msg, sizeof msg, "rank %d: %s%s%s (daemon log: %s)", r, s->r[r].state,
-                 s->r[r].error[0] ? ": " : "", s->r[r].error, log);
+                   s->r[r].error[0] ? ": " : "", s->r[r].error, log);
         break;
       }
   }
-  sd_e2e_fmt(ph->note, sizeof ph->note, "%sverify: %s", rc ? "FAILED: " : "", msg);
-  if (!o->keep) sd_e2e_rmtree(ckpt);
+  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%s%s", rc ? "FAILED: " : "", verified ? "verify: " : "", msg);
+  if (!o->keep && rc == 0) sd_e2e_rmtree(ckpt);
   return rc;
 }
 
@@ -544,7 +556,10 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
   row("(a) raw io_uring writer", a);
   row("(b) serial sync writer", b);
   row("(c) shardd, 4 ranks", c);
-  printf("  (a) %s\n  (b) %s\n  (c) %s\n", a->note, b->note, c->note);
+  printf("  GB/s = 1e9 bytes/s; CPU = the writing process ((c): the daemon, io_uring workers included)\n");
+  if (a->ran) printf("  (a) %s\n", a->note);
+  if (b->ran) printf("  (b) %s\n", b->note);
+  if (c->ran) printf("  (c) %s\n", c->note);
   if (gbps(c) > 0) {
     printf("\nratios    c/a = %s", gbps(a) > 0 ? "" : "n/a");
     if (gbps(a) > 0) printf("%.2f", gbps(c) / gbps(a));
@@ -555,6 +570,8 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
   if (!c->ran) return;
   printf("\nshardd    save window %.3f s (first begin -> all committed; ranks began %.3f s apart)\n",
          s->window_s, s->spread_s);
+  printf("          last seal -> all committed %.3f s = %.3f GB/s (the daemon's write, fsync, publish)\n",
+         s->tail_s, s->tail_s > 0 ? (double)c->bytes / s->tail_s / 1e9 : 0);
   printf("          spawn -> all ranks exited %.3f s = %.3f GB/s (includes each rank generating\n"
          "          its %.2f GiB of tensors, timing a memcpy of them and pre-faulting its arena)\n",
          s->wall_s, s->wall_s > 0 ? (double)c->bytes / s->wall_s / 1e9 : 0,
@@ -571,10 +588,12 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
     if (x->memcpy_s > cmax) cmax = x->memcpy_s;
   }
   printf("max    %13s %10.3f %10.3f %8.2f\n", "", bmax, cmax, cmax > 0 ? bmax / cmax : 0);
-  printf("\ndaemon    peak RSS (VmHWM) %.1f MiB; sampled peak RssAnon %.1f MiB; at stop RssAnon %.1f MiB,\n"
-         "          RssShmem %.1f MiB (ranks' arenas it mapped)\n",
+  printf("\ndaemon    peak RSS (VmHWM) %.1f MiB = private + ranks' shared memory it touched;\n"
+         "          sampled every 20 ms: peak RssAnon %.1f MiB, peak RssShmem %.1f MiB;\n"
+         "          at stop: RssAnon %.1f MiB, RssShmem %.1f MiB\n",
          (double)s->hwm / 1048576.0, (double)s->peak_anon / 1048576.0,
-         (double)s->anon_end / 1048576.0, (double)s->shmem_end / 1048576.0);
+         (double)s->peak_shmem / 1048576.0, (double)s->anon_end / 1048576.0,
+         (double)s->shmem_end / 1048576.0);
   printf("          CPU (utime+stime, all threads) %.2f s = %.3f s/GiB; exit on SIGTERM: %s\n",
          s->daemon_cpu_s, c->bytes ? s->daemon_cpu_s / ((double)c->bytes / GIB) : 0,
          s->daemon_exit == -1               ? "did not stop within 30 s, killed"
@@ -670,7 +689,8 @@ int main(int argc, char **argv) {
   if (do_c && phase_shardd(&o, work, &m, serial_listing, &c, &s) != 0) fail = 1;
   report(&o, &m, &a, &b, &c, &s);
 
-  if (!o.keep) sd_e2e_rmtree(work);
+  /* A failed phase keeps its folder (daemon log, checkpoint) for a look. */
+  if (!o.keep && !fail) sd_e2e_rmtree(work);
   else printf("\nkept     %s\n", work);
   free(m.t);
   free(m.st);

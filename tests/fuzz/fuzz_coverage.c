@@ -6,7 +6,8 @@
 #include "sd_format.h"
 #include "sd_layout.h"
 
-#define MAX_BOXES 1400   /* a full 6^4 grid tiling fits, past the checker's 256 stack boxes */
+#define MAX_BOXES 1024   /* room for grids past the checker's 256 stack boxes, plus edits */
+#define GRID_BOXES 512   /* cells a generated grid may have: keeps each run in milliseconds */
 #define GRID_MAX 4096    /* elements the brute force walks */
 
 typedef struct {
@@ -41,6 +42,7 @@ static void decode_grid(fuzz_bytes *in, cov_case *c, uint64_t scale) {
   for (uint32_t d = 0; d < c->ndim; d++) {
     uint64_t s = 1 + fuzz_u8(in) % 6;
     uint8_t mask = fuzz_u8(in);
+    if (total * (size_t)__builtin_popcount(mask & 0x3e & ((1u << s) - 1)) + total > GRID_BOXES) mask = 0;
     ncut[d] = 0;
     cut[d][ncut[d]++] = 0;
     for (uint64_t p = 1; p < s; p++)

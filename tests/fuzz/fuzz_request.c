@@ -249,6 +249,9 @@ static void plan_roundtrip(const sd_tensor *t, const sd_plan_opts *opts, const c
 /* ------------------------------------------------------------------------ *
  * Ops (field order as in daemon/ops.c)
  * ------------------------------------------------------------------------ */
+/* The daemon's max_name_len and max_dims (config.c defaults, or small ones). */
+static unsigned cfg_max_name = SD_NAME_MAX, cfg_max_dims = SD_MAX_DIMS;
+
 static int op_hello(const json_t *req, sd_error *err) {
   uint64_t proto = 0;
   if (get_u64(req, "proto", 1, 0, &proto, err) < 0) return err->code;
@@ -328,14 +331,19 @@ static int op_put(const json_t *req, sd_error *err) {
   if (get_str(req, "save", 1, &save, NULL, err) < 0) return err->code;
   /* parse_tensor */
   if (get_str(req, "name", 1, &name, &nlen, err) < 0) return err->code;
+  if (nlen > cfg_max_name) return sd_fail(err, SHARDD_E_LIMIT, "name over max_name_len");
   if (sd_name_check(name, nlen, err) != 0) return err->code;
+  const json_t *jshape = json_object_get(req, "shape");
+  if (json_is_array(jshape) && json_array_size(jshape) > cfg_max_dims)
+    return sd_fail(err, SHARDD_E_LIMIT, "'shape' over max_dims");
   if (get_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
   if (sd_dtype_parse(dtype, &dt, err) != 0) return err->code;
   FUZZ_CHECK(strcmp(sd_dtype_name(dt), dtype) == 0, "dtype '%s' parsed as %s", dtype, sd_dtype_name(dt));
-  if (get_u64_array(req, "shape", 1, SD_MAX_DIMS, UINT64_MAX >> 1, shape, &n, err) < 0) return err->code;
-  int has_start = get_u64_array(req, "start", 0, SD_MAX_DIMS, UINT64_MAX >> 1, start, &ns, err);
+  if (get_u64_array(req, "shape", 1, SD_MAX_DIMS, 0, shape, &n, err) < 0) return err->code;
+  FUZZ_CHECK(n <= cfg_max_dims, "max_dims let %zu dimensions through", n);
+  int has_start = get_u64_array(req, "start", 0, SD_MAX_DIMS, 0, start, &ns, err);
   if (has_start < 0) return err->code;
-  int has_count = get_u64_array(req, "count", 0, SD_MAX_DIMS, UINT64_MAX >> 1, count, &nc, err);
+  int has_count = get_u64_array(req, "count", 0, SD_MAX_DIMS, 0, count, &nc, err);
   if (has_count < 0) return err->code;
   if (has_start != has_count) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give both 'start' and 'count'");
   if (!has_start) {
@@ -464,14 +472,17 @@ static uint32_t next_rand(uint32_t *s) {
   return *s;
 }
 
-/* Byte 0 picks the line cap (small caps make the too-long path reachable)
- * and seeds the chunk sizes; the rest is what the client sent. */
+/* Byte 0 picks the line cap (bit 7: small, so the too-long path is
+ * reachable), the name and dimension limits (bit 6: small) and seeds the
+ * chunk sizes; the rest is what the client sent. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1) return 0;
   uint8_t ctl = data[0];
   const char *S = (const char *)data + 1;
   size_t total = size - 1;
   size_t max_line = (ctl & 0x80) ? 8 + (size_t)(ctl & 0x3f) * 4 : 0;
+  cfg_max_name = (ctl & 0x40) ? 8 : SD_NAME_MAX;
+  cfg_max_dims = (ctl & 0x40) ? 2 : SD_MAX_DIMS;
   uint32_t rng = 0x9e3779b9u ^ ctl;
   sd_linebuf lb;
   sd_linebuf_init(&lb, max_line);

@@ -61,6 +61,8 @@ lines = {
 for name, line in lines.items():
     put("request", name, b"\x00" + line + b"\n")
 put("request", "half-line-then-stall", b"\x00" + b'{"op":"status"}\n{"op":"hel')
+put("request", "small-limits", b"\x40" + b'{"op":"put","save":"s","name":"layers.0.w","dtype":"U8","shape":[1,1,1],'
+    b'"data":"AA=="}\n{"op":"put","save":"s","name":"w","dtype":"U8","shape":[1,1,1],"data":"AA=="}\n')
 put("request", "too-long-line", b"\x81" + b'{"op":"status","id":"' + b"x" * 40 + b'"}\n')
 
 # ----------------------------------------------------------------- reader
@@ -116,7 +118,7 @@ put("coverage", "grid-2x3-cuts", bytes([1, 1, 1, 0b10, 2, 0b100, 0]))          #
 put("coverage", "grid-drop", bytes([1, 1, 3, 0b110, 3, 0b110, 1, 0, 2, 0, 0]))  # a gap
 put("coverage", "grid-replica", bytes([5, 2, 2, 0b10, 2, 0b10, 2, 0b10, 1, 1, 0, 0, 0]))
 put("coverage", "grid-nudge", bytes([1, 0, 5, 0b11110, 1, 2, 0, 0, 0b11]))    # an overlap
-put("coverage", "grid-full-4d", bytes([1, 3] + [5, 0xff] * 4 + [0]))           # 1296 boxes, heap path
+put("coverage", "grid-full-4d", bytes([1, 3, 5, 0xff, 5, 0xff, 3, 0xff, 1, 0xff, 0]))  # 288 boxes: heap path
 put("coverage", "random-2d", bytes([0, 2, 3, 4, 3, 0, 0, 3, 4, 0, 2, 1, 3, 1, 2, 0, 1]))
 put("coverage", "scalar", bytes([0, 0, 0, 3]))
 put("coverage", "scaled-grid", bytes([2, 0, 0, 0, 0, 0, 0, 1, 0, 4, 2, 0b10, 3, 0b100, 1, 2, 0, 1, 0, 0x2]))

@@ -23,6 +23,7 @@ cc=${FUZZ_CC:-clang}
 # ------------------------------------------------------------------------
 mkdir -p "$out/obj" "$out/artifacts"
 probe="$out/probe.c"
+rm -f "$out/probe.log"
 printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' >"$probe"
 if ! command -v "$cc" >/dev/null 2>&1 ||
    ! "$cc" -fsanitize=fuzzer,address,undefined "$probe" -o "$out/probe" >"$out/probe.log" 2>&1; then
@@ -35,26 +36,33 @@ fi
 # Build: the proto sources the targets use, plus the daemon's pure path
 # checks, instrumented; each target links them directly.
 # ------------------------------------------------------------------------
-proto_srcs=(error dtype tensor plan header index coverage runs reader checkpoint base64 linebuf msg)
+# All of proto/ (the sdcore library: pure, jansson only), so a new file there needs no edit here.
+proto_srcs=()
+for f in proto/*.c; do proto_srcs+=("$(basename "$f" .c)"); done
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 cflags=(-std=gnu11 -g -O1 -Wall -Wextra -Iinclude -Iproto -Idaemon -D_GNU_SOURCE
         $(pkg-config --cflags jansson) $(pkg-config --cflags libuv))
 libs=($(pkg-config --libs jansson) -lm)
 
+# Everything is recompiled when any source or header they include changed
+# (a stale object built against an old struct layout would fake crashes).
+stamp="$out/obj/.stamp"
 objs=()
-build_obj() { # src obj
-  if [ ! -f "$2" ] || [ "$1" -nt "$2" ] || [ tests/fuzz/run.sh -nt "$2" ]; then
-    "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "$1" -o "$2"
-  fi
-}
-pids=()
-for s in "${proto_srcs[@]}"; do
-  build_obj "proto/$s.c" "$out/obj/$s.o" & pids+=($!)
-  objs+=("$out/obj/$s.o")
-done
-build_obj daemon/pathsafe.c "$out/obj/pathsafe.o" & pids+=($!)
+for s in "${proto_srcs[@]}"; do objs+=("$out/obj/$s.o"); done
 objs+=("$out/obj/pathsafe.o")
-for p in "${pids[@]}"; do wait "$p"; done
+if [ ! -f "$stamp" ] || [ -n "$(find proto include daemon/pathsafe.c daemon/*.h tests/fuzz/run.sh \
+                                  -newer "$stamp" -type f -print -quit)" ]; then
+  rm -f "$stamp"
+  pids=()
+  for s in "${proto_srcs[@]}"; do
+    "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "proto/$s.c" -o "$out/obj/$s.o" &
+    pids+=($!)
+  done
+  "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c daemon/pathsafe.c -o "$out/obj/pathsafe.o" &
+  pids+=($!)
+  for p in "${pids[@]}"; do wait "$p"; done
+  touch "$stamp"
+fi
 
 for t in "${targets[@]}"; do
   src="tests/fuzz/fuzz_$t.c"
@@ -68,7 +76,8 @@ echo "fuzz: built ${targets[*]} in $out/"
 # ------------------------------------------------------------------------
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shardd-fuzz.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
+# A smaller quarantine keeps RSS low; jansson allocates on every line.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:quarantine_size_mb=64}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 status=0
 for t in "${targets[@]}"; do
@@ -80,7 +89,8 @@ for t in "${targets[@]}"; do
     # Replay: every seed (and every kept reproducer) must pass.
     if ! "$out/fuzz_$t" -rss_limit_mb=2048 -timeout=5 "$seeds"/* >"$log" 2>&1; then
       echo "fuzz: $t FAILED replaying $seeds (log: $log)"
-      tail -30 "$log"
+      grep 'Running: ' "$log" | tail -1
+      grep -A3 -m1 -E 'invariant broken|ERROR: |runtime error' "$log" || tail -30 "$log"
       status=1
     else
       echo "fuzz: $t: $(ls "$seeds" | wc -l) seeds replay cleanly"
@@ -93,7 +103,7 @@ for t in "${targets[@]}"; do
   if ! "$out/fuzz_$t" "${dict[@]}" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=5 -max_len=8192 \
        -print_final_stats=1 -artifact_prefix="$out/artifacts/$t-" "$corpus" >"$log" 2>&1; then
     echo "fuzz: $t FAILED (log: $log; reproducer: $(ls -t "$out/artifacts/$t-"* 2>/dev/null | head -1))"
-    grep -A25 -m1 -E 'ERROR: |invariant broken|runtime error' "$log" || tail -30 "$log"
+    grep -A3 -m1 -E 'invariant broken|ERROR: |runtime error' "$log" || tail -30 "$log"
     status=1
     continue
   fi

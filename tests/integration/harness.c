@@ -102,13 +102,33 @@ static void dump_log(const h_daemon *d) {
   free(log);
 }
 
-void h_daemon_start(h_daemon *d) {
-  const char *bin = env_path("SHARDD");
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(p);
+  return 0;
+}
+
+/* 0 once the socket accepts; otherwise -1 with the reason in why. */
+static int daemon_start(h_daemon *d, char *why, size_t n) {
+  const char *bin = getenv("SHARDD");
+  if (!bin || !*bin) {
+    snprintf(why, n, "environment variable SHARDD is not set (meson test sets it)");
+    return -1;
+  }
   int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  cr_assert(logfd >= 0, "open %s: %s", d->log, strerror(errno));
+  if (logfd < 0) {
+    snprintf(why, n, "open %.300s: %s", d->log, strerror(errno));
+    return -1;
+  }
   fflush(NULL);
   pid_t pid = fork();
-  cr_assert(pid >= 0, "fork: %s", strerror(errno));
+  if (pid < 0) {
+    snprintf(why, n, "fork: %s", strerror(errno));
+    close(logfd);
+    return -1;
+  }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     int nul = open("/dev/null", O_RDONLY);
@@ -116,6 +136,7 @@ void h_daemon_start(h_daemon *d) {
     dup2(logfd, 1);
     dup2(logfd, 2);
     execl(bin, bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", (char *)NULL);
+    fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
     _exit(127);
   }
   close(logfd);
@@ -126,14 +147,25 @@ void h_daemon_start(h_daemon *d) {
     if (waitpid(pid, &st, WNOHANG) == pid) {
       d->pid = 0;
       dump_log(d);
-      cr_assert_fail("shardd exited before accepting (status 0x%x)", st);
+      snprintf(why, n, "shardd exited before accepting (status 0x%x)", st);
+      return -1;
     }
     if (now_ms() > deadline) {
       dump_log(d);
-      cr_assert_fail("shardd did not accept on %s within 20 s", d->sock);
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      d->pid = 0;
+      snprintf(why, n, "shardd did not accept on %.300s within 20 s", d->sock);
+      return -1;
     }
     sleep_ms(5);
   }
+  return 0;
+}
+
+void h_daemon_start(h_daemon *d) {
+  char why[512];
+  if (daemon_start(d, why, sizeof why) != 0) cr_assert_fail("%s", why);
 }
 
 void h_daemon_stop(h_daemon *d) {
@@ -161,14 +193,6 @@ void h_daemon_stop(h_daemon *d) {
   cr_assert(!h_exists(d->sock), "shardd left its socket %s behind", d->sock);
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(p);
-  return 0;
-}
-
 void h_setup(void) {
   memset(&H, 0, sizeof H);
   snprintf(H.base, sizeof H.base, "/tmp/shardd-it-XXXXXX");
@@ -177,8 +201,12 @@ void h_setup(void) {
   snprintf(H.sock, sizeof H.sock, "%s/sock", H.base);
   snprintf(H.log, sizeof H.log, "%s/shardd.log", H.base);
   snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
-  cr_assert_eq(mkdir(H.outside, 0755), 0);
-  h_daemon_start(&H);
+  char why[512] = "";
+  if (mkdir(H.outside, 0755) != 0) snprintf(why, sizeof why, "mkdir %.300s: %s", H.outside, strerror(errno));
+  if (!why[0] && daemon_start(&H, why, sizeof why) == 0) return;
+  /* A failed setup skips .fini: leave nothing behind. */
+  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  cr_assert_fail("%s", why);
 }
 
 void h_teardown(void) {
@@ -248,6 +276,39 @@ int h_reap(pid_t pid) {
 void h_reap_ok(pid_t pid, const char *what) {
   int st = h_reap(pid);
   cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s (pid %d) ended with status 0x%x", what, (int)pid, st);
+}
+
+void h_await_begun(const char *id, int n) {
+  shardd_client *c = NULL;
+  cr_assert_eq(shardd_connect(H.sock, &c), 0, "%s", shardd_last_error(NULL));
+  int64_t deadline = now_ms() + H_WAIT_MS;
+  for (;;) {
+    char *js = NULL;
+    cr_assert_eq(shardd_status(c, &js), 0, "status: %s", shardd_last_error(c));
+    json_t *st = json_loads(js, 0, NULL);
+    shardd_free(js);
+    json_t *v;
+    size_t i;
+    json_int_t begun = -1;
+    json_array_foreach(json_object_get(st, "saves"), i, v) {
+      const char *sid = json_string_value(json_object_get(v, "save"));
+      if (sid && !strcmp(sid, id)) begun = json_integer_value(json_object_get(v, "ranks_begun"));
+    }
+    json_decref(st);
+    if (begun >= n) break;
+    cr_assert(now_ms() < deadline, "save '%s' never had %d ranks begun", id, n);
+    sleep_ms(2);
+  }
+  shardd_close(c);
+}
+
+int h_wait_registered(shardd_client *c, const char *save) {
+  int rc = shardd_wait(c, save, 0, NULL);
+  if (rc != SHARDD_E_TIMEOUT) return rc ? rc : SHARDD_E_PROTOCOL; /* the save cannot have ended yet */
+  char *js = NULL;
+  rc = shardd_status(c, &js);
+  shardd_free(js);
+  return rc;
 }
 
 void h_result_fail(h_result *r, const char *step, int rc, const shardd_client *c) {
@@ -345,6 +406,7 @@ void h_rank_main(int rank, void *arg) {
     h_result_fail(r, "begin", rc, c);
     goto failed;
   }
+  h_signal(s->sh, H_SYNC_BEGUN);
   if (s->hook) s->hook(s, rank, H_AT_BEGIN, c);
   for (size_t i = 0; i < s->nputs; i++) {
     const h_put *p = &s->puts[i];
@@ -380,6 +442,7 @@ void h_rank_main(int rank, void *arg) {
   if (s->hook) s->hook(s, rank, H_AT_PUTS, c);
   int end = s->end[rank];
   if (end == H_END_KILL_BEFORE_SEAL) {
+    if (h_await(s->sh, H_SYNC_BEGUN, o.world_size)) h_result_fail(r, "sync", SHARDD_E_TIMEOUT, NULL);
     /* Leave the segment for the parent to unlink (its name is in r->shm),
      * as a crashed trainer would leave it. */
     raise(SIGKILL);
@@ -542,6 +605,36 @@ void h_check_bytes(const char *rel, const char *name, const void *want, size_t l
   free(got);
 }
 
+size_t h_hf_split(const uint64_t *sizes, size_t n, uint64_t max, uint32_t *file_of) {
+  /* Shards are numbered as they are appended to the list: an oversized
+   * tensor's own shard goes in at once, the one being filled when it closes. */
+  size_t nshards = 0, open_from = SIZE_MAX;
+  uint64_t open_size = 0;
+  size_t *pending = malloc((n ? n : 1) * sizeof *pending), npending = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] > max) {
+      file_of[i] = (uint32_t)nshards++;
+      continue;
+    }
+    if (open_from != SIZE_MAX && open_size + sizes[i] > max) {
+      for (size_t k = 0; k < npending; k++) file_of[pending[k]] = (uint32_t)nshards;
+      nshards++;
+      npending = 0;
+      open_from = SIZE_MAX;
+      open_size = 0;
+    }
+    if (open_from == SIZE_MAX) open_from = i;
+    pending[npending++] = i;
+    open_size += sizes[i];
+  }
+  if (npending) {
+    for (size_t k = 0; k < npending; k++) file_of[pending[k]] = (uint32_t)nshards;
+    nshards++;
+  }
+  free(pending);
+  return nshards;
+}
+
 uint8_t *h_synth_tensor(const char *name, uint64_t seed, const char *dtype, int ndim, const uint64_t *shape,
                         size_t *len) {
   *len = (size_t)(numel(ndim, shape) * h_dtype_size(dtype));
@@ -615,7 +708,13 @@ void h_check_script(const h_script *s) {
       scatter(want, q->ndim, q->shape, q->boxed ? q->start : zero, q->boxed ? q->count : q->shape, es, b);
       free(b);
     }
-    h_check_bytes(s->opts.dir, p->name, want, len);
+    cr_assert_eq(t->end - t->begin, len, "tensor '%s': %llu bytes on disk, expected %zu", p->name,
+                 (unsigned long long)(t->end - t->begin), len);
+    uint8_t *got = read_range(s->opts.dir, f->name, f->h.data_start + t->begin, len);
+    size_t d = first_diff(got, want, len);
+    cr_assert_eq(d, len, "tensor '%s': byte %zu on disk is 0x%02x, ranks sent 0x%02x", p->name, d, got[d],
+                 want[d]);
+    free(got);
     free(want);
   }
   cr_assert_eq(c.ntensors, distinct, "%s holds %llu tensors, ranks put %zu", dir, (unsigned long long)c.ntensors,

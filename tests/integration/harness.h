@@ -15,6 +15,10 @@
 #define H_WAIT_MS 60000
 #define H_MAX_RANKS 8
 #define H_MAX_SYNC 16
+/* Counter every scripted rank bumps after its begin: a rank that kills
+ * itself waits for all to have begun, or a late rank would start a fresh
+ * save under the freed id and wait for ranks that never come. */
+#define H_SYNC_BEGUN (H_MAX_SYNC - 1)
 
 /* ------------------------------------------------------------------------ *
  * The daemon under test
@@ -86,6 +90,15 @@ pid_t h_fork(h_child_fn fn, int idx, void *arg);
 int h_reap(pid_t pid);
 /* Reaps and asserts a clean exit 0. */
 void h_reap_ok(pid_t pid, const char *what);
+
+/* Polls status until save `id` is in flight with at least n ranks begun
+ * (asserts it happens within H_WAIT_MS). */
+void h_await_begun(const char *id, int n);
+
+/* Child side: sends a wait for save and makes sure the daemon has taken it
+ * (a status round trip behind it), without blocking on the save's end. A
+ * later shardd_wait on c picks up that same wait. 0 or the failing code. */
+int h_wait_registered(shardd_client *c, const char *save);
 
 /* Records a failure of `step` from client c into r (c may be NULL). */
 void h_result_fail(h_result *r, const char *step, int rc, const shardd_client *c);
@@ -193,6 +206,11 @@ void h_expect_unpublished(const char *rel);
 void h_expect_serving(void);
 /* Reads a whole file (malloc'd, NUL-terminated); NULL when it cannot. */
 char *h_slurp(const char *path, size_t *len);
+
+/* huggingface_hub's split_state_dict_into_shards_factory over tensor sizes in
+ * walk order, written here apart from the daemon's planner: file_of[i] gets
+ * tensor i's 0-based shard; returns the number of shards. */
+size_t h_hf_split(const uint64_t *sizes, size_t n, uint64_t max, uint32_t *file_of);
 
 /* Synthetic bytes of a whole tensor (malloc'd). */
 uint8_t *h_synth_tensor(const char *name, uint64_t seed, const char *dtype, int ndim,

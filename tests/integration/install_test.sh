@@ -23,7 +23,7 @@ for want in /sbin/shardd /bin/shardctl /include/shardd/shardd.h /pkgconfig/shard
             /libshardd.so /libshardd.so.0 /libshardd.so.0.1.0 \
             /man8/shardd.8 /man1/shardctl.1 /man7/shardd-protocol.7 \
             /systemd/system/shardd.service /systemd/system/shardd.socket \
-            /sysusers.d/shardd.conf /tmpfiles.d/shardd.conf; do
+            /sysusers.d/shardd.conf /tmpfiles.d/shardd.conf /etc/shardd/shardd.conf; do
   grep -q -- "$want\$" "$tmp/files" || { cat "$tmp/files"; fail "nothing installed as *$want"; }
 done
 # A mangled install dir (say, from a bad pkg-config lookup) shows up as odd characters.

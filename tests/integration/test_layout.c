@@ -153,6 +153,52 @@ Test(layout, scalars_and_zero_size_tensors) {
   h_shared_free(s.sh);
 }
 
+/* The daemon refuses an empty slice of a non-empty tensor (proto/coverage.c),
+ * which PROTOCOL.md does not say, and only once every rank has sealed: the
+ * whole save fails, cleanly. Pinned here so a change is deliberate. */
+Test(layout, empty_box_of_a_non_empty_tensor_fails_the_save_cleanly) {
+  static const h_put puts[] = {
+      BOX2(0, "w", "F32", 4, 6, 0, 0, 2, 6),
+      BOX2(1, "w", "F32", 4, 6, 2, 0, 2, 6),
+      BOX2(2, "w", "F32", 4, 6, 4, 0, 0, 6),
+  };
+  h_script s = {.opts = {.save = "emptybox", .dir = "emptybox", .world_size = 3},
+                .puts = puts, .nputs = 3, .seed = 18};
+  h_run(&s);
+  for (int r = 0; r < 3; r++)
+    cr_assert_eq(s.sh->r[r].rc, 0, "rank %d: the put itself is accepted (%s)", r, s.sh->r[r].msg);
+  h_expect_failed(&s, SHARDD_E_INVALID_ARGUMENT, "tensor 'w'", "start=[4,0] count=[0,6]", "empty slice",
+                  (char *)NULL);
+  h_expect_unpublished("emptybox");
+  h_shared_free(s.sh);
+  h_expect_serving();
+}
+
+Test(layout, save_with_files_and_no_tensors) {
+  static const char cfg[] = "{\"model_type\":\"none\"}";
+  const h_file files[] = {{.rank = 0, .path = "config.json", .data = cfg, .len = sizeof cfg - 1}};
+  h_script s = {.opts = {.save = "notensors", .dir = "notensors", .world_size = 2}, .files = files,
+                .nfiles = 1, .seed = 19};
+  h_run(&s);
+  /* An empty model.safetensors beside the file, as save_pretrained writes
+   * for an empty state dict. */
+  h_expect_committed(&s);
+  h_verify_ok("notensors");
+  sd_ckpt c;
+  h_ckpt_read("notensors", &c);
+  cr_assert_eq(c.ntensors, 0);
+  cr_assert_eq(c.nfiles, 1);
+  cr_assert_str_eq(c.files[0].name, "model.safetensors");
+  sd_ckpt_free(&c);
+  char p[PATH_MAX];
+  char *got = h_slurp(h_path(p, sizeof p, "notensors/config.json"), NULL);
+  cr_assert_not_null(got);
+  cr_assert_str_eq(got, cfg);
+  free(got);
+  cr_assert_eq(s.sh->r[1].res.files, 2);
+  h_shared_free(s.sh);
+}
+
 /* ------------------------------------------------------------------------ *
  * Every whole-byte dtype
  * ------------------------------------------------------------------------ */
@@ -204,6 +250,9 @@ Test(layout, inline_data_puts_prefix_and_metadata) {
       {.rank = 1, .name = "in.whole", .dtype = "I16", .ndim = 1, .shape = {4}, .how = H_INLINE, .bytes = col,
        .len = sizeof col},
       {.rank = 0, .name = "in.synth", .dtype = "BF16", .ndim = 2, .shape = {16, 8}, .how = H_INLINE},
+      /* a UTF-8 name survives header, index and read-back */
+      {.rank = 1, .name = "emb.\xc3\xbc\xe5\xad\x97.weight", .dtype = "F16", .ndim = 1, .shape = {3},
+       .how = H_INLINE},
   };
   static const char *const md[] = {"step", "42", "note", "inline"};
   h_script s = {.opts = {.save = "inline", .dir = "inline", .world_size = 2, .prefix = "custom",

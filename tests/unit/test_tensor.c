@@ -416,3 +416,34 @@ Test(sortkeys, matches_qsort_and_is_stable) {
     free(k);
   }
 }
+
+Test(sortkeys, presorted_runs_are_merged_stably) {
+  srand(44);
+  for (int round = 0; round < 200; round++) {
+    size_t runs = 1 + (size_t)(round % 40); /* both sides of the merge limit */
+    size_t n = runs * (1 + (size_t)(rand() % 50));
+    rkey *r = calloc(n + 1, sizeof *r);
+    sd_skey *k = calloc(n + 1, sizeof *k);
+    for (size_t i = 0; i < n; i++) {
+      r[i].len = 1 + (size_t)(rand() % 3);
+      for (size_t j = 0; j < r[i].len; j++) r[i].b[j] = (unsigned char)('a' + rand() % 3);
+      r[i].idx = (uint32_t)i;
+    }
+    /* Sort each block so the input is `runs` ascending runs (or fewer). */
+    size_t per = n / runs;
+    for (size_t b = 0; b < runs; b++) qsort(r + b * per, b == runs - 1 ? n - b * per : per, sizeof *r, rkey_cmp);
+    for (size_t i = 0; i < n; i++) k[i] = (sd_skey){r[i].b, (uint32_t)r[i].len, r[i].idx};
+    cr_assert_eq(sd_sort_keys(k, n), 0);
+    /* Stability is by input position, which after the block sorts is the
+     * array position: re-number before the reference sort. */
+    uint32_t *pos = malloc((n + 1) * sizeof *pos);
+    for (size_t i = 0; i < n; i++) pos[r[i].idx] = (uint32_t)i;
+    for (size_t i = 0; i < n; i++) r[i].idx = (uint32_t)i;
+    qsort(r, n, sizeof *r, rkey_cmp);
+    for (size_t i = 0; i < n; i++)
+      cr_assert_eq(pos[k[i].idx], r[i].idx, "round %d (%zu runs) pos %zu", round, runs, i);
+    free(pos);
+    free(r);
+    free(k);
+  }
+}

@@ -1,0 +1,640 @@
+#!/usr/bin/env python3
+# Tests of the Python binding against a real shardd: what lands on disk is read back with a parser of our own.
+"""Runs a daemon on a temporary root and saves through shardd (the package).
+
+Environment: SHARDD_BIN (the daemon), LIBSHARDD (the library), SHARDCTL
+(optional; default: beside LIBSHARDD), PYTHONPATH with client/python.
+Prints "N passed, N failed" last and exits non-zero on any failure; exits
+77 (skipped, for meson) when numpy is missing.
+
+Run as `test_binding.py --worker JSON` it is one rank of the two-rank test.
+"""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+try:
+    import numpy as np
+except ImportError:
+    print("numpy is not installed (Debian: python3-numpy): skipping")
+    sys.exit(77)
+
+import shardd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "train_loop.py")
+WAIT = 30  # seconds; every wait is bounded so a broken daemon fails the test instead of hanging it
+
+# ---------------------------------------------------------------------------
+# An independent safetensors reader: 8-byte little-endian header length, JSON
+# header, then the data; dtypes straight from the format's definition.
+# ---------------------------------------------------------------------------
+ST_DTYPES = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": "<i2", "U16": "<u2", "F16": "<f2",
+    "I32": "<i4", "U32": "<u4", "F32": "<f4", "I64": "<i8", "U64": "<u8", "F64": "<f8",
+    "C64": "<c8",
+    # No numpy type: compared as raw little-endian bit patterns.
+    "BF16": "<u2", "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
+}
+
+
+def read_safetensors(path):
+    """({name: numpy array}, {name: dtype string}, metadata, [names in data order])."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    data = blob[8 + n:]
+    meta = header.pop("__metadata__", {})
+    arrays, dtypes = {}, {}
+    end = 0
+    for name, t in header.items():
+        b, e = t["data_offsets"]
+        dt = np.dtype(ST_DTYPES[t["dtype"]])
+        count = int(np.prod(t["shape"], dtype=np.int64))
+        assert e - b == count * dt.itemsize, (name, t)
+        arrays[name] = np.frombuffer(data[b:e], dtype=dt).reshape(t["shape"])
+        dtypes[name] = t["dtype"]
+        end = max(end, e)
+    assert end == len(data), "%s: %d data bytes, header covers %d" % (path, len(data), end)
+    order = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    return arrays, dtypes, meta, order
+
+
+def read_checkpoint(folder):
+    """({name: array}, {name: dtype}, {name: file}, metadata of the first shard)."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    arrays, dtypes, where, meta = {}, {}, {}, None
+    for fn in files:
+        a, d, m, _ = read_safetensors(os.path.join(folder, fn))
+        assert not set(a) & set(arrays), "tensor in two files"
+        arrays.update(a)
+        dtypes.update(d)
+        where.update({k: fn for k in a})
+        meta = m if meta is None else meta
+    return arrays, dtypes, where, meta
+
+
+def as_stored(a):
+    """The array as a safetensors reader sees it: little-endian, raw bits for types numpy lacks."""
+    a = np.array(a, order="C")  # ascontiguousarray would turn a 0-d array into 1-d
+    if a.dtype.kind == "V":
+        return a.view("<u%d" % a.dtype.itemsize) if a.dtype.itemsize > 1 else a.view(np.uint8)
+    return a.astype(a.dtype.newbyteorder("<"))
+
+
+# ---------------------------------------------------------------------------
+# The daemon
+# ---------------------------------------------------------------------------
+class Daemon:
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="shardd-py-")
+        self.root = os.path.join(self.tmp, "root")
+        self.socket = os.path.join(self.tmp, "shardd.sock")
+        self.log = open(os.path.join(self.tmp, "shardd.log"), "w+")
+        exe = os.environ.get("SHARDD_BIN")
+        if not exe:
+            raise SystemExit("SHARDD_BIN is not set")
+        self.proc = subprocess.Popen([exe, "--root", self.root, "--socket", self.socket],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + WAIT
+        # The socket appears only once the daemon accepts.
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("shardd did not start:\n" + self.logtext())
+            time.sleep(0.02)
+
+    def logtext(self):
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self.final_log = self.logtext()
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return rc
+
+
+D = None
+
+
+def path(*parts):
+    return os.path.join(D.root, *parts)
+
+
+def all_dtypes():
+    rng = np.random.default_rng(7)
+    out = {
+        "bool": rng.integers(0, 2, (3, 5)).astype(np.bool_),
+        "u8": rng.integers(0, 256, (4, 3), dtype=np.uint8),
+        "i8": rng.integers(-128, 128, (7,), dtype=np.int8),
+        "i16": rng.integers(-2**15, 2**15, (2, 3, 4), dtype=np.int16),
+        "u16": rng.integers(0, 2**16, (5,), dtype=np.uint16),
+        "f16": rng.standard_normal((3, 3)).astype(np.float16),
+        "i32": rng.integers(-2**31, 2**31, (4, 4), dtype=np.int32),
+        "u32": rng.integers(0, 2**32, (6,), dtype=np.uint32),
+        "f32": rng.standard_normal((8, 2)).astype(np.float32),
+        "i64": rng.integers(-2**63, 2**63 - 1, (3,), dtype=np.int64),
+        "u64": rng.integers(0, 2**64 - 1, (2, 2), dtype=np.uint64),
+        "f64": rng.standard_normal((5, 1)),
+        "c64": (rng.standard_normal((2, 3)) + 1j * rng.standard_normal((2, 3))).astype(np.complex64),
+    }
+    # Odd layouts the copy must still write row-major and little-endian.
+    out["scalar"] = np.array(np.float32(2.5))
+    out["empty"] = np.zeros((0, 4), np.int32)
+    out["transposed"] = np.arange(24, dtype=np.float32).reshape(4, 6).T
+    out["strided"] = np.arange(40, dtype=np.int64)[::3]
+    out["bigendian"] = np.arange(10, dtype=">f8") / 3.0
+    out["nan"] = np.array([np.nan, -0.0, np.inf], np.float32)
+    return out
+
+
+def two_rank_globals():
+    rng = np.random.default_rng(99)
+    return {
+        "embed": rng.standard_normal((6, 4)).astype(np.float32),
+        "proj": rng.integers(-1000, 1000, (4, 6), dtype=np.int16),
+        "norm": rng.standard_normal(5),
+        "bias": rng.integers(0, 256, (7,), dtype=np.uint8),
+        "flags": rng.integers(0, 2, (2, 2, 2)).astype(np.bool_),
+        "cplx": (rng.standard_normal((2, 3)) + 1j).astype(np.complex64),
+    }
+
+
+def two_rank_state(rank):
+    """Rank `rank`'s slices: row, column (a strided view), uneven and last-axis splits, a replica."""
+    g = two_rank_globals()
+    bias_cut = [(0, 4), (4, 7)][rank]
+    S = shardd.Slice
+    return {
+        "embed": S(g["embed"][3 * rank:3 * rank + 3], g["embed"].shape, (3 * rank, 0)),
+        "proj": S(g["proj"][:, 3 * rank:3 * rank + 3], g["proj"].shape, (0, 3 * rank)),
+        "norm": g["norm"],
+        "bias": S(g["bias"][bias_cut[0]:bias_cut[1]], (7,), (bias_cut[0],)),
+        "flags": S(g["flags"][:, :, rank:rank + 1], (2, 2, 2), (0, 0, rank)),
+        "cplx": S(g["cplx"][rank:rank + 1], (2, 3), (rank, 0)),
+    }
+
+
+def worker(args):
+    """One rank in its own process."""
+    r = shardd.save(two_rank_state(args["rank"]), args["dir"], rank=args["rank"], world_size=2,
+                    socket=args["socket"], metadata={"job": "two-ranks"},
+                    files={"config.json": '{"ranks": 2}'}, timeout=WAIT)
+    print(json.dumps(r))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------
+class SaveTest(unittest.TestCase):
+    def setUp(self):
+        self.client = shardd.Client(D.socket)
+
+    def tearDown(self):
+        self.client.close()
+
+    def assertStored(self, arrays, dtypes, name, want, dtype):
+        self.assertEqual(dtypes[name], dtype, name)
+        got = arrays[name]
+        exp = as_stored(want)
+        self.assertEqual(got.shape, exp.shape, name)
+        self.assertEqual(got.dtype, exp.dtype, name)
+        self.assertEqual(got.tobytes(), exp.tobytes(), name)
+
+    def test_every_numpy_dtype_round_trips(self):
+        tensors = all_dtypes()
+        r = shardd.save(tensors, "dtypes/step-1", client=self.client, metadata={"step": "1"},
+                        files={"config.json": '{"a": 1}\n', "raw.bin": b"\x00\xff"}, timeout=WAIT)
+        self.assertEqual(r["state"], "committed")
+        self.assertEqual(r["dir"], path("dtypes", "step-1"))
+        self.assertEqual(r["tensors"], len(tensors))
+        self.assertEqual(r["files"], 3)
+        self.assertEqual(r["save"], "dtypes:step-1")
+        arrays, dtypes, _, meta = read_checkpoint(path("dtypes", "step-1"))
+        self.assertEqual(meta, {"format": "pt", "step": "1"})
+        names = {"bool": "BOOL", "u8": "U8", "i8": "I8", "i16": "I16", "u16": "U16", "f16": "F16",
+                 "i32": "I32", "u32": "U32", "f32": "F32", "i64": "I64", "u64": "U64", "f64": "F64",
+                 "c64": "C64", "scalar": "F32", "empty": "I32", "transposed": "F32",
+                 "strided": "I64", "bigendian": "F64", "nan": "F32"}
+        self.assertEqual(set(arrays), set(names))
+        for name, dt in names.items():
+            self.assertStored(arrays, dtypes, name, tensors[name], dt)
+        with open(path("dtypes", "step-1", "config.json"), "rb") as f:
+            self.assertEqual(f.read(), b'{"a": 1}\n')
+        with open(path("dtypes", "step-1", "raw.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00\xff")
+        total = sum(os.path.getsize(path("dtypes", "step-1", fn))
+                    for fn in os.listdir(path("dtypes", "step-1")))
+        self.assertEqual(r["bytes"], total)
+
+    def test_dict_order_decides_the_shards(self):
+        # Natural name order would give a, m, z; the dict says z, a, m.
+        t = {"z": np.full(100, 1, np.float32), "a": np.full(100, 2, np.float32),
+             "m": np.full(100, 3, np.float32)}
+        shardd.save(t, "order", client=self.client, max_shard_size=400, timeout=WAIT)
+        with open(path("order", "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        self.assertEqual(index["weight_map"], {"z": "model-00001-of-00003.safetensors",
+                                               "a": "model-00002-of-00003.safetensors",
+                                               "m": "model-00003-of-00003.safetensors"})
+        self.assertEqual(index["metadata"]["total_size"], 1200)
+        arrays, _, _, _ = read_checkpoint(path("order"))
+        for k in t:
+            self.assertEqual(arrays[k].tobytes(), t[k].tobytes())
+        # ordered=False hands the order to the daemon: natural name order.
+        shardd.save(t, "natural", client=self.client, max_shard_size=400, ordered=False, timeout=WAIT)
+        with open(path("natural", "model.safetensors.index.json")) as f:
+            wm = json.load(f)["weight_map"]
+        self.assertEqual(wm["a"], "model-00001-of-00003.safetensors")
+        self.assertEqual(wm["z"], "model-00003-of-00003.safetensors")
+
+    def test_two_rank_processes_save_slices(self):
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                                   json.dumps({"rank": r, "dir": "two/step-5", "socket": D.socket})],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+        results = []
+        for p in procs:
+            out, err = p.communicate(timeout=2 * WAIT)
+            self.assertEqual(p.returncode, 0, err.decode())
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+        self.assertEqual(results[0], results[1])
+        self.assertEqual(results[0]["tensors"], 6)
+        arrays, dtypes, _, meta = read_checkpoint(path("two", "step-5"))
+        self.assertEqual(meta, {"format": "pt", "job": "two-ranks"})
+        g = two_rank_globals()
+        want = {"embed": "F32", "proj": "I16", "norm": "F64", "bias": "U8", "flags": "BOOL",
+                "cplx": "C64"}
+        self.assertEqual(set(arrays), set(want))
+        for name, dt in want.items():
+            self.assertStored(arrays, dtypes, name, g[name], dt)
+        with open(path("two", "step-5", "config.json")) as f:
+            self.assertEqual(f.read(), '{"ranks": 2}')
+
+    def test_overlapping_slices_fail_for_both_ranks(self):
+        w = np.arange(12, dtype=np.float32).reshape(4, 3)
+        errors = [None, None]
+
+        def rank(r, box):
+            try:
+                with shardd.Client(D.socket) as c:
+                    shardd.save({"w": shardd.Slice(w[box[0]:box[1]], (4, 3), (box[0], 0))},
+                                "overlap", client=c, rank=r, world_size=2, timeout=WAIT)
+            except shardd.ShardError as e:
+                errors[r] = e
+
+        threads = [threading.Thread(target=rank, args=(0, (0, 3))),
+                   threading.Thread(target=rank, args=(1, (2, 4)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(2 * WAIT)
+        for e in errors:
+            self.assertIsInstance(e, shardd.ShardError)
+            self.assertEqual(e.name, "overlap")
+            self.assertEqual(e.code, -9)
+            self.assertIn("'w'", e.message)
+        self.assertFalse(os.path.exists(path("overlap")))
+
+    def test_errors_carry_name_code_and_message(self):
+        # A slice that leaves a gap fails at wait, naming the tensor and element.
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save({"lm_head.weight": shardd.Slice(np.zeros((2, 3), np.float32), (4, 3), (0, 0))},
+                        "gap", client=self.client, timeout=WAIT)
+        e = cm.exception
+        self.assertEqual((e.code, e.name), (-10, "gap"))
+        self.assertIn("tensor 'lm_head.weight'", e.message)
+        self.assertEqual(str(e), "gap: " + e.message)
+        self.assertFalse(os.path.exists(path("gap")))
+
+        shardd.save({"x": np.zeros(1)}, "taken", client=self.client, timeout=WAIT)
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save({"x": np.ones(1)}, "taken", client=self.client, timeout=WAIT)
+        self.assertEqual((cm.exception.name, cm.exception.code), ("exists", -11))
+        self.assertIn("'taken'", cm.exception.message)
+        # overwrite replaces it atomically.
+        shardd.save({"x": np.ones(1)}, "taken", client=self.client, overwrite=True, timeout=WAIT)
+        self.assertEqual(read_checkpoint(path("taken"))[0]["x"].tolist(), [1.0])
+
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save({"x": np.zeros(1)}, "../escape", client=self.client, timeout=WAIT)
+        self.assertEqual(cm.exception.name, "bad_path")
+
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.put_inline("nope", "w", "F32", [1], b"\0\0\0\0")
+        self.assertEqual(cm.exception.name, "no_such_save")
+
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.Client(os.path.join(D.tmp, "no-such.sock"))
+        self.assertEqual(cm.exception.name, "connect_failed")
+        self.assertIn("no-such.sock", cm.exception.message)
+
+        # The client stays usable after errors.
+        self.assertEqual(self.client.status()["saves"], [])
+
+    def test_failed_put_aborts_the_save(self):
+        # The daemon refuses a box outside the shape; save() aborts so no other rank waits forever.
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save({"ok": np.zeros(2), "bad": shardd.Slice(np.zeros(2), (3,), (2,))}, "bad-box",
+                        client=self.client, save_id="bad-box", rank=0, world_size=2, timeout=WAIT)
+        self.assertEqual(cm.exception.name, "invalid_argument")
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.wait("bad-box", timeout=WAIT)
+        self.assertEqual(cm.exception.name, "aborted")
+
+    def test_local_refusals(self):
+        with self.assertRaises(TypeError):
+            shardd.save({"x": np.zeros(2, np.float128)}, "f128", client=self.client)
+        with self.assertRaises(TypeError):
+            shardd.save({"x": np.array([object()])}, "obj", client=self.client)
+        with self.assertRaises(ValueError):
+            shardd.save({"x": shardd.Slice(np.zeros((2, 2)), (4,), (0,))}, "dims", client=self.client)
+        with self.assertRaises(TypeError):
+            shardd.dtype_name("float128")
+        # Nothing reached the daemon.
+        self.assertEqual(self.client.status()["saves"], [])
+        self.assertFalse(os.path.exists(path("f128")))
+
+    def test_low_level_calls_and_status(self):
+        c = self.client
+        a = c.arena(64)
+        self.assertEqual(a.size, 64)
+        self.assertTrue(a.name.startswith("/shardd-"))
+        self.assertTrue(os.path.exists("/dev/shm" + a.name))
+        v = a.view(np.float32, (4,))
+        v[:] = [1, 2, 3, 4]
+        self.assertEqual(bytes(a.buffer[:4]), np.float32(1).tobytes())
+        a.array[16:24] = np.arange(8, dtype=np.uint8)
+
+        c.begin("low", "low/step-1", rank=0, world_size=1, prefix="weights", metadata={"k": "v"})
+        c.put("low", "w", "F32", [2, 2], a, 0, index=0)
+        c.put("low", "u", np.uint8, [8], a, 16, index=1)
+        c.put_copy("low", "h", np.float16, [3], a, 32, np.array([1, 2, 3], np.float16), index=2)
+        c.put_inline("low", "e", "BF16", [2, 3], b"\x80\x3f\x00\x40\x40\x40", start=[0, 0],
+                     count=[1, 3])
+        c.put_inline("low", "e", "BF16", [2, 3], bytearray(b"\x80\x40\xa0\x40\xc0\x40"),
+                     start=[1, 0], count=[1, 3])
+        c.file("low", "config.json", '{"model_type": "demo"}')
+        st = c.status()
+        (s,) = [s for s in st["saves"] if s["save"] == "low"]
+        self.assertEqual((s["state"], s["dir"], s["tensors"], s["files"]), ("open", "low/step-1", 4, 1))
+        self.assertGreaterEqual(st["clients"], 1)
+        self.assertIn("saves_committed", st["totals"])
+
+        with self.assertRaises(shardd.ShardError) as cm:
+            c.put("low", "far", "F32", [4], a, 56)
+        self.assertEqual(cm.exception.name, "out_of_range")
+        c.seal("low")
+        c.wait_released("low", WAIT)
+        r = c.wait("low", timeout=WAIT)
+        self.assertEqual((r["files"], r["tensors"]), (2, 4))
+        arrays, dtypes, meta, _ = read_safetensors(path("low", "step-1", "weights.safetensors"))
+        self.assertEqual(meta, {"format": "pt", "k": "v"})
+        self.assertEqual(arrays["w"].tolist(), [[1, 2], [3, 4]])
+        self.assertEqual(arrays["u"].tolist(), list(range(8)))
+        self.assertEqual(arrays["h"].tolist(), [1, 2, 3])
+        # bfloat16 1..6 as raw bits.
+        self.assertEqual(arrays["e"].tolist(), [[0x3f80, 0x4000, 0x4040], [0x4080, 0x40a0, 0x40c0]])
+        self.assertEqual(dtypes["e"], "BF16")
+        # A second wait is answered from the daemon's memory of finished saves.
+        self.assertEqual(c.wait("low", timeout=WAIT), r)
+        a.close()
+        with self.assertRaises(ValueError):
+            a.buffer
+
+    def test_wait_timeout_then_abort(self):
+        c = self.client
+        c.begin("half", "half", rank=0, world_size=2)
+        c.put_inline("half", "w", "U8", [1], b"\x07")
+        c.seal("half")
+        t0 = time.monotonic()
+        with self.assertRaises(shardd.ShardError) as cm:
+            c.wait("half", timeout=0.2)
+        self.assertEqual(cm.exception.name, "timeout")
+        self.assertGreaterEqual(time.monotonic() - t0, 0.15)
+        with shardd.Client(D.socket) as other:
+            other.abort("half")
+        with self.assertRaises(shardd.ShardError) as cm:
+            c.wait("half", timeout=WAIT)
+        self.assertEqual(cm.exception.name, "aborted")
+
+    def test_arena_reuse_grow_and_pending_saves(self):
+        c = self.client
+        a = c.arena(16)
+        big = np.arange(100000, dtype=np.float64)
+        p = shardd.save({"big": big}, "grow/1", client=c, arena=a, wait=False, timeout=WAIT)
+        self.assertIsInstance(p, shardd.PendingSave)
+        self.assertGreaterEqual(a.size, big.nbytes)
+        self.assertEqual(a.last_save, "grow:1")
+        size = a.size
+        # The next save reuses the memory, waiting for the first save's release itself.
+        q = shardd.save({"big": -big}, "grow/2", client=c, arena=a, wait=False, timeout=WAIT)
+        self.assertEqual(a.size, size)
+        p.wait_released(WAIT)
+        self.assertEqual(p.wait(WAIT)["tensors"], 1)
+        self.assertEqual(q.wait(WAIT)["tensors"], 1)
+        self.assertEqual(read_checkpoint(path("grow", "1"))[0]["big"].tobytes(), big.tobytes())
+        self.assertEqual(read_checkpoint(path("grow", "2"))[0]["big"].tobytes(), (-big).tobytes())
+        with self.assertRaises(ValueError):
+            shardd.save({"x": big}, "grow/3", client=shardd.Client(D.socket), arena=a)
+        a.close()
+
+    def test_views_keep_the_segment_until_dropped(self):
+        a = self.client.arena(4096)
+        shm = "/dev/shm" + a.name
+        v = a.view(np.int32, (8,))
+        v[:] = 5
+        a.close()
+        self.assertTrue(a.closed)
+        # The view still reads mapped memory; the segment goes with the last view.
+        self.assertEqual(v.sum(), 40)
+        self.assertTrue(os.path.exists(shm))
+        del v
+        self.assertFalse(os.path.exists(shm))
+        # An arena survives its client's close as plain memory.
+        c = shardd.Client(D.socket)
+        b = c.arena(100)
+        c.close()
+        b.array[:] = 1
+        self.assertEqual(int(b.array.sum()), 100)
+        b.close()
+
+    def test_torchrun_env_and_defaults(self):
+        env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+               "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
+               "MASTER_PORT": "29500"}
+        self.assertEqual(shardd.torchrun_env(env), {
+            "rank": 3, "world_size": 8, "local_rank": 1, "local_world_size": 2, "nnodes": 4,
+            "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29500})
+        env.update(NODE_RANK="2", NNODES="5")
+        t = shardd.torchrun_env(env)
+        self.assertEqual((t["node_rank"], t["nnodes"]), (2, 5))
+        self.assertEqual(shardd.torchrun_env({})["rank"], None)
+        with self.assertRaises(ValueError):
+            shardd.torchrun_env({"RANK": "zero"})
+
+        saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "NNODES", "GROUP_WORLD_SIZE")}
+        try:
+            os.environ.update(RANK="0", WORLD_SIZE="1")
+            r = shardd.save({"x": np.ones(3, np.int8)}, "from-env", client=self.client, timeout=WAIT)
+            self.assertEqual(r["tensors"], 1)
+            # A single-rank save would wait forever for ranks on other nodes: refused up front.
+            os.environ.update(RANK="1", WORLD_SIZE="4", NNODES="2")
+            with self.assertRaises(ValueError):
+                shardd.save({"x": np.ones(3)}, "multi", client=self.client)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def test_default_save_id(self):
+        self.assertEqual(shardd.default_save_id("run1/step-100"), "run1:step-100")
+        odd = shardd.default_save_id("run 1/step:100")
+        self.assertRegex(odd, r"^run_1:step:100-[0-9a-f]{16}$")
+        self.assertNotEqual(odd, shardd.default_save_id("run_1/step_100"))
+        self.assertLessEqual(len(shardd.default_save_id("x" * 1000)), 128)
+        self.assertFalse(shardd.default_save_id(".hidden").startswith("."))
+
+    def test_bfloat16_through_ml_dtypes(self):
+        try:
+            import ml_dtypes
+        except ImportError:
+            self.skipTest("ml_dtypes is not installed")
+        x = np.array([1, 2, 3, -0.5], dtype=ml_dtypes.bfloat16)
+        shardd.save({"x": x}, "mlbf16", client=self.client, timeout=WAIT)
+        arrays, dtypes, _, _ = read_checkpoint(path("mlbf16"))
+        self.assertStored(arrays, dtypes, "x", x, "BF16")
+
+    def test_torch_tensors(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch is not installed")
+        w = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        bf = torch.tensor([1.0, 2.0, -3.5], dtype=torch.bfloat16)
+        cplx = torch.tensor([1 + 2j, -3j], dtype=torch.complex64)
+        t = {
+            "w": w.t(),  # non-contiguous
+            "bf": bf,
+            "bf_scalar": torch.tensor(1.5, dtype=torch.bfloat16),
+            "empty": torch.zeros(0, 3, dtype=torch.bfloat16),
+            "i": torch.tensor([1, -2], dtype=torch.int64),
+            "b": torch.tensor([True, False]),
+            "half": shardd.Slice(torch.ones(2, dtype=torch.float16), (2,), (0,)),
+            "grad": torch.ones(2, requires_grad=True),
+            "conj": cplx.conj(),  # a lazy view: the saved bytes must be the conjugate
+        }
+        shardd.save(t, "torch", client=self.client, timeout=WAIT)
+        arrays, dtypes, _, _ = read_checkpoint(path("torch"))
+        self.assertEqual(dtypes, {"w": "F32", "bf": "BF16", "bf_scalar": "BF16", "empty": "BF16",
+                                  "i": "I64", "b": "BOOL", "half": "F16", "grad": "F32",
+                                  "conj": "C64"})
+        self.assertEqual(arrays["w"].tolist(), w.t().tolist())
+        self.assertEqual(arrays["bf"].tolist(), [0x3f80, 0x4000, 0xc060])
+        self.assertEqual(arrays["bf_scalar"].shape, ())
+        self.assertEqual(int(arrays["bf_scalar"]), 0x3fc0)
+        self.assertEqual(arrays["empty"].shape, (0, 3))
+        self.assertEqual(arrays["i"].tolist(), [1, -2])
+        self.assertEqual(arrays["b"].tolist(), [True, False])
+        self.assertEqual(arrays["half"].tolist(), [1.0, 1.0])
+        self.assertEqual(arrays["grad"].tolist(), [1.0, 1.0])
+        self.assertEqual(arrays["conj"].tolist(), [1 - 2j, 3j])
+        with self.assertRaises(TypeError):
+            shardd.save({"x": torch.zeros(2, dtype=torch.complex128)}, "c128", client=self.client)
+
+    def test_train_loop_example(self):
+        env = dict(os.environ)
+        for k in ("RANK", "WORLD_SIZE", "NNODES", "GROUP_WORLD_SIZE"):
+            env.pop(k, None)
+        p = subprocess.run([sys.executable, EXAMPLE, "--socket", D.socket, "--steps", "9",
+                            "--every", "2", "--dir", "loop"], env=env, capture_output=True,
+                           timeout=4 * WAIT)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        out = p.stdout.decode()
+        self.assertEqual(out.count("committed"), 4, out)
+        dirs = sorted(os.listdir(path("loop")))
+        self.assertEqual(dirs, ["step-000002", "step-000004", "step-000006", "step-000008"])
+        shardctl = os.environ.get("SHARDCTL") or os.path.join(
+            os.path.dirname(os.environ.get("LIBSHARDD", "")), "shardctl")
+        for d in dirs:
+            v = subprocess.run([shardctl, "verify", path("loop", d)], capture_output=True,
+                               timeout=WAIT)
+            self.assertEqual(v.returncode, 0, v.stdout.decode() + v.stderr.decode())
+            self.assertTrue(v.stdout.decode().startswith("ok: "))
+            arrays, dtypes, _, meta = read_checkpoint(path("loop", d))
+            step = int(d.split("-")[1])
+            self.assertEqual(int(arrays["step"]), step)
+            self.assertEqual(meta["step"], str(step))
+            self.assertEqual(arrays["linear.weight"].shape, (48, 64))
+        # Training moved the weights between checkpoints.
+        w2 = read_checkpoint(path("loop", dirs[0]))[0]["linear.weight"]
+        w8 = read_checkpoint(path("loop", dirs[-1]))[0]["linear.weight"]
+        self.assertFalse(np.array_equal(w2, w8))
+
+    def test_missing_library_is_reported(self):
+        env = dict(os.environ, LIBSHARDD=os.path.join(D.tmp, "libnothing.so"))
+        p = subprocess.run([sys.executable, "-c", "import shardd; shardd.Client('/x')"], env=env,
+                           capture_output=True, timeout=WAIT)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"cannot load libshardd", p.stderr)
+        # Importing alone does not need the library.
+        p = subprocess.run([sys.executable, "-c", "import shardd; print(shardd.torchrun_env({}))"],
+                           env=env, capture_output=True, timeout=WAIT)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+
+    def test_error_table_matches_the_header(self):
+        names = shardd.error_names()
+        self.assertEqual(names[-10], "gap")
+        self.assertEqual(names[-25], "connect_failed")
+        self.assertEqual(len(names), len(set(names.values())))
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        return worker(json.loads(sys.argv[2]))
+    global D
+    D = Daemon()
+    passed, failed = 0, 1
+    try:
+        suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
+        result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+        failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+        passed = result.testsRun - failed - len(result.skipped)
+        for test, why in result.skipped:
+            print("skipped %s: %s" % (test.id().split(".")[-1], why))
+    finally:
+        rc = D.stop()
+    if rc != 0 or failed:
+        # The daemon's side of the story, for whoever reads the failure.
+        print("shardd exited %d; its log:\n%s" % (rc, D.final_log))
+    if rc != 0:
+        failed += 1
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+/* Multi-node saves, the plumbing: start-up, begin fields, message routing between roles, peer loss, status. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cluster_int.h"
+#include "log.h"
+#include "publish.h"
+#include "sd_msg.h"
+
+/* ------------------------------------------------------------------------ *
+ * Node names and temporary folders
+ * ------------------------------------------------------------------------ */
+/* Characters outside [A-Za-z0-9._-] become '_', so a node name makes a plain file name part. */
+static void clean_name(char *dst, size_t n, const char *src, size_t max) {
+  size_t k = 0;
+  for (size_t i = 0; src[i] && i < max && k + 1 < n; i++) {
+    char c = src[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+             c == '_' || c == '-';
+    dst[k++] = ok ? c : '_';
+  }
+  dst[k] = '\0';
+}
+
+static void node_name_of(const sd_config *cfg, char *out, size_t n) {
+  if (cfg->node_name && *cfg->node_name) {
+    snprintf(out, n, "%s", cfg->node_name);
+    return;
+  }
+  char host[256] = "";
+  if (gethostname(host, sizeof host - 1) != 0 || !host[0]) snprintf(host, sizeof host, "localhost");
+  snprintf(out, n, "%s", host);
+}
+
+/* ".shardd-tmp-@NODE@": the folders this node creates start with it, so a
+ * restarted daemon removes its own leftovers and nobody else's. */
+static void tmp_tag_of(const char *node, char *out, size_t n) {
+  char clean[80];
+  clean_name(clean, sizeof clean, node, 64);
+  snprintf(out, n, ".shardd-tmp-@%s@", clean);
+}
+
+int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err) {
+  if (!cfg->peer_listen || !*cfg->peer_listen) return sd_cleanup_stale(root_fd, err);
+  char node[SD_PEER_NAME_MAX + 1], tag[SD_PEER_NAME_MAX + 32];
+  node_name_of(cfg, node, sizeof node);
+  tmp_tag_of(node, tag, sizeof tag);
+  return sd_cleanup_stale_owned(root_fd, tag, err);
+}
+
+char *cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
+  const char *slash = strrchr(dir, '/');
+  const char *base = slash ? slash + 1 : dir;
+  char b[100], s[70], out[SD_PEER_NAME_MAX + 32 + 100 + 70 + 48];
+  clean_name(b, sizeof b, base, 64); /* the whole name stays under NAME_MAX */
+  clean_name(s, sizeof s, save_id, 64);
+  snprintf(out, sizeof out, "%s-%s-%s-%ld-%llu", cl->tmp_tag, b, s, (long)getpid(),
+           (unsigned long long)++cl->tmp_counter);
+  return strdup(out);
+}
+
+char *cl_final_path(sd_cluster *cl, const char *dir) {
+  const char *root = cl->d->cfg->root;
+  size_t rl = strlen(root);
+  while (rl > 1 && root[rl - 1] == '/') rl--;
+  size_t n = rl + 1 + strlen(dir) + 1;
+  char *p = malloc(n);
+  if (p) snprintf(p, n, "%.*s%s%s", (int)rl, root, root[rl - 1] == '/' ? "" : "/", dir);
+  return p;
+}
+
+void cl_random_id(char out[17]) {
+  uint8_t b[8];
+  if (sd_peer_random(b, sizeof b) != 0) {
+    /* Uniqueness, not secrecy, is what these ids need. */
+    uint64_t t = uv_hrtime() ^ (uint64_t)getpid() << 32;
+    memcpy(b, &t, sizeof b);
+  }
+  sd_peer_hex(b, sizeof b, out);
+}
+
+sd_csave *cl_find_csave(sd_cluster *cl, const char *save_id) {
+  sd_save *s = save_id ? sd_save_find(cl->d, save_id) : NULL;
+  return s ? s->cl : NULL;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Local delivery between this daemon's participant and its leader
+ * ------------------------------------------------------------------------ */
+static void drain_local(uv_idle_t *h) {
+  sd_cluster *cl = h->data;
+  /* Only what is queued now: handlers may queue more for the next turn. */
+  lmsg *m = cl->lq;
+  cl->lq = NULL;
+  cl->lqtail = &cl->lq;
+  uv_idle_stop(&cl->lq_idle);
+  cl->lq_active = 0;
+  while (m) {
+    lmsg *next = m->next;
+    if (cl->shutting) {
+      json_decref(m->hdr);
+      free(m->payload);
+    } else if (m->to_lead) {
+      lead_on_msg(cl, NULL, m->hdr, m->payload, m->plen);
+    } else {
+      node_on_leader_msg(cl, NULL, m->hdr, m->payload, m->plen);
+    }
+    free(m);
+    m = next;
+  }
+}
+
+void cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen) {
+  lmsg *m = calloc(1, sizeof *m);
+  uint8_t *copy = plen ? malloc(plen) : NULL;
+  if (!m || (plen && !copy)) {
+    free(m);
+    free(copy);
+    json_decref(hdr);
+    sd_log_error("out of memory queueing a message between this daemon's node and leader roles");
+    return;
+  }
+  if (plen) memcpy(copy, payload, plen);
+  m->hdr = hdr;
+  m->payload = copy;
+  m->plen = plen;
+  m->to_lead = to_lead;
+  *cl->lqtail = m;
+  cl->lqtail = &m->next;
+  if (!cl->lq_active) {
+    cl->lq_active = 1;
+    uv_idle_start(&cl->lq_idle, drain_local);
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * Peer events
+ * ------------------------------------------------------------------------ */
+static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
+  sd_cluster *cl = sd_peer_net_ud(net);
+  const char *t = json_string_value(json_object_get(hdr, "t"));
+  if (!t) t = "";
+  if (!strcmp(t, "data")) {
+    node_on_data(cl, p, hdr, payload, plen);
+    return;
+  }
+  if (!strcmp(t, "ack")) {
+    node_on_ack(cl, p, hdr);
+    json_decref(hdr);
+    free(payload);
+    return;
+  }
+  if (!strcmp(t, "join") || !strcmp(t, "manifest") || !strcmp(t, "fail") || !strcmp(t, "done")) {
+    /* Nodes speak to their leader on the connection they opened to it. */
+    if (sd_peer_is_outgoing(p)) {
+      sd_log_warn("peer %s: '%s' on a connection this daemon opened; ignored", sd_peer_addr(p), t);
+      json_decref(hdr);
+      free(payload);
+      return;
+    }
+    lead_on_msg(cl, p, hdr, payload, plen);
+    return;
+  }
+  if (!strcmp(t, "assign") || !strcmp(t, "commit") || !strcmp(t, "abort")) {
+    node_on_leader_msg(cl, p, hdr, payload, plen);
+    return;
+  }
+  /* Newer peers may send more kinds; ignoring them keeps versions compatible. */
+  sd_log_debug("peer %s: ignoring message '%.40s'", sd_peer_addr(p), t);
+  json_decref(hdr);
+  free(payload);
+}
+
+static void on_lost(sd_peer_net *net, sd_peer *p, int code, const char *why) {
+  sd_cluster *cl = sd_peer_net_ud(net);
+  if (cl->shutting) return;
+  sd_log_info("peer connection %s %s ended: %s", sd_peer_is_outgoing(p) ? "to" : "from", sd_peer_addr(p), why);
+  lead_peer_lost(cl, p, code, why);
+  node_peer_lost(cl, p, code, why);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Start and stop
+ * ------------------------------------------------------------------------ */
+int sd_cluster_init(sd_daemon *d, sd_error *err) {
+  const sd_config *cfg = d->cfg;
+  if (!cfg->peer_listen || !*cfg->peer_listen) {
+    if (cfg->peer_token_file && *cfg->peer_token_file)
+      sd_log_warn("peer_token_file is set but peer_listen is not: multi-node saves stay off");
+    return 0;
+  }
+  if (!cfg->peer_token_file || !*cfg->peer_token_file)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "--peer-listen needs --peer-token-file: peers must prove they share a secret");
+  uint8_t *token = NULL;
+  size_t tlen = 0;
+  int rc = sd_peer_token_load(cfg->peer_token_file, &token, &tlen, err);
+  if (rc) return rc;
+  sd_cluster *cl = calloc(1, sizeof *cl);
+  if (!cl) {
+    free(token);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for peer networking");
+  }
+  cl->d = d;
+  cl->lqtail = &cl->lq;
+  node_name_of(cfg, cl->node, sizeof cl->node);
+  tmp_tag_of(cl->node, cl->tmp_tag, sizeof cl->tmp_tag);
+  rc = sd_cring_init(&cl->ring, d->loop, cfg->queue_depth ? cfg->queue_depth : 64, err);
+  if (rc == 0) {
+    sd_peer_opts o = {.listen = cfg->peer_listen,
+                      .node_name = cl->node,
+                      .token = token,
+                      .token_len = tlen,
+                      .timeout_ms = (uint64_t)(cfg->peer_timeout ? cfg->peer_timeout : 30) * 1000};
+    sd_peer_handlers h = {.on_frame = on_frame, .on_lost = on_lost};
+    rc = sd_peer_net_init(&cl->net, d->loop, &o, &h, cl, err);
+  }
+  memset(token, 0, tlen);
+  free(token);
+  if (rc) {
+    if (cl->ring) sd_cring_close(cl->ring);
+    free(cl);
+    return rc;
+  }
+  uv_idle_init(d->loop, &cl->lq_idle);
+  cl->lq_idle.data = cl;
+  d->cluster = cl;
+  sd_log_info("listening for peer daemons on %s as node '%s' (peer timeout %u s)",
+              sd_peer_net_listen_addr(cl->net), cl->node, cfg->peer_timeout);
+  return 0;
+}
+
+void cl_maybe_free(sd_cluster *cl) {
+  if (cl->shutting && cl->idle_closed && !cl->leads) free(cl);
+}
+
+static void failed_free(cfailed *f);
+
+static void on_idle_closed(uv_handle_t *h) {
+  sd_cluster *cl = h->data;
+  cl->idle_closed = 1;
+  cl_maybe_free(cl);
+}
+
+void sd_cluster_shutdown(sd_daemon *d) {
+  sd_cluster *cl = d->cluster;
+  if (!cl || cl->shutting) return;
+  lead_shutdown(cl);
+  cl->shutting = 1;
+  sd_peer_net_close(cl->net);
+  sd_cring_close(cl->ring);
+  for (lmsg *m = cl->lq; m;) {
+    lmsg *next = m->next;
+    json_decref(m->hdr);
+    free(m->payload);
+    free(m);
+    m = next;
+  }
+  cl->lq = NULL;
+  while (cl->failed) {
+    cfailed *f = cl->failed;
+    cl->failed = f->next;
+    failed_free(f);
+  }
+  d->cluster = NULL;
+  uv_close((uv_handle_t *)&cl->lq_idle, on_idle_closed);
+}
+
+/* ------------------------------------------------------------------------ *
+ * begin
+ * ------------------------------------------------------------------------ */
+int sd_cluster_parse_begin(const json_t *req, sd_begin_args *a, sd_error *err) {
+  uint64_t nn = 1, nr = 0;
+  const char *leader = NULL, *mode = NULL;
+  int has_nn = sd_msg_u64(req, "nnodes", 0, SD_NNODES_MAX, &nn, err);
+  if (has_nn < 0) return err->code;
+  int has_nr = sd_msg_u64(req, "node_rank", 0, SD_NNODES_MAX, &nr, err);
+  if (has_nr < 0) return err->code;
+  if (sd_msg_str(req, "leader", 0, &leader, NULL, err) < 0) return err->code;
+  if (sd_msg_str(req, "write_mode", 0, &mode, NULL, err) < 0) return err->code;
+  if (has_nn && nn == 0) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'nnodes' must be at least 1");
+  a->nnodes = (uint32_t)nn;
+  a->node_rank = (uint32_t)nr;
+  a->leader = leader;
+  a->write_mode = SD_WRITE_OWNER;
+  if (mode && !strcmp(mode, "shared")) a->write_mode = SD_WRITE_SHARED;
+  else if (mode && strcmp(mode, "owner") != 0)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'write_mode' must be \"owner\" or \"shared\", got '%.40s'",
+                   mode);
+  if (nn <= 1) {
+    if (nr != 0)
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'node_rank' is %llu but 'nnodes' is 1",
+                     (unsigned long long)nr);
+    return 0;
+  }
+  if (!has_nr)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'node_rank' is required when 'nnodes' is more than 1");
+  if (nr >= nn)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'node_rank' is %llu, outside [0, nnodes=%llu)",
+                   (unsigned long long)nr, (unsigned long long)nn);
+  if (!leader)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "field 'leader' (HOST:PORT of node 0's peer listener) is required when 'nnodes' is more than 1");
+  char host[SD_PEER_ADDR_MAX];
+  unsigned port;
+  if (sd_peer_addr_split(leader, host, sizeof host, &port, err) != 0) {
+    char why[SD_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", err->msg);
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'leader': %s", why);
+  }
+  if (port == 0) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'leader': port 0 is not a listener");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Recently failed saves. A rank that begins a save its node just failed is
+ * either retrying (it had begun the failed attempt: a new save starts) or
+ * late (it had not: it gets the failure instead of waiting for ranks that
+ * already gave up).
+ * ------------------------------------------------------------------------ */
+static void failed_free(cfailed *f) {
+  free(f->id);
+  free(f->began);
+  free(f);
+}
+
+static cfailed **failed_find(sd_cluster *cl, const char *id) {
+  uint64_t now = uv_now(cl->d->loop);
+  for (cfailed **pp = &cl->failed; *pp;) {
+    cfailed *f = *pp;
+    if (now >= f->until) {
+      *pp = f->next;
+      failed_free(f);
+      continue;
+    }
+    if (strcmp(f->id, id) == 0) return pp;
+    pp = &f->next;
+  }
+  return NULL;
+}
+
+void cl_remember_failure(sd_cluster *cl, const sd_save *save) {
+  cfailed **old = failed_find(cl, save->id);
+  if (old) {
+    cfailed *f = *old;
+    *old = f->next;
+    failed_free(f);
+  }
+  cfailed *f = calloc(1, sizeof *f);
+  if (!f) return;
+  f->id = strdup(save->id);
+  f->began = calloc(save->world_size, 1);
+  if (!f->id || !f->began) {
+    failed_free(f);
+    return;
+  }
+  f->world_size = save->world_size;
+  for (uint32_t r = 0; r < save->world_size; r++) f->began[r] = save->ranks[r].state != SD_RANK_NONE;
+  f->err = save->err;
+  f->until = uv_now(cl->d->loop) + SD_LEAD_FORGET_FACTOR * sd_peer_net_timeout(cl->net);
+  f->next = cl->failed;
+  cl->failed = f;
+}
+
+int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
+  sd_cluster *cl = save->d->cluster;
+  if (!cl)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "save '%s' spans %u nodes, but this daemon does not listen for peers (start it with "
+                   "--peer-listen and --peer-token-file)", a->save, a->nnodes);
+  if (a->world_size < a->nnodes)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "save '%s': world_size %u is smaller than nnodes %u", a->save,
+                   a->world_size, a->nnodes);
+  cfailed **pp = failed_find(cl, a->save);
+  if (pp) {
+    cfailed *f = *pp;
+    if (a->rank < f->world_size && !f->began[a->rank]) {
+      *err = f->err;
+      return err->code;
+    }
+    *pp = f->next; /* a retry: the old attempt is forgotten */
+    failed_free(f);
+  }
+  return node_begin(save, a, err);
+}
+
+static const char *mode_name(int m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
+
+int sd_cluster_begin_check(const sd_save *save, const sd_begin_args *a, sd_error *err) {
+  const sd_csave *cs = save->cl;
+  uint32_t nn = a->nnodes ? a->nnodes : 1;
+  if (!cs) {
+    if (nn > 1)
+      return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives nnodes %u, earlier ranks gave 1", save->id,
+                     a->rank, nn);
+    return 0;
+  }
+  if (nn != cs->nnodes)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives nnodes %u, earlier ranks gave %u", save->id,
+                   a->rank, nn, cs->nnodes);
+  if (a->node_rank != cs->node_rank)
+    return sd_fail(err, SHARDD_E_CONFLICT,
+                   "save '%s': rank %u gives node_rank %u, earlier ranks on this daemon gave %u", save->id, a->rank,
+                   a->node_rank, cs->node_rank);
+  if (!a->leader || strcmp(a->leader, cs->leader) != 0)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives leader '%.100s', earlier ranks gave '%.100s'",
+                   save->id, a->rank, a->leader ? a->leader : "", cs->leader);
+  if ((sd_write_mode)a->write_mode != cs->mode)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives write_mode %s, earlier ranks gave %s",
+                   save->id, a->rank, mode_name(a->write_mode), mode_name(cs->mode));
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Hooks from save.c
+ * ------------------------------------------------------------------------ */
+void sd_cluster_sealed(sd_save *save) { node_sealed(save->cl); }
+int sd_cluster_fail(sd_save *save) { return node_fail(save->cl); }
+void sd_cluster_save_free(sd_save *save) {
+  node_free(save->cl);
+  save->cl = NULL;
+}
+
+void sd_cluster_result(const sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes) {
+  const sd_csave *cs = save->cl;
+  *files = cs->r_files;
+  *tensors = cs->r_tensors;
+  *bytes = cs->r_bytes;
+}
+
+uint64_t sd_cluster_bytes_written(const sd_save *save) { return save->cl->bytes_written; }
+uint64_t sd_cluster_bytes_forwarded(const sd_save *save) { return save->cl->bytes_fwd; }
+
+/* ------------------------------------------------------------------------ *
+ * Status
+ * ------------------------------------------------------------------------ */
+void sd_cluster_status_save(const sd_save *save, json_t *o) {
+  const sd_csave *cs = save->cl;
+  json_object_set_new(o, "nnodes", json_integer(cs->nnodes));
+  json_object_set_new(o, "node_rank", json_integer(cs->node_rank));
+  json_object_set_new(o, "leader", sd_msg_string_lossy(cs->leader));
+  json_object_set_new(o, "write_mode", json_string(mode_name(cs->mode)));
+  json_object_set_new(o, "bytes_local", json_integer((json_int_t)cs->bytes_local));
+  json_object_set_new(o, "bytes_forwarded", json_integer((json_int_t)cs->bytes_fwd));
+  json_object_set_new(o, "bytes_received", json_integer((json_int_t)cs->bytes_recv));
+}
+
+void sd_cluster_status(sd_daemon *d, json_t *m) {
+  sd_cluster *cl = d->cluster;
+  if (!cl) return;
+  json_t *p = json_object();
+  json_object_set_new(p, "node", sd_msg_string_lossy(cl->node));
+  json_object_set_new(p, "listen", sd_msg_string_lossy(sd_peer_net_listen_addr(cl->net)));
+  json_object_set_new(p, "connections", json_integer(sd_peer_net_count(cl->net)));
+  json_object_set_new(p, "saves_leading", json_integer(lead_active(cl)));
+  json_object_set_new(p, "saves_led", json_integer((json_int_t)cl->saves_led));
+  json_object_set_new(p, "bytes_local", json_integer((json_int_t)cl->bytes_local));
+  json_object_set_new(p, "bytes_forwarded", json_integer((json_int_t)cl->bytes_fwd));
+  json_object_set_new(p, "bytes_received", json_integer((json_int_t)cl->bytes_recv));
+  json_object_set_new(p, "net_bytes_sent", json_integer((json_int_t)sd_peer_net_bytes_sent(cl->net)));
+  json_object_set_new(p, "net_bytes_received", json_integer((json_int_t)sd_peer_net_bytes_received(cl->net)));
+  json_object_set_new(m, "peers", p);
+}

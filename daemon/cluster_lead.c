@@ -1,0 +1,872 @@
+/* The leader of a multi-node save: gathers manifests, plans, assigns, waits for every node's report, publishes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cluster_int.h"
+#include "log.h"
+#include "publish_int.h"
+#include "sd_base64.h"
+#include "sd_msg.h"
+
+typedef enum { L_COLLECT, L_PREPARE, L_WRITE, L_FINISH, L_FAILED } lstate;
+enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
+
+typedef struct {
+  int joined, local, done;
+  sd_peer *link;
+  char tok[17];
+  char addr[SD_PEER_ADDR_MAX];
+  char name[SD_PEER_NAME_MAX + 1];
+  uint64_t b_local, b_fwd, b_recv;
+} lnode;
+
+typedef struct sd_lead {
+  struct sd_lead *next;
+  sd_cluster *cl;
+  char *id;
+  char cid[17];
+  char *dir, *prefix;
+  uint64_t mss;
+  sd_kv *md;
+  size_t nmd;
+  int overwrite;
+  uint32_t ws, nnodes;
+  sd_write_mode mode;
+  lnode *nodes;
+  int32_t *rank_node;
+  uint32_t nsealed, njoined, ndone;
+  sd_cmanifest man;
+  sd_cplan plan;
+  int planned;
+  char *tmp;
+  lstate state;
+  int busy;                /* a file-system job is running in the thread pool */
+  int parent_fd, tmp_made, renamed;
+  unsigned created;
+  unsigned file_mode, dir_mode;
+  sd_error err;
+  uint64_t forget_at, t0;
+} sd_lead;
+
+typedef struct {
+  uv_work_t req;
+  sd_lead *L;
+  int kind;
+  int root_fd;
+  sd_error err;
+} fsjob;
+
+static void lead_fail(sd_lead *L, const sd_error *e);
+static void lead_failf(sd_lead *L, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ------------------------------------------------------------------------ *
+ * Lifetime
+ * ------------------------------------------------------------------------ */
+static void release_plan(sd_lead *L) {
+  if (L->planned) sd_cplan_free(&L->plan);
+  L->planned = 0;
+  sd_cmanifest_free(&L->man);
+  free(L->rank_node);
+  L->rank_node = NULL;
+}
+
+static void lead_free(sd_lead *L) {
+  sd_cluster *cl = L->cl;
+  for (sd_lead **pp = &cl->leads; *pp; pp = &(*pp)->next)
+    if (*pp == L) {
+      *pp = L->next;
+      break;
+    }
+  release_plan(L);
+  if (L->parent_fd >= 0) close(L->parent_fd);
+  for (size_t i = 0; i < L->nmd; i++) {
+    free((char *)L->md[i].key);
+    free((char *)L->md[i].value);
+  }
+  free(L->md);
+  free(L->nodes);
+  free(L->tmp);
+  free(L->dir);
+  free(L->prefix);
+  free(L->id);
+  free(L);
+}
+
+static sd_lead *find_lead(sd_cluster *cl, const char *id) {
+  uint64_t now = uv_now(cl->d->loop);
+  for (sd_lead *L = cl->leads, *next; L; L = next) {
+    next = L->next;
+    /* Failed saves are remembered a while, so a late node learns why. */
+    if (L->state == L_FAILED && !L->busy && now >= L->forget_at) lead_free(L);
+  }
+  for (sd_lead *L = cl->leads; L; L = L->next)
+    if (strcmp(L->id, id) == 0) return L;
+  return NULL;
+}
+
+unsigned lead_active(const sd_cluster *cl) {
+  unsigned n = 0;
+  for (const sd_lead *L = cl->leads; L; L = L->next) n += L->state != L_FAILED;
+  return n;
+}
+
+/* ------------------------------------------------------------------------ *
+ * To the nodes
+ * ------------------------------------------------------------------------ */
+static void to_node(sd_lead *L, uint32_t k, json_t *m, const void *payload, size_t plen) {
+  lnode *n = &L->nodes[k];
+  if (!m) return;
+  if (!n->joined || L->cl->shutting || (!n->local && !n->link)) {
+    json_decref(m);
+    return;
+  }
+  json_object_set_new(m, "save", json_string(L->id));
+  json_object_set_new(m, "tok", json_string(n->tok));
+  json_object_set_new(m, "cid", json_string(L->cid));
+  if (n->local)
+    cl_local_send(L->cl, 0, m, payload, plen);
+  else
+    sd_peer_send(n->link, m, payload, plen);
+}
+
+static void broadcast_abort(sd_lead *L) {
+  for (uint32_t k = 0; k < L->nnodes; k++)
+    to_node(L, k, json_pack("{s:s,s:s,s:s}", "t", "abort", "code", sd_err_name(L->err.code), "message", L->err.msg),
+            NULL, 0);
+}
+
+/* ------------------------------------------------------------------------ *
+ * The file system, in the thread pool so heartbeats never wait on a disk
+ * ------------------------------------------------------------------------ */
+static int errno_code(int e) { return e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO; }
+
+static int write_file(int dirfd, const char *name, const uint8_t *data, size_t len, unsigned mode, sd_error *err,
+                      const char *dir) {
+  int fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, mode);
+  if (fd < 0) {
+    if (errno == EEXIST) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", name, dir);
+    return sd_fail(err, errno_code(errno), "cannot create %s/%s: %s", dir, name, strerror(errno));
+  }
+  fchmod(fd, mode);
+  size_t at = 0;
+  while (at < len) {
+    ssize_t w = pwrite(fd, data + at, len - at, (off_t)at);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = w < 0 ? errno : EIO;
+      close(fd);
+      return sd_fail(err, errno_code(e), "%s/%s: write at offset %zu: %s", dir, name, at, strerror(e));
+    }
+    at += (size_t)w;
+  }
+  if (fsync(fd) < 0) {
+    int e = errno;
+    close(fd);
+    return sd_fail(err, errno_code(e), "%s/%s: fsync: %s", dir, name, strerror(e));
+  }
+  close(fd);
+  return 0;
+}
+
+/* The temporary folder, and every shard file in it at its final size:
+ * nodes only open and write, so no node can race another's create. */
+static int job_prepare(fsjob *j) {
+  sd_lead *L = j->L;
+  sd_error *err = &j->err;
+  const char *base = NULL;
+  int rc = sd_path_open_parent(j->root_fd, L->dir, 1, &L->parent_fd, &L->created, &base, err);
+  if (rc) return rc;
+  int fd = sd_openat_beneath(L->parent_fd, base, O_PATH, 0);
+  if (fd >= 0) {
+    struct stat st;
+    int isdir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+    close(fd);
+    if (!L->overwrite)
+      return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
+                     L->dir);
+    if (!isdir) return sd_fail(err, SHARDD_E_EXISTS, "'%s' exists and is not a folder", L->dir);
+  } else if (fd == -ELOOP || fd == -EXDEV) {
+    return sd_fail(err, SHARDD_E_BAD_PATH, "'%s' is a symlink", L->dir);
+  }
+  if (mkdirat(L->parent_fd, L->tmp, L->dir_mode) < 0)
+    return sd_fail(err, errno_code(errno), "cannot create a temporary folder beside '%s': %s", L->dir,
+                   strerror(errno));
+  L->tmp_made = 1;
+  int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
+  if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
+  fchmod(tfd, L->dir_mode);
+  for (size_t i = 0; i < L->plan.plan.nfiles && !rc; i++) {
+    const sd_plan_file *pf = &L->plan.plan.files[i];
+    int f = openat(tfd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, L->file_mode);
+    if (f < 0) {
+      rc = sd_fail(err, errno_code(errno), "cannot create %s/%s: %s", L->dir, pf->name, strerror(errno));
+      break;
+    }
+    fchmod(f, L->file_mode);
+    if (ftruncate(f, (off_t)pf->file_size) < 0)
+      rc = sd_fail(err, errno_code(errno), "cannot size %s/%s: %s", L->dir, pf->name, strerror(errno));
+    close(f);
+  }
+  close(tfd);
+  return rc;
+}
+
+/* Every node's files are durable: artifacts and index, the folder, the rename, the parent. */
+static int job_finish(fsjob *j) {
+  sd_lead *L = j->L;
+  sd_error *err = &j->err;
+  int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
+  if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
+  int rc = 0;
+  for (size_t i = 0; i < L->man.nfiles && !rc; i++)
+    rc = write_file(tfd, L->man.files[i].name, L->man.files[i].data, L->man.files[i].len, L->file_mode, err, L->dir);
+  if (!rc && L->plan.plan.needs_index)
+    rc = write_file(tfd, L->plan.plan.index_name, (const uint8_t *)L->plan.index_json, L->plan.index_len,
+                    L->file_mode, err, L->dir);
+  if (!rc && fsync(tfd) < 0) rc = sd_fail(err, errno_code(errno), "%s: fsync of the new folder: %s", L->dir, strerror(errno));
+  close(tfd);
+  if (rc) return rc;
+  const char *slash = strrchr(L->dir, '/');
+  const char *base = slash ? slash + 1 : L->dir;
+  int exchanged = 0;
+  int r = renameat2(L->parent_fd, L->tmp, L->parent_fd, base, RENAME_NOREPLACE);
+  if (r < 0 && errno == EEXIST && L->overwrite) {
+    /* Swap in one step, so ROOT/DIR always holds a whole checkpoint. */
+    r = renameat2(L->parent_fd, L->tmp, L->parent_fd, base, RENAME_EXCHANGE);
+    if (r == 0) exchanged = 1;
+    else if (errno == ENOENT) r = renameat2(L->parent_fd, L->tmp, L->parent_fd, base, RENAME_NOREPLACE);
+  }
+  if (r < 0) {
+    if (errno == EEXIST) return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root", L->dir);
+    return sd_fail(err, SHARDD_E_IO, "cannot rename the new folder to '%s': %s", L->dir, strerror(errno));
+  }
+  L->renamed = 1;
+  if (fsync(L->parent_fd) < 0)
+    sd_log_warn("save '%s': fsync of the folder holding %s: %s (published regardless)", L->id, L->dir, strerror(errno));
+  if (exchanged) {
+    sd_error e;
+    if (sd_path_remove_tree(L->parent_fd, L->tmp, &e) != 0)
+      sd_log_warn("save '%s': removing the replaced checkpoint: %s", L->id, e.msg);
+  }
+  return 0;
+}
+
+static int job_cleanup(fsjob *j) {
+  sd_lead *L = j->L;
+  if (L->tmp_made && !L->renamed && L->parent_fd >= 0) {
+    sd_error e = {0};
+    if (sd_path_remove_tree(L->parent_fd, L->tmp, &e) != 0) sd_log_warn("save '%s': %s", L->id, e.msg);
+    L->tmp_made = 0;
+  }
+  if (L->created) sd_path_unmake_parents(j->root_fd, L->dir, L->created);
+  L->created = 0;
+  return 0;
+}
+
+static void fs_work(uv_work_t *req) {
+  fsjob *j = req->data;
+  if (j->kind == JOB_PREPARE) job_prepare(j);
+  else if (j->kind == JOB_FINISH) job_finish(j);
+  else job_cleanup(j);
+}
+
+static void fs_done(uv_work_t *req, int status);
+
+static void start_job(sd_lead *L, int kind) {
+  fsjob *j = calloc(1, sizeof *j);
+  if (!j) {
+    if (kind == JOB_CLEANUP) {
+      sd_log_error("save '%s': out of memory; temporary folder %s left for the next start-up", L->id,
+                   L->tmp ? L->tmp : "-");
+      return;
+    }
+    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
+    return;
+  }
+  j->L = L;
+  j->kind = kind;
+  j->root_fd = L->cl->d->root_fd;
+  j->req.data = j;
+  L->busy = 1;
+  if (uv_queue_work(L->cl->d->loop, &j->req, fs_work, fs_done) != 0) {
+    L->busy = 0;
+    free(j);
+    if (kind != JOB_CLEANUP) lead_failf(L, SHARDD_E_INTERNAL, "save '%s': cannot queue file-system work", L->id);
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * Failure: first error wins; every node hears it; the folder goes
+ * ------------------------------------------------------------------------ */
+static void lead_fail(sd_lead *L, const sd_error *e) {
+  if (L->state == L_FAILED) return;
+  if (L->state == L_FINISH) {
+    /* Every node is done: the outcome is the rename's, not a lost peer's. */
+    sd_log_warn("save '%s': %s (after every node finished; publishing goes on)", L->id, e->msg);
+    return;
+  }
+  L->err = *e;
+  L->state = L_FAILED;
+  L->forget_at = uv_now(L->cl->d->loop) + SD_LEAD_FORGET_FACTOR * sd_peer_net_timeout(L->cl->net);
+  sd_log_warn("save '%s' (leading %u nodes) failed (%s): %s", L->id, L->nnodes, sd_err_name(e->code), e->msg);
+  broadcast_abort(L);
+  if (L->busy) return; /* fs_done cleans up */
+  if (L->tmp_made || L->created) start_job(L, JOB_CLEANUP);
+  else release_plan(L);
+}
+
+static void lead_failf(sd_lead *L, int code, const char *fmt, ...) {
+  sd_error e;
+  va_list ap;
+  va_start(ap, fmt);
+  sd_vfail(&e, code, fmt, ap);
+  va_end(ap);
+  lead_fail(L, &e);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Assignments
+ * ------------------------------------------------------------------------ */
+static void send_assign(sd_lead *L, uint32_t k) {
+  const sd_cplan *P = &L->plan;
+  size_t nf = P->plan.nfiles;
+  json_t *files = json_array(), *writes = json_array(), *peers = json_object();
+  size_t plen = 0;
+  for (size_t f = 0; f < nf; f++) {
+    uint64_t hdr = P->owner[f] == k ? P->plan.files[f].header_size : 0;
+    uint64_t data = P->expect[(size_t)k * nf + f];
+    if (!hdr && !data) continue;
+    json_array_append_new(files, json_pack("{s:I,s:s,s:I,s:I,s:I}", "f", (json_int_t)f, "name", P->plan.files[f].name,
+                                           "size", (json_int_t)P->plan.files[f].file_size, "hdr", (json_int_t)hdr,
+                                           "data", (json_int_t)data));
+    plen += hdr;
+  }
+  uint8_t *payload = malloc(plen ? plen : 1);
+  if (!payload) {
+    json_decref(files);
+    json_decref(writes);
+    json_decref(peers);
+    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory assigning node %u", L->id, k);
+    return;
+  }
+  size_t at = 0;
+  for (size_t f = 0; f < nf; f++) {
+    if (P->owner[f] != k) continue;
+    if (!P->plan.files[f].header_size && !P->expect[(size_t)k * nf + f]) continue;
+    memcpy(payload + at, P->plan.files[f].header, P->plan.files[f].header_size);
+    at += P->plan.files[f].header_size;
+  }
+  for (size_t i = 0; i < P->nwrites; i++) {
+    const sd_cwrite *w = &P->writes[i];
+    if (w->node != k) continue;
+    json_t *e = json_array();
+    json_array_append_new(e, json_integer((json_int_t)w->id));
+    json_array_append_new(e, json_integer(w->file));
+    json_array_append_new(e, json_integer((json_int_t)w->base));
+    json_array_append_new(e, json_integer(w->dest));
+    json_array_append_new(e, json_integer((json_int_t)w->len));
+    json_array_append_new(writes, e);
+  }
+  for (uint32_t n = 0; n < L->nnodes; n++) {
+    if (n == k) continue;
+    char key[16];
+    snprintf(key, sizeof key, "%u", n);
+    json_object_set_new(peers, key, json_pack("{s:s,s:s}", "addr", L->nodes[n].addr, "name", L->nodes[n].name));
+  }
+  json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o,s:o}", "t", "assign", "tmp", L->tmp, "nfiles", (json_int_t)nf,
+                        "write_mode", L->mode == SD_WRITE_SHARED ? "shared" : "owner", "files", files, "writes",
+                        writes, "peers", peers);
+  to_node(L, k, m, payload, plen);
+  free(payload);
+}
+
+static void after_prepare(sd_lead *L) {
+  L->state = L_WRITE;
+  const sd_cplan *P = &L->plan;
+  uint64_t fwd = 0, local = 0;
+  for (uint32_t k = 0; k < L->nnodes; k++) {
+    fwd += P->fwd_bytes[k];
+    local += P->local_bytes[k];
+  }
+  sd_log_info("save '%s': planned %zu files over %u nodes (%s mode): %llu bytes written where they are held, %llu "
+              "forwarded", L->id, P->plan.nfiles, L->nnodes, L->mode == SD_WRITE_SHARED ? "shared" : "owner",
+              (unsigned long long)local, (unsigned long long)fwd);
+  for (uint32_t k = 0; k < L->nnodes && L->state == L_WRITE; k++) send_assign(L, k);
+}
+
+static void commit(sd_lead *L) {
+  const sd_cplan *P = &L->plan;
+  double secs = (double)(uv_now(L->cl->d->loop) - L->t0) / 1000.0;
+  uint64_t fwd = 0;
+  for (uint32_t k = 0; k < L->nnodes; k++) fwd += L->nodes[k].b_fwd;
+  sd_log_info("save '%s': published %s (%llu files, %llu bytes) from %u nodes, %llu bytes forwarded, %.3f s after "
+              "the last seal", L->id, L->dir, (unsigned long long)P->nfiles_total, (unsigned long long)P->total_bytes,
+              L->nnodes, (unsigned long long)fwd, secs);
+  for (uint32_t k = 0; k < L->nnodes; k++)
+    to_node(L, k, json_pack("{s:s,s:I,s:I,s:I}", "t", "commit", "files", (json_int_t)P->nfiles_total, "tensors",
+                            (json_int_t)P->ntensors, "bytes", (json_int_t)P->total_bytes),
+            NULL, 0);
+  lead_free(L);
+}
+
+static void fs_done(uv_work_t *req, int status) {
+  fsjob *j = req->data;
+  sd_lead *L = j->L;
+  sd_cluster *cl = L->cl;
+  int kind = j->kind;
+  sd_error err = j->err;
+  free(j);
+  L->busy = 0;
+  if (status == UV_ECANCELED && !err.code) sd_fail(&err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+  if (L->state == L_FAILED) {
+    if (kind != JOB_CLEANUP && (L->tmp_made || L->created) && !L->renamed) {
+      start_job(L, JOB_CLEANUP);
+      return;
+    }
+    release_plan(L);
+    if (cl->shutting) {
+      lead_free(L);
+      cl_maybe_free(cl);
+    }
+    return;
+  }
+  if (err.code) {
+    if (kind == JOB_FINISH) L->state = L_WRITE; /* not published: fail it like any other error */
+    lead_fail(L, &err);
+    return;
+  }
+  if (kind == JOB_PREPARE) after_prepare(L);
+  else if (kind == JOB_FINISH) commit(L);
+  cl_maybe_free(cl);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Messages from nodes
+ * ------------------------------------------------------------------------ */
+static int params_str(json_t *h, const char *f, const char **out) {
+  *out = json_string_value(json_object_get(h, f));
+  return *out ? 0 : -1;
+}
+
+static sd_lead *lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *err) {
+  const char *dir, *prefix, *mode;
+  uint64_t nn = 0, ws = 0, mss = 0;
+  json_t *md = json_object_get(h, "metadata");
+  if (params_str(h, "dir", &dir) || params_str(h, "prefix", &prefix) || params_str(h, "write_mode", &mode) ||
+      sd_msg_u64(h, "nnodes", 1, SD_NNODES_MAX, &nn, err) < 0 || sd_msg_u64(h, "world_size", 1, SD_WORLD_MAX, &ws, err) < 0 ||
+      sd_msg_u64(h, "max_shard_size", 1, 0, &mss, err) < 0 || nn < 2 || ws < nn || !json_is_object(md) ||
+      sd_path_check_rel(dir, err) != 0) {
+    sd_fail(err, SHARDD_E_INTERNAL, "save '%s': a malformed join", id);
+    return NULL;
+  }
+  sd_lead *L = calloc(1, sizeof *L);
+  if (!L) {
+    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory leading save '%s'", id);
+    return NULL;
+  }
+  L->cl = cl;
+  L->parent_fd = -1;
+  L->id = strdup(id);
+  L->dir = strdup(dir);
+  L->prefix = strdup(prefix);
+  L->mss = mss;
+  L->ws = (uint32_t)ws;
+  L->nnodes = (uint32_t)nn;
+  L->overwrite = json_is_true(json_object_get(h, "overwrite"));
+  L->mode = !strcmp(mode, "shared") ? SD_WRITE_SHARED : SD_WRITE_OWNER;
+  L->nodes = calloc(nn, sizeof *L->nodes);
+  L->rank_node = malloc(ws * sizeof *L->rank_node);
+  L->nmd = json_object_size(md);
+  L->md = calloc(L->nmd ? L->nmd : 1, sizeof *L->md);
+  const sd_config *cfg = cl->d->cfg;
+  L->file_mode = cfg->file_mode ? cfg->file_mode : 0644;
+  L->dir_mode = cfg->dir_mode ? cfg->dir_mode : 0755;
+  int bad = !L->id || !L->dir || !L->prefix || !L->nodes || !L->rank_node || !L->md;
+  size_t i = 0;
+  const char *k;
+  json_t *v;
+  json_object_foreach(md, k, v) {
+    if (bad) break;
+    L->md[i].key = strdup(k);
+    L->md[i].value = strdup(json_is_string(v) ? json_string_value(v) : "");
+    bad = !L->md[i].key || !L->md[i].value;
+    i++;
+  }
+  if (bad) {
+    L->nmd = i;
+    lead_free(L);
+    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory leading save '%s'", id);
+    return NULL;
+  }
+  for (uint32_t r = 0; r < ws; r++) L->rank_node[r] = -1;
+  cl_random_id(L->cid);
+  L->state = L_COLLECT;
+  L->next = cl->leads;
+  cl->leads = L;
+  cl->saves_led++;
+  return L;
+}
+
+/* The first difference between a join and the save as the first node described it. */
+static int join_differs(const sd_lead *L, json_t *h, uint32_t k, sd_error *err) {
+  const char *dir = json_string_value(json_object_get(h, "dir"));
+  const char *prefix = json_string_value(json_object_get(h, "prefix"));
+  const char *mode = json_string_value(json_object_get(h, "write_mode"));
+  json_t *md = json_object_get(h, "metadata");
+  json_int_t nn = json_integer_value(json_object_get(h, "nnodes"));
+  json_int_t ws = json_integer_value(json_object_get(h, "world_size"));
+  json_int_t mss = json_integer_value(json_object_get(h, "max_shard_size"));
+  int ov = json_is_true(json_object_get(h, "overwrite"));
+  if (nn != (json_int_t)L->nnodes)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives nnodes %lld, other nodes gave %u", L->id, k,
+                   (long long)nn, L->nnodes);
+  if (ws != (json_int_t)L->ws)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives world_size %lld, other nodes gave %u", L->id, k,
+                   (long long)ws, L->ws);
+  if (!dir || strcmp(dir, L->dir))
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives dir '%.200s', other nodes gave '%.200s'", L->id, k,
+                   dir ? dir : "", L->dir);
+  if (!prefix || strcmp(prefix, L->prefix))
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives prefix '%.100s', other nodes gave '%.100s'", L->id,
+                   k, prefix ? prefix : "", L->prefix);
+  if (mss != (json_int_t)L->mss)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives max_shard_size %lld, other nodes gave %llu",
+                   L->id, k, (long long)mss, (unsigned long long)L->mss);
+  if (ov != L->overwrite)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives overwrite %s, other nodes gave %s", L->id, k,
+                   ov ? "true" : "false", L->overwrite ? "true" : "false");
+  if (!mode || (strcmp(mode, "shared") == 0) != (L->mode == SD_WRITE_SHARED))
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives write_mode %s, other nodes gave %s", L->id, k,
+                   mode ? mode : "?", L->mode == SD_WRITE_SHARED ? "shared" : "owner");
+  int same = json_is_object(md) && json_object_size(md) == L->nmd;
+  for (size_t i = 0; same && i < L->nmd; i++) {
+    const char *v = json_string_value(json_object_get(md, L->md[i].key));
+    same = v && strcmp(v, L->md[i].value) == 0;
+  }
+  if (!same)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives different metadata than other nodes", L->id, k);
+  return 0;
+}
+
+static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, const char *tok, uint32_t k, json_t *h) {
+  sd_error err = {0};
+  if (L && L->state == L_FAILED) {
+    if (k < L->nnodes && L->nodes[k].joined) {
+      /* This node was part of the failed attempt: it is trying again. */
+      if (L->busy) {
+        sd_log_warn("save '%s': node %u retries while the last attempt is still being cleaned up", id, k);
+      } else {
+        lead_free(L);
+        L = NULL;
+      }
+    }
+    if (L) {
+      /* A latecomer to a save that already failed: tell it why. */
+      if (k < L->nnodes && !L->nodes[k].joined) {
+        lnode *n = &L->nodes[k];
+        n->joined = 1;
+        n->local = p == NULL;
+        n->link = p;
+        snprintf(n->tok, sizeof n->tok, "%s", tok);
+      }
+      if (k < L->nnodes)
+        to_node(L, k, json_pack("{s:s,s:s,s:s}", "t", "abort", "code", sd_err_name(L->err.code), "message", L->err.msg),
+                NULL, 0);
+      return;
+    }
+  }
+  if (!L) {
+    L = lead_new(cl, id, h, &err);
+    if (!L) {
+      sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
+      return;
+    }
+    L->t0 = uv_now(cl->d->loop);
+    sd_log_info("leading save '%s' (%u nodes, %u ranks, dir '%s')", id, L->nnodes, L->ws, L->dir);
+  }
+  if (k >= L->nnodes) {
+    lead_failf(L, SHARDD_E_CONFLICT, "save '%s': a node joins as node_rank %u, outside nnodes %u", id, k, L->nnodes);
+    return;
+  }
+  lnode *n = &L->nodes[k];
+  if (n->joined) {
+    /* Record nothing of the newcomer but tell everyone, itself included. */
+    lead_failf(L, SHARDD_E_CONFLICT, "save '%s': two daemons claim node_rank %u (%s and %s)", id, k,
+               n->addr[0] ? n->addr : "?", p ? sd_peer_addr(p) : "this daemon");
+    return;
+  }
+  if ((k == 0) != (p == NULL)) {
+    n->joined = 1;
+    n->local = p == NULL;
+    n->link = p;
+    snprintf(n->tok, sizeof n->tok, "%s", tok);
+    L->njoined++;
+    lead_failf(L, SHARDD_E_CONFLICT, "save '%s': node_rank 0 must be the leader's own ranks, but %s claims node %u",
+               id, p ? sd_peer_addr(p) : "this daemon", k);
+    return;
+  }
+  n->joined = 1;
+  n->local = p == NULL;
+  n->link = p;
+  snprintf(n->tok, sizeof n->tok, "%s", tok);
+  const char *addr = p ? sd_peer_addr(p) : json_string_value(json_object_get(h, "leader"));
+  snprintf(n->addr, sizeof n->addr, "%s", addr ? addr : "");
+  snprintf(n->name, sizeof n->name, "%s", p ? sd_peer_name(p) : cl->node);
+  L->njoined++;
+  if (L->state != L_COLLECT) {
+    lead_failf(L, SHARDD_E_CONFLICT, "save '%s': node %u joins after planning started", id, k);
+    return;
+  }
+  if (join_differs(L, h, k, &err)) {
+    lead_fail(L, &err);
+    return;
+  }
+  if (p && !strchr(n->addr, ':')) {
+    lead_failf(L, SHARDD_E_INVALID_ARGUMENT, "save '%s': node %u ('%s') does not listen for peers", id, k, n->name);
+    return;
+  }
+  sd_log_debug("save '%s': node %u ('%s' at %s) joined (%u of %u)", id, k, n->name, n->addr, L->njoined, L->nnodes);
+}
+
+static void plan_now(sd_lead *L) {
+  if (L->njoined < L->nnodes) {
+    lead_failf(L, SHARDD_E_CONFLICT, "save '%s': all %u ranks sealed, but only %u of nnodes=%u nodes joined", L->id,
+               L->ws, L->njoined, L->nnodes);
+    return;
+  }
+  sd_error err = {0};
+  sd_plan_opts o = {.max_shard_size = L->mss, .prefix = L->prefix, .metadata = L->md, .nmetadata = L->nmd};
+  if (sd_cplan_build(&L->man, L->nnodes, L->mode, &o, &L->plan, &err) != 0) {
+    lead_fail(L, &err);
+    return;
+  }
+  L->planned = 1;
+  L->tmp = cl_tmp_name(L->cl, L->dir, L->id);
+  if (!L->tmp) {
+    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
+    return;
+  }
+  L->state = L_PREPARE;
+  L->t0 = uv_now(L->cl->d->loop);
+  start_job(L, JOB_PREPARE);
+}
+
+static int manifest_tensor(sd_lead *L, uint32_t k, json_t *t, sd_error *err) {
+  const char *name = json_string_value(json_object_get(t, "name"));
+  const char *dtype = json_string_value(json_object_get(t, "dtype"));
+  json_t *slices = json_object_get(t, "slices");
+  uint64_t shape[SD_MAX_DIMS], index = 0;
+  size_t ndim = 0;
+  sd_dtype dt;
+  if (!name || sd_name_check(name, strlen(name), err) || !dtype || sd_dtype_parse(dtype, &dt, err) ||
+      sd_msg_u64_array(t, "shape", 1, SD_MAX_DIMS, 0, shape, &ndim, err) < 0 || !json_is_array(slices))
+    return sd_fail(err, SHARDD_E_INTERNAL, "save '%s': node %u sent a malformed tensor", L->id, k);
+  int has_index = sd_msg_u64(t, "index", 0, 0, &index, err);
+  if (has_index < 0) return err->code;
+  for (size_t i = 0; i < json_array_size(slices); i++) {
+    json_t *s = json_array_get(slices, i);
+    uint64_t v[2 + 2 * SD_MAX_DIMS];
+    size_t n = json_array_size(s);
+    if (n != 2 + 2 * ndim) return sd_fail(err, SHARDD_E_INTERNAL, "tensor '%s': node %u sent a malformed slice", name, k);
+    for (size_t j = 0; j < n; j++) {
+      json_t *e = json_array_get(s, j);
+      if (!json_is_integer(e) || json_integer_value(e) < 0)
+        return sd_fail(err, SHARDD_E_INTERNAL, "tensor '%s': node %u sent a malformed slice", name, k);
+      v[j] = (uint64_t)json_integer_value(e);
+    }
+    if (v[1] >= L->ws || L->rank_node[v[1]] != (int32_t)k)
+      return sd_fail(err, SHARDD_E_CONFLICT, "tensor '%s': node %u describes a slice of rank %llu, not one of its own",
+                     name, k, (unsigned long long)v[1]);
+    int rc = sd_cmanifest_slice(&L->man, name, dt, (uint32_t)ndim, shape, has_index ? (int64_t)index : -1, k,
+                                (uint32_t)v[1], v[0], v + 2, v + 2 + ndim, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static void on_manifest(sd_lead *L, uint32_t k, json_t *h) {
+  sd_error err = {0};
+  if (L->state != L_COLLECT) {
+    lead_failf(L, SHARDD_E_INTERNAL, "save '%s': node %u described slices after planning started", L->id, k);
+    return;
+  }
+  json_t *ranks = json_object_get(h, "ranks"), *tensors = json_object_get(h, "tensors"),
+         *files = json_object_get(h, "files");
+  if (!json_is_array(ranks) || !json_is_array(tensors) || !json_is_array(files)) {
+    lead_failf(L, SHARDD_E_INTERNAL, "save '%s': node %u sent a malformed manifest", L->id, k);
+    return;
+  }
+  for (size_t i = 0; i < json_array_size(ranks); i++) {
+    json_t *r = json_array_get(ranks, i);
+    json_int_t rv = json_is_integer(r) ? json_integer_value(r) : -1;
+    if (rv < 0 || rv >= (json_int_t)L->ws) {
+      lead_failf(L, SHARDD_E_CONFLICT, "save '%s': node %u seals rank %lld, outside world_size %u", L->id, k,
+                 (long long)rv, L->ws);
+      return;
+    }
+    if (L->rank_node[rv] >= 0) {
+      lead_failf(L, SHARDD_E_CONFLICT, "save '%s': rank %lld began on node %d and on node %u", L->id, (long long)rv,
+                 L->rank_node[rv], k);
+      return;
+    }
+    L->rank_node[rv] = (int32_t)k;
+    L->nsealed++;
+  }
+  for (size_t i = 0; i < json_array_size(tensors); i++)
+    if (manifest_tensor(L, k, json_array_get(tensors, i), &err) != 0) {
+      lead_fail(L, &err);
+      return;
+    }
+  for (size_t i = 0; i < json_array_size(files); i++) {
+    json_t *f = json_array_get(files, i);
+    const char *path = json_string_value(json_object_get(f, "path"));
+    const char *data = json_string_value(json_object_get(f, "data"));
+    json_int_t rank = json_integer_value(json_object_get(f, "rank"));
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    if (!path || !data || sd_path_check_name(path, &err) ||
+        sd_b64_decode(data, json_string_length(json_object_get(f, "data")), &bytes, &len, &err)) {
+      lead_failf(L, SHARDD_E_INTERNAL, "save '%s': node %u sent a malformed file", L->id, k);
+      return;
+    }
+    int rc = sd_cmanifest_file(&L->man, path, bytes, len, (uint32_t)rank, &err);
+    free(bytes);
+    if (rc) {
+      lead_fail(L, &err);
+      return;
+    }
+  }
+  sd_log_debug("save '%s': node %u sealed %zu ranks (%u of %u)", L->id, k, json_array_size(ranks), L->nsealed, L->ws);
+  if (L->nsealed == L->ws) plan_now(L);
+}
+
+static void on_done(sd_lead *L, uint32_t k, json_t *h) {
+  if (L->state != L_WRITE || L->nodes[k].done) {
+    lead_failf(L, SHARDD_E_INTERNAL, "save '%s': node %u reported out of turn", L->id, k);
+    return;
+  }
+  const sd_cplan *P = &L->plan;
+  size_t nf = P->plan.nfiles;
+  json_t *files = json_object_get(h, "files");
+  size_t want = 0;
+  for (size_t f = 0; f < nf; f++) {
+    uint64_t hdr = P->owner[f] == k ? P->plan.files[f].header_size : 0;
+    if (hdr || P->expect[(size_t)k * nf + f]) want++;
+  }
+  if (!json_is_array(files) || json_array_size(files) != want) {
+    lead_failf(L, SHARDD_E_IO, "save '%s': node %u reported %zu files, the plan gave it %zu", L->id, k,
+               json_array_size(files), want);
+    return;
+  }
+  for (size_t i = 0; i < want; i++) {
+    json_t *e = json_array_get(files, i);
+    json_int_t f = json_integer_value(json_array_get(e, 0)), b = json_integer_value(json_array_get(e, 1));
+    if (f < 0 || (size_t)f >= nf) {
+      lead_failf(L, SHARDD_E_IO, "save '%s': node %u reported an unknown file", L->id, k);
+      return;
+    }
+    uint64_t exp = (P->owner[f] == k ? P->plan.files[f].header_size : 0) + P->expect[(size_t)k * nf + (size_t)f];
+    if ((uint64_t)b != exp) {
+      lead_failf(L, SHARDD_E_IO, "save '%s': node %u wrote %lld bytes of %s/%s, the plan says %llu", L->id, k,
+                 (long long)b, L->dir, P->plan.files[f].name, (unsigned long long)exp);
+      return;
+    }
+  }
+  lnode *n = &L->nodes[k];
+  n->done = 1;
+  n->b_local = (uint64_t)json_integer_value(json_object_get(h, "local"));
+  n->b_fwd = (uint64_t)json_integer_value(json_object_get(h, "forwarded"));
+  n->b_recv = (uint64_t)json_integer_value(json_object_get(h, "received"));
+  L->ndone++;
+  sd_log_debug("save '%s': node %u is durable (%u of %u)", L->id, k, L->ndone, L->nnodes);
+  if (L->ndone == L->nnodes) {
+    L->state = L_FINISH;
+    start_job(L, JOB_FINISH);
+  }
+}
+
+void lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, size_t plen) {
+  (void)plen;
+  free(payload);
+  const char *t = json_string_value(json_object_get(h, "t"));
+  const char *id = json_string_value(json_object_get(h, "save"));
+  const char *tok = json_string_value(json_object_get(h, "tok"));
+  json_t *jk = json_object_get(h, "node");
+  sd_error e;
+  if (!t || !id || sd_save_id_check(id, &e) || !tok || strlen(tok) != 16 || !json_is_integer(jk) ||
+      json_integer_value(jk) < 0 || json_integer_value(jk) >= SD_NNODES_MAX) {
+    sd_log_warn("peer %s: malformed '%s' message; ignored", p ? sd_peer_addr(p) : "(local)", t ? t : "?");
+    json_decref(h);
+    return;
+  }
+  uint32_t k = (uint32_t)json_integer_value(jk);
+  sd_lead *L = find_lead(cl, id);
+  if (!strcmp(t, "join")) {
+    on_join(cl, L, p, id, tok, k, h);
+    json_decref(h);
+    return;
+  }
+  /* Everything else must come from the node that joined, on its connection. */
+  if (!L || L->state == L_FAILED || k >= L->nnodes || !L->nodes[k].joined || strcmp(L->nodes[k].tok, tok) != 0 ||
+      (p ? L->nodes[k].link != p : !L->nodes[k].local)) {
+    sd_log_debug("save '%s': dropping '%s' from node %u (no such attempt in flight)", id, t, k);
+    json_decref(h);
+    return;
+  }
+  if (!strcmp(t, "manifest")) {
+    on_manifest(L, k, h);
+  } else if (!strcmp(t, "done")) {
+    on_done(L, k, h);
+  } else if (!strcmp(t, "fail")) {
+    const char *code = json_string_value(json_object_get(h, "code"));
+    const char *msg = json_string_value(json_object_get(h, "message"));
+    sd_error err;
+    int c = code ? sd_err_from_name(code) : SHARDD_E_INTERNAL;
+    sd_fail(&err, c == SHARDD_E_PROTOCOL ? SHARDD_E_INTERNAL : c, "%s", msg ? msg : "a node failed the save");
+    lead_fail(L, &err);
+  }
+  json_decref(h);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Lost nodes, shutdown
+ * ------------------------------------------------------------------------ */
+void lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
+  (void)why;
+  for (sd_lead *L = cl->leads, *next; L; L = next) {
+    next = L->next;
+    for (uint32_t k = 0; k < L->nnodes; k++) {
+      lnode *n = &L->nodes[k];
+      if (n->link != p) continue;
+      n->link = NULL;
+      if (L->state == L_FAILED) continue;
+      if (code == SHARDD_E_PEER_LOST || code == SHARDD_E_SHUTTING_DOWN)
+        lead_failf(L, SHARDD_E_PEER_LOST, "node %u (%s) was lost during save '%s'", k, n->addr, L->id);
+      else
+        lead_failf(L, code, "save '%s': node %u (%s): %s", L->id, k, n->addr, why);
+    }
+  }
+}
+
+void lead_shutdown(sd_cluster *cl) {
+  for (sd_lead *L = cl->leads, *next; L; L = next) {
+    next = L->next;
+    if (L->state != L_FAILED)
+      lead_failf(L, SHARDD_E_SHUTTING_DOWN, "save '%s': the leader is shutting down; nothing was published", L->id);
+    for (uint32_t k = 0; k < L->nnodes; k++) L->nodes[k].link = NULL;
+  }
+  /* What is not busy goes now; a running job frees its save when it returns. */
+  for (sd_lead *L = cl->leads, *next; L; L = next) {
+    next = L->next;
+    if (L->busy) continue;
+    fsjob j = {.L = L, .kind = JOB_CLEANUP, .root_fd = cl->d->root_fd};
+    job_cleanup(&j);
+    lead_free(L);
+  }
+}

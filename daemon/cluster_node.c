@@ -1,0 +1,1069 @@
+/* A node's part of a multi-node save: report slices, write assigned files, forward and receive bytes, report, commit. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cluster_int.h"
+#include "log.h"
+#include "publish_int.h"
+#include "sd_base64.h"
+#include "sd_msg.h"
+
+enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
+
+typedef struct {
+  sd_csave *cs;
+  int kind;
+  uint32_t lf;
+  uint64_t len;
+  rbuf *rb;
+} cio;
+
+static void progress(sd_csave *cs);
+static void finish_failed(sd_csave *cs);
+
+static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
+
+/* ------------------------------------------------------------------------ *
+ * Failing from inside: the save must outlive the call, so an I/O reference
+ * is held around it; the caller then checks whether it was the last.
+ * ------------------------------------------------------------------------ */
+static int fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail_held(sd_csave *cs, int code, const char *fmt, ...) {
+  sd_error e;
+  va_list ap;
+  va_start(ap, fmt);
+  sd_vfail(&e, code, fmt, ap);
+  va_end(ap);
+  cs->io++;
+  sd_save_fail_err(cs->save, &e);
+  cs->io--;
+  if (cs->io == 0) {
+    finish_failed(cs); /* frees cs */
+    return 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * To the leader
+ * ------------------------------------------------------------------------ */
+static void to_leader(sd_csave *cs, json_t *m) {
+  if (!m) return;
+  json_object_set_new(m, "save", json_string(cs->save->id));
+  json_object_set_new(m, "tok", json_string(cs->tok));
+  json_object_set_new(m, "node", json_integer(cs->node_rank));
+  if (cs->is_leader)
+    cl_local_send(cs->cl, 1, m, NULL, 0);
+  else if (cs->link)
+    sd_peer_send(cs->link, m, NULL, 0); /* a closing link fails the save from on_lost */
+  else
+    json_decref(m);
+}
+
+/* ------------------------------------------------------------------------ *
+ * begin: join the leader
+ * ------------------------------------------------------------------------ */
+int node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
+  sd_cluster *cl = save->d->cluster;
+  if (strlen(a->leader) >= SD_PEER_ADDR_MAX)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'leader' is too long");
+  sd_csave *cs = calloc(1, sizeof *cs);
+  if (!cs) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for save '%s'", a->save);
+  cs->save = save;
+  cs->cl = cl;
+  cs->nnodes = a->nnodes;
+  cs->node_rank = a->node_rank;
+  snprintf(cs->leader, sizeof cs->leader, "%s", a->leader);
+  cs->mode = (sd_write_mode)a->write_mode;
+  cs->is_leader = a->node_rank == 0;
+  cs->parent_fd = cs->tmp_fd = -1;
+  cs->reported = calloc(save->world_size, 1);
+  if (!cs->reported) {
+    free(cs);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for save '%s'", a->save);
+  }
+  cl_random_id(cs->tok);
+  if (!cs->is_leader) {
+    cs->link = sd_peer_connect(cl->net, cs->leader, err);
+    if (!cs->link) {
+      free(cs->reported);
+      free(cs);
+      return err->code;
+    }
+  }
+  save->cl = cs;
+  json_t *md = json_object();
+  for (size_t i = 0; i < save->nmetadata; i++)
+    json_object_set_new(md, save->metadata[i].key, json_string(save->metadata[i].value));
+  json_t *j = json_pack("{s:s,s:i,s:i,s:s,s:s,s:I,s:b,s:s,s:s,s:o}", "t", "join", "nnodes", (int)cs->nnodes,
+                        "world_size", (int)save->world_size, "dir", save->dir, "prefix", save->prefix,
+                        "max_shard_size", (json_int_t)save->max_shard_size, "overwrite", save->overwrite,
+                        "write_mode", mode_str(cs->mode), "leader", cs->leader, "metadata", md);
+  to_leader(cs, j);
+  sd_log_debug("save '%s': node %u of %u, leader %s%s", save->id, cs->node_rank, cs->nnodes, cs->leader,
+               cs->is_leader ? " (this daemon)" : "");
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * seal: what the newly sealed ranks hold, never their bytes
+ * ------------------------------------------------------------------------ */
+static json_t *u64_array(const uint64_t *v, uint32_t n) {
+  json_t *a = json_array();
+  for (uint32_t i = 0; i < n; i++) json_array_append_new(a, json_integer((json_int_t)v[i]));
+  return a;
+}
+
+void node_sealed(sd_csave *cs) {
+  sd_save *save = cs->save;
+  uint8_t *fresh = calloc(save->world_size, 1);
+  json_t *ranks = json_array();
+  if (!fresh || !ranks) {
+    free(fresh);
+    json_decref(ranks);
+    fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
+    return;
+  }
+  size_t nfresh = 0;
+  for (uint32_t r = 0; r < save->world_size; r++) {
+    if (save->ranks[r].state != SD_RANK_SEALED || cs->reported[r]) continue;
+    cs->reported[r] = fresh[r] = 1;
+    json_array_append_new(ranks, json_integer(r));
+    nfresh++;
+  }
+  if (nfresh == 0) {
+    free(fresh);
+    json_decref(ranks);
+    return;
+  }
+  json_t *tensors = json_array();
+  int oom = 0;
+  for (size_t i = 0; i < save->ntensors && !oom; i++) {
+    sd_save_tensor *t = save->tensors[i];
+    json_t *sl = NULL;
+    for (size_t j = 0; j < t->nslices; j++) {
+      sd_slice *s = t->slices[j];
+      if (!fresh[s->rank]) continue;
+      if (cs->nslices == cs->scap) {
+        size_t ncap = cs->scap ? cs->scap * 2 : 256;
+        cslice_ref *n = realloc(cs->slices, ncap * sizeof *n);
+        if (!n) {
+          oom = 1;
+          break;
+        }
+        cs->slices = n;
+        cs->scap = ncap;
+      }
+      uint64_t id = cs->nslices;
+      cs->slices[cs->nslices++] = (cslice_ref){t, s};
+      if (!sl) sl = json_array();
+      /* [id, rank, start..., count...] */
+      json_t *e = json_array();
+      json_array_append_new(e, json_integer((json_int_t)id));
+      json_array_append_new(e, json_integer(s->rank));
+      for (uint32_t d = 0; d < 2 * t->ndim; d++) json_array_append_new(e, json_integer((json_int_t)s->dims[d]));
+      json_array_append_new(sl, e);
+    }
+    if (!sl) continue;
+    json_t *te = json_pack("{s:s,s:s,s:o,s:o}", "name", t->name, "dtype", sd_dtype_name(t->dtype), "shape",
+                           u64_array(t->shape, t->ndim), "slices", sl);
+    if (!te) {
+      oom = 1;
+      break;
+    }
+    if (t->index >= 0) json_object_set_new(te, "index", json_integer((json_int_t)t->index));
+    json_array_append_new(tensors, te);
+  }
+  json_t *files = json_array();
+  for (size_t i = 0; i < save->nfiles && !oom; i++) {
+    sd_save_artifact *f = &save->files[i];
+    if (!fresh[f->rank]) continue;
+    size_t n = sd_b64_encoded_len(f->len);
+    char *b = malloc(n + 1);
+    if (!b) {
+      oom = 1;
+      break;
+    }
+    sd_b64_encode(f->data, f->len, b);
+    json_array_append_new(files, json_pack("{s:s,s:i,s:s}", "path", f->name, "rank", (int)f->rank, "data", b));
+    free(b);
+  }
+  free(fresh);
+  if (oom) {
+    json_decref(ranks);
+    json_decref(tensors);
+    json_decref(files);
+    fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
+    return;
+  }
+  to_leader(cs, json_pack("{s:s,s:o,s:o,s:o}", "t", "manifest", "ranks", ranks, "tensors", tensors, "files", files));
+}
+
+/* ------------------------------------------------------------------------ *
+ * The end
+ * ------------------------------------------------------------------------ */
+static void close_files(sd_csave *cs) {
+  for (size_t i = 0; i < cs->nfiles; i++)
+    if (cs->files[i].fd >= 0) {
+      close(cs->files[i].fd);
+      cs->files[i].fd = -1;
+    }
+  if (cs->tmp_fd >= 0) close(cs->tmp_fd);
+  cs->tmp_fd = -1;
+}
+
+typedef struct {
+  uv_work_t req;
+  int parent_fd;
+  char *tmp;
+  sd_error err;
+} rmjob;
+
+static void rm_work(uv_work_t *req) {
+  rmjob *j = req->data;
+  sd_path_remove_tree(j->parent_fd, j->tmp, &j->err);
+}
+
+static void rm_done(uv_work_t *req, int status) {
+  (void)status;
+  rmjob *j = req->data;
+  if (j->err.code) sd_log_warn("removing %s: %s", j->tmp, j->err.msg);
+  close(j->parent_fd);
+  free(j->tmp);
+  free(j);
+}
+
+/* The leader is gone and never heard that we finished, so it cannot be
+ * renaming the folder: removing it is safe, and nobody else will. */
+static void remove_orphan_tmp(sd_csave *cs) {
+  if (!cs->leader_lost || cs->done_sent || !cs->tmp || cs->parent_fd < 0) return;
+  rmjob *j = calloc(1, sizeof *j);
+  if (!j) return;
+  j->parent_fd = dup(cs->parent_fd);
+  j->tmp = strdup(cs->tmp);
+  j->req.data = j;
+  if (j->parent_fd < 0 || !j->tmp || uv_queue_work(cs->cl->d->loop, &j->req, rm_work, rm_done) != 0) {
+    if (j->parent_fd >= 0) close(j->parent_fd);
+    free(j->tmp);
+    free(j);
+    return;
+  }
+  sd_log_info("save '%s': the leader was lost; removing its temporary folder %s", cs->save->id, cs->tmp);
+}
+
+static void finish_failed(sd_csave *cs) {
+  close_files(cs);
+  remove_orphan_tmp(cs);
+  sd_save *save = cs->save;
+  sd_error e = save->err;
+  sd_save_finish(save, &e, NULL);
+}
+
+int node_fail(sd_csave *cs) {
+  if (cs->failing) return cs->io > 0;
+  cs->failing = 1;
+  sd_save *save = cs->save;
+  if (!cs->from_leader)
+    to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", sd_err_name(save->err.code), "message",
+                            save->err.msg));
+  for (rbuf *r = cs->pending; r;) {
+    rbuf *n = r->next;
+    json_decref(r->hdr);
+    free(r->data);
+    free(r);
+    r = n;
+  }
+  cs->pending = NULL;
+  if (cs->io > 0) {
+    save->state = SD_SAVE_FAILING;
+    return 1;
+  }
+  close_files(cs);
+  remove_orphan_tmp(cs);
+  /* Nothing in flight: save.c finalizes right away. */
+  save->state = SD_SAVE_OPEN;
+  return 0;
+}
+
+void node_free(sd_csave *cs) {
+  if (!cs) return;
+  if (cs->save->err.code && !cs->cl->shutting) cl_remember_failure(cs->cl, cs->save);
+  if (cs->io) sd_log_error("save '%s': freed with %u writes in flight", cs->save->id, cs->io);
+  close_files(cs);
+  if (cs->parent_fd >= 0) close(cs->parent_fd);
+  for (size_t i = 0; i < cs->nfiles; i++) free(cs->files[i].name);
+  free(cs->files);
+  for (size_t i = 0; i < cs->ndests; i++) free(cs->dests[i].runs);
+  free(cs->dests);
+  for (rbuf *r = cs->pending; r;) {
+    rbuf *n = r->next;
+    json_decref(r->hdr);
+    free(r->data);
+    free(r);
+    r = n;
+  }
+  free(cs->fmap);
+  free(cs->hdrs);
+  free(cs->ops);
+  free(cs->slices);
+  free(cs->reported);
+  free(cs->tmp);
+  free(cs);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Writing through the ring
+ * ------------------------------------------------------------------------ */
+static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, rbuf *rb);
+
+static void send_ack(sd_csave *cs, rbuf *rb) {
+  sd_peer *p = sd_peer_find(cs->cl->net, rb->peer_id);
+  if (!p) return; /* the sender is gone; its save fails through the leader */
+  json_t *a = json_pack("{s:s,s:s,s:s,s:i,s:I}", "t", "ack", "save", cs->save->id, "cid", cs->cid, "node",
+                        (int)cs->node_rank, "n", (json_int_t)rb->len);
+  sd_peer_send(p, a, NULL, 0);
+}
+
+static void rbuf_put(sd_csave *cs, rbuf *rb, int ack) {
+  if (--rb->refs > 0) return;
+  if (ack) send_ack(cs, rb);
+  json_decref(rb->hdr);
+  free(rb->data);
+  free(rb);
+}
+
+static void on_io(void *ud, int res) {
+  cio *c = ud;
+  sd_csave *cs = c->cs;
+  sd_cluster *cl = cs->cl;
+  cs->io--;
+  if (res < 0 && !cs->failing) {
+    const cfile *f = &cs->files[c->lf];
+    int code = res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+    const char *what = c->kind == IO_SYNC ? "fsync" : "write";
+    if (c->rb) rbuf_put(cs, c->rb, 0);
+    free(c);
+    fail_held(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
+              what, strerror(-res));
+    return;
+  }
+  if (cs->failing) {
+    if (c->rb) rbuf_put(cs, c->rb, 0);
+    free(c);
+    if (cs->io == 0) finish_failed(cs);
+    return;
+  }
+  cfile *f = &cs->files[c->lf];
+  switch (c->kind) {
+    case IO_SYNC:
+      f->sync = 2;
+      close(f->fd);
+      f->fd = -1;
+      break;
+    case IO_RECV:
+      f->done += c->len;
+      cs->bytes_written += c->len;
+      cs->bytes_recv += c->len;
+      cl->bytes_recv += c->len;
+      rbuf_put(cs, c->rb, 1);
+      break;
+    case IO_LOCAL:
+      cs->ops_done++;
+      cs->bytes_local += c->len;
+      cl->bytes_local += c->len;
+      /* fall through */
+    default:
+      f->done += c->len;
+      cs->bytes_written += c->len;
+      break;
+  }
+  free(c);
+  progress(cs);
+}
+
+static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, rbuf *rb) {
+  cio *c = calloc(1, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->cs = cs;
+  c->kind = kind;
+  c->lf = lf;
+  c->len = len;
+  c->rb = rb;
+  int fd = cs->files[lf].fd;
+  int rc = kind == IO_SYNC ? sd_cring_fsync(cs->cl->ring, fd, on_io, c)
+                           : sd_cring_write(cs->cl->ring, fd, src, len, off, on_io, c);
+  if (rc < 0) {
+    free(c);
+    return rc;
+  }
+  cs->io++;
+  if (rb) rb->refs++;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Forwarding: frames of runs, a window of unacknowledged bytes per
+ * destination. The bytes are copied out of shared memory in the thread
+ * pool: a page fault there (memory pressure) must not stall the loop that
+ * answers heartbeats.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uv_work_t req;
+  sd_csave *cs;
+  uint32_t dest;
+  uint8_t *frame;
+  size_t len, at;
+  int n;
+  struct iovec iov[SD_FWD_RUNS];
+} fcopy;
+
+static void copy_work(uv_work_t *req) {
+  fcopy *j = req->data;
+  size_t at = j->at;
+  for (int i = 0; i < j->n; i++) {
+    memcpy(j->frame + at, j->iov[i].iov_base, j->iov[i].iov_len);
+    at += j->iov[i].iov_len;
+  }
+}
+
+static cdest *dest_of(sd_csave *cs, uint32_t node);
+
+static void copy_done(uv_work_t *req, int status) {
+  fcopy *j = req->data;
+  sd_csave *cs = j->cs;
+  cs->io--;
+  cs->copies--;
+  cdest *d = dest_of(cs, j->dest);
+  if (!cs->failing && status == 0 && d && d->peer)
+    sd_peer_send_frame(d->peer, j->frame, j->len); /* a closing peer fails the save from on_lost */
+  else
+    free(j->frame);
+  free(j);
+  if (cs->failing) {
+    if (cs->io == 0) finish_failed(cs);
+    return;
+  }
+  progress(cs);
+}
+
+/* 1 when the save failed (and may be gone): the caller must not touch cs. */
+static int pump_dest(sd_csave *cs, cdest *d) {
+  while (d->peer && d->next < d->nruns) {
+    uint64_t inflight = d->sent - d->acked, avail = SD_FWD_WINDOW - inflight, left = d->total - d->sent;
+    if (inflight >= SD_FWD_WINDOW || (avail < SD_FWD_FRAME && avail < left)) return 0;
+    uint64_t budget = avail < SD_FWD_FRAME ? avail : SD_FWD_FRAME;
+    struct iovec iov[SD_FWD_RUNS];
+    json_t *runs = json_array();
+    int n = 0;
+    uint64_t total = 0;
+    while (d->next < d->nruns && n < SD_FWD_RUNS && total < budget) {
+      const fop *r = &d->runs[d->next];
+      uint64_t k = r->len - d->next_off;
+      if (k > budget - total) k = budget - total;
+      json_t *e = json_array();
+      json_array_append_new(e, json_integer(r->f));
+      json_array_append_new(e, json_integer((json_int_t)(r->off + d->next_off)));
+      json_array_append_new(e, json_integer((json_int_t)k));
+      json_array_append_new(runs, e);
+      iov[n].iov_base = (void *)(r->src + d->next_off);
+      iov[n].iov_len = k;
+      n++;
+      total += k;
+      d->next_off += k;
+      if (d->next_off == r->len) {
+        d->next++;
+        d->next_off = 0;
+      }
+    }
+    json_t *h = json_pack("{s:s,s:s,s:s,s:i,s:o}", "t", "data", "save", cs->save->id, "cid", cs->cid, "node",
+                          (int)cs->node_rank, "runs", runs);
+    fcopy *j = h ? calloc(1, sizeof *j) : NULL;
+    if (j) j->frame = sd_frame_alloc(h, total, &j->at, &j->len);
+    json_decref(h);
+    if (!j || !j->frame) {
+      if (j) free(j);
+      fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory forwarding to node %u", cs->save->id, d->node);
+      return 1;
+    }
+    j->cs = cs;
+    j->dest = d->node;
+    j->n = n;
+    memcpy(j->iov, iov, (size_t)n * sizeof *iov);
+    j->req.data = j;
+    if (uv_queue_work(cs->cl->d->loop, &j->req, copy_work, copy_done) != 0) {
+      free(j->frame);
+      free(j);
+      fail_held(cs, SHARDD_E_INTERNAL, "save '%s': cannot queue a copy for node %u", cs->save->id, d->node);
+      return 1;
+    }
+    cs->io++;
+    cs->copies++;
+    d->sent += total;
+    cs->bytes_fwd += total;
+    cs->cl->bytes_fwd += total;
+  }
+  return 0;
+}
+
+static void pump_local(sd_csave *cs) {
+  while (cs->op_next < cs->nops && cs->io < SD_NODE_INFLIGHT) {
+    const lop *o = &cs->ops[cs->op_next];
+    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL) != 0) return;
+    cs->op_next++;
+  }
+}
+
+static void send_done(sd_csave *cs) {
+  json_t *files = json_array();
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    json_t *e = json_array();
+    json_array_append_new(e, json_integer(cs->files[i].f));
+    json_array_append_new(e, json_integer((json_int_t)cs->files[i].done));
+    json_array_append_new(files, e);
+  }
+  cs->done_sent = 1;
+  cs->phase = CP_DONE_SENT;
+  sd_log_debug("save '%s': node %u wrote its files (%llu own bytes here, %llu forwarded, %llu received)",
+               cs->save->id, cs->node_rank, (unsigned long long)cs->bytes_local, (unsigned long long)cs->bytes_fwd,
+               (unsigned long long)cs->bytes_recv);
+  to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files, "local",
+                          (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd, "received",
+                          (json_int_t)cs->bytes_recv));
+}
+
+static void progress(sd_csave *cs) {
+  if (cs->failing || cs->phase != CP_WRITING) return;
+  pump_local(cs);
+  int sent_all = 1, acked_all = 1;
+  for (size_t i = 0; i < cs->ndests; i++) {
+    if (pump_dest(cs, &cs->dests[i])) return;
+    if (cs->dests[i].next < cs->dests[i].nruns) sent_all = 0;
+    if (cs->dests[i].acked < cs->dests[i].total) acked_all = 0;
+  }
+  /* Shared memory is read by local writes and by copying into frames. */
+  if (!cs->released && sent_all && cs->copies == 0 && cs->op_next == cs->nops && cs->ops_done == cs->nops) {
+    cs->released = 1;
+    sd_save_released(cs->save);
+  }
+  int durable = 1;
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    cfile *f = &cs->files[i];
+    if (f->sync == 0 && f->done == f->hdr_len + f->data) {
+      if (submit(cs, IO_SYNC, (uint32_t)i, NULL, 0, 0, NULL) == 0) f->sync = 1;
+    }
+    if (f->sync != 2) durable = 0;
+  }
+  if (durable && acked_all && cs->io == 0) send_done(cs);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Receiving forwarded bytes
+ * ------------------------------------------------------------------------ */
+/* Checks every run of a data frame against our files, then writes them in place. */
+static void recv_apply(sd_csave *cs, rbuf *rb) {
+  json_t *runs = json_object_get(rb->hdr, "runs");
+  const char *cid = json_string_value(json_object_get(rb->hdr, "cid"));
+  if (!cid || strcmp(cid, cs->cid) != 0) {
+    sd_log_debug("save '%s': dropping data for another attempt", cs->save->id);
+    json_decref(rb->hdr);
+    free(rb->data);
+    free(rb);
+    return;
+  }
+  size_t n = json_is_array(runs) ? json_array_size(runs) : 0;
+  uint64_t pos = 0;
+  const char *bad = NULL;
+  for (size_t i = 0; i < n && !bad; i++) {
+    json_t *e = json_array_get(runs, i);
+    json_t *jf = json_array_get(e, 0), *jo = json_array_get(e, 1), *jl = json_array_get(e, 2);
+    if (json_array_size(e) != 3 || !json_is_integer(jf) || !json_is_integer(jo) || !json_is_integer(jl)) {
+      bad = "a malformed run";
+      break;
+    }
+    json_int_t f = json_integer_value(jf), off = json_integer_value(jo), len = json_integer_value(jl);
+    if (f < 0 || (uint64_t)f >= cs->plan_files || cs->fmap[f] < 0) bad = "bytes for a file this node does not write";
+    else if (off < 0 || len <= 0 || (uint64_t)len > rb->len - pos) bad = "runs longer than the payload";
+    else {
+      cfile *cf = &cs->files[cs->fmap[f]];
+      if ((uint64_t)off < cf->hdr_len || (uint64_t)off > cf->size || (uint64_t)len > cf->size - (uint64_t)off)
+        bad = "bytes outside a file's data";
+    }
+    pos += (uint64_t)len;
+  }
+  if (!bad && pos != rb->len) bad = "runs that do not add up to the payload";
+  if (!bad && rb->len > cs->recv_expect) bad = "more bytes than the plan sends here";
+  if (bad) {
+    uint32_t from = rb->from;
+    json_decref(rb->hdr);
+    free(rb->data);
+    free(rb);
+    fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': node %u sent %s", cs->save->id, from, bad);
+    return;
+  }
+  cs->recv_expect -= rb->len;
+  rb->refs = 1; /* ours, until every run is queued */
+  pos = 0;
+  for (size_t i = 0; i < n; i++) {
+    json_t *e = json_array_get(runs, i);
+    uint32_t f = (uint32_t)json_integer_value(json_array_get(e, 0));
+    uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 1));
+    uint64_t len = (uint64_t)json_integer_value(json_array_get(e, 2));
+    if (submit(cs, IO_RECV, (uint32_t)cs->fmap[f], rb->data + pos, len, off, rb) != 0) {
+      rbuf_put(cs, rb, 0);
+      fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory queueing received bytes", cs->save->id);
+      return;
+    }
+    pos += len;
+  }
+  rbuf_put(cs, rb, 1);
+}
+
+void node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
+  const char *id = json_string_value(json_object_get(hdr, "save"));
+  sd_csave *cs = cl_find_csave(cl, id);
+  json_t *jn = json_object_get(hdr, "node");
+  if (!cs || cs->failing || !json_is_integer(jn) || json_integer_value(jn) < 0 ||
+      json_integer_value(jn) >= (json_int_t)cs->nnodes || sd_peer_is_outgoing(p)) {
+    json_decref(hdr);
+    free(payload);
+    return;
+  }
+  rbuf *rb = calloc(1, sizeof *rb);
+  if (!rb) {
+    json_decref(hdr);
+    free(payload);
+    fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory receiving bytes", cs->save->id);
+    return;
+  }
+  rb->cs = cs;
+  rb->peer_id = sd_peer_id(p);
+  rb->from = (uint32_t)json_integer_value(jn);
+  rb->hdr = hdr;
+  rb->data = payload;
+  rb->len = plen;
+  if (cs->phase == CP_OPEN) {
+    /* The sender got its assignment before we got ours: hold it; the
+     * sender's window bounds how much can pile up. */
+    rbuf **pp = &cs->pending;
+    while (*pp) pp = &(*pp)->next;
+    *pp = rb;
+    return;
+  }
+  recv_apply(cs, rb);
+}
+
+void node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
+  const char *id = json_string_value(json_object_get(hdr, "save"));
+  const char *cid = json_string_value(json_object_get(hdr, "cid"));
+  sd_csave *cs = cl_find_csave(cl, id);
+  json_t *jn = json_object_get(hdr, "node"), *jb = json_object_get(hdr, "n");
+  if (!cs || cs->failing || cs->phase != CP_WRITING || !cid || strcmp(cid, cs->cid) != 0 || !json_is_integer(jn) ||
+      !json_is_integer(jb))
+    return;
+  for (size_t i = 0; i < cs->ndests; i++) {
+    cdest *d = &cs->dests[i];
+    if (d->node != (uint64_t)json_integer_value(jn) || d->peer != p) continue;
+    json_int_t n = json_integer_value(jb);
+    if (n < 0 || (uint64_t)n > d->sent - d->acked) {
+      fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': node %u acknowledged bytes it was never sent", cs->save->id,
+                d->node);
+      return;
+    }
+    d->acked += (uint64_t)n;
+    progress(cs);
+    return;
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * The assignment: which files this node writes, and where each of its slices goes
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  sd_csave *cs;
+  uint32_t dest;           /* node_rank */
+  uint32_t f, lf;
+  uint64_t size;
+  const uint8_t *src;
+  int oom, bad;
+} runctx;
+
+static cdest *dest_of(sd_csave *cs, uint32_t node) {
+  for (size_t i = 0; i < cs->ndests; i++)
+    if (cs->dests[i].node == node) return &cs->dests[i];
+  return NULL;
+}
+
+static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
+  runctx *c = ud;
+  sd_csave *cs = c->cs;
+  if (len == 0) return 0;
+  if (dst > c->size || len > c->size - dst) {
+    c->bad = 1;
+    return -1;
+  }
+  if (c->dest == cs->node_rank) {
+    if (cs->nops % 1024 == 0) {
+      lop *n = realloc(cs->ops, (cs->nops + 1024) * sizeof *n);
+      if (!n) {
+        c->oom = 1;
+        return -1;
+      }
+      cs->ops = n;
+    }
+    cs->ops[cs->nops++] = (lop){.lf = c->lf, .off = dst, .src = c->src + src, .len = len};
+    return 0;
+  }
+  cdest *d = dest_of(cs, c->dest);
+  if (d->nruns == d->cap) {
+    size_t ncap = d->cap ? d->cap * 2 : 256;
+    fop *n = realloc(d->runs, ncap * sizeof *n);
+    if (!n) {
+      c->oom = 1;
+      return -1;
+    }
+    d->runs = n;
+    d->cap = ncap;
+  }
+  /* Adjacent runs of one file merge into one. */
+  if (d->nruns > 0) {
+    fop *last = &d->runs[d->nruns - 1];
+    if (last->f == c->f && last->off + last->len == dst && last->src + last->len == c->src + src) {
+      last->len += len;
+      d->total += len;
+      return 0;
+    }
+  }
+  d->runs[d->nruns++] = (fop){.f = c->f, .off = dst, .src = c->src + src, .len = len};
+  d->total += len;
+  return 0;
+}
+
+static int json_u64(json_t *v, uint64_t *out) {
+  if (!json_is_integer(v) || json_integer_value(v) < 0) return -1;
+  *out = (uint64_t)json_integer_value(v);
+  return 0;
+}
+
+/* Opens the temporary folder the leader made and the files this node writes. */
+static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_t wn) {
+  sd_save *save = cs->save;
+  sd_error e = {0};
+  unsigned created = 0;
+  const char *base = NULL;
+  if (sd_path_open_parent(save->d->root_fd, save->dir, 0, &cs->parent_fd, &created, &base, &e) != 0) {
+    snprintf(why, wn, "%s", e.msg);
+    return SHARDD_E_IO;
+  }
+  cs->tmp_fd = sd_openat_beneath(cs->parent_fd, cs->tmp, O_RDONLY | O_DIRECTORY, 0);
+  if (cs->tmp_fd < 0) {
+    snprintf(why, wn, "cannot open the temporary folder %s beside '%s': %s", cs->tmp, save->dir, strerror(-cs->tmp_fd));
+    return SHARDD_E_IO;
+  }
+  size_t n = json_array_size(files);
+  cs->files = calloc(n ? n : 1, sizeof *cs->files);
+  if (!cs->files) return SHARDD_E_NO_MEMORY;
+  uint64_t hoff = 0;
+  for (size_t i = 0; i < n; i++) {
+    json_t *o = json_array_get(files, i);
+    cfile *f = &cs->files[cs->nfiles];
+    f->fd = -1;
+    uint64_t fi = 0;
+    const char *name = json_string_value(json_object_get(o, "name"));
+    if (json_u64(json_object_get(o, "f"), &fi) || fi >= cs->plan_files || cs->fmap[fi] >= 0 || !name ||
+        sd_path_check_name(name, &e) || json_u64(json_object_get(o, "size"), &f->size) ||
+        json_u64(json_object_get(o, "hdr"), &f->hdr_len) || json_u64(json_object_get(o, "data"), &f->data) ||
+        f->hdr_len > f->size || f->data > f->size - f->hdr_len || f->hdr_len > plen - hoff) {
+      snprintf(why, wn, "file entry %zu is malformed", i);
+      return SHARDD_E_PROTOCOL;
+    }
+    f->f = (uint32_t)fi;
+    f->name = strdup(name);
+    if (!f->name) return SHARDD_E_NO_MEMORY;
+    cs->fmap[fi] = (int32_t)cs->nfiles++;
+    f->fd = sd_openat_beneath(cs->tmp_fd, name, O_WRONLY, 0);
+    if (f->fd < 0) {
+      snprintf(why, wn, "cannot open %s/%s: %s", save->dir, name, strerror(-f->fd));
+      return -f->fd == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+    }
+    hoff += f->hdr_len;
+  }
+  return 0;
+}
+
+static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen, char *why, size_t wn) {
+  sd_save *save = cs->save;
+  const char *cid = json_string_value(json_object_get(h, "cid"));
+  const char *tmp = json_string_value(json_object_get(h, "tmp"));
+  json_t *files = json_object_get(h, "files"), *writes = json_object_get(h, "writes"),
+         *peers = json_object_get(h, "peers");
+  uint64_t nf = 0;
+  sd_error e = {0};
+  if (!cid || strlen(cid) != 16 || !tmp || sd_path_check_name(tmp, &e) || json_u64(json_object_get(h, "nfiles"), &nf) ||
+      nf > (1u << 24) || !json_is_array(files) || !json_is_array(writes) || !json_is_object(peers)) {
+    snprintf(why, wn, "the assignment is malformed");
+    return SHARDD_E_PROTOCOL;
+  }
+  snprintf(cs->cid, sizeof cs->cid, "%s", cid);
+  cs->tmp = strdup(tmp);
+  cs->plan_files = (uint32_t)nf;
+  cs->fmap = malloc((nf ? nf : 1) * sizeof *cs->fmap);
+  cs->hdrs = payload;
+  if (!cs->tmp || !cs->fmap) return SHARDD_E_NO_MEMORY;
+  for (uint64_t i = 0; i < nf; i++) cs->fmap[i] = -1;
+  int rc = open_files(cs, files, plen, why, wn);
+  if (rc) return rc;
+
+  /* Headers first: they sit in the payload in the order of the file list. */
+  uint64_t hoff = 0;
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    cfile *f = &cs->files[i];
+    if (f->hdr_len && submit(cs, IO_HDR, (uint32_t)i, cs->hdrs + hoff, f->hdr_len, 0, NULL) != 0)
+      return SHARDD_E_NO_MEMORY;
+    hoff += f->hdr_len;
+  }
+
+  size_t nw = json_array_size(writes);
+  uint64_t data_total = 0, local_total = 0;
+  for (size_t i = 0; i < cs->nfiles; i++) data_total += cs->files[i].data;
+  for (size_t i = 0; i < nw; i++) {
+    json_t *w = json_array_get(writes, i);
+    uint64_t id, f, base, dest, len;
+    if (json_array_size(w) != 5 || json_u64(json_array_get(w, 0), &id) || json_u64(json_array_get(w, 1), &f) ||
+        json_u64(json_array_get(w, 2), &base) || json_u64(json_array_get(w, 3), &dest) ||
+        json_u64(json_array_get(w, 4), &len) || id >= cs->nslices || f >= nf || dest >= cs->nnodes ||
+        cs->slices[id].sl->len != len) {
+      snprintf(why, wn, "write entry %zu is malformed", i);
+      return SHARDD_E_PROTOCOL;
+    }
+    const sd_save_tensor *t = cs->slices[id].t;
+    const sd_slice *sl = cs->slices[id].sl;
+    runctx c = {.cs = cs, .dest = (uint32_t)dest, .f = (uint32_t)f};
+    if (dest == cs->node_rank) {
+      if (cs->fmap[f] < 0) {
+        snprintf(why, wn, "write entry %zu targets a file this node was not given", i);
+        return SHARDD_E_PROTOCOL;
+      }
+      c.lf = (uint32_t)cs->fmap[f];
+      c.size = cs->files[c.lf].size;
+      local_total += len;
+    } else {
+      c.size = UINT64_MAX; /* the receiver checks its own files */
+      if (!dest_of(cs, (uint32_t)dest)) {
+        cdest *nd = realloc(cs->dests, (cs->ndests + 1) * sizeof *nd);
+        if (!nd) return SHARDD_E_NO_MEMORY;
+        cs->dests = nd;
+        cdest *d = &cs->dests[cs->ndests++];
+        memset(d, 0, sizeof *d);
+        d->node = (uint32_t)dest;
+        char key[16];
+        snprintf(key, sizeof key, "%u", d->node);
+        json_t *pe = json_object_get(peers, key);
+        const char *addr = dest == 0 ? cs->leader : json_string_value(json_object_get(pe, "addr"));
+        const char *name = json_string_value(json_object_get(pe, "name"));
+        if (!addr || strlen(addr) >= sizeof d->addr) {
+          snprintf(why, wn, "no address for node %u", d->node);
+          return SHARDD_E_PROTOCOL;
+        }
+        snprintf(d->addr, sizeof d->addr, "%s", addr);
+        snprintf(d->name, sizeof d->name, "%s", name ? name : "");
+      }
+    }
+    c.src = sl->region ? sl->region->base + sl->offset : sl->data;
+    sd_box b;
+    memset(&b, 0, sizeof b);
+    memcpy(b.start, sl->dims, t->ndim * sizeof(uint64_t));
+    memcpy(b.count, sl->dims + t->ndim, t->ndim * sizeof(uint64_t));
+    sd_box_runs(t->ndim, t->shape, sd_dtype_size(t->dtype), &b, base, add_run, &c);
+    if (c.oom) return SHARDD_E_NO_MEMORY;
+    if (c.bad) {
+      snprintf(why, wn, "tensor '%s' would land outside its file", t->name);
+      return SHARDD_E_PROTOCOL;
+    }
+  }
+  if (local_total > data_total) {
+    snprintf(why, wn, "the plan has this node write more than its files hold");
+    return SHARDD_E_PROTOCOL;
+  }
+  cs->recv_expect = data_total - local_total;
+  (void)save;
+  return 0;
+}
+
+static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
+  sd_save *save = cs->save;
+  if (cs->phase != CP_OPEN) {
+    free(payload);
+    fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': a second assignment from the leader", save->id);
+    return;
+  }
+  char why[SD_ERRMSG_MAX] = "";
+  cs->phase = CP_WRITING;
+  save->state = SD_SAVE_WRITING;
+  save->t_write = uv_hrtime();
+  cs->io++; /* hold: nothing may finish the save while we set it up */
+  int rc = take_assignment(cs, h, payload, plen, why, sizeof why);
+  cs->io--;
+  if (rc) {
+    if (rc == SHARDD_E_NO_MEMORY) snprintf(why, sizeof why, "out of memory");
+    fail_held(cs, rc == SHARDD_E_PROTOCOL ? SHARDD_E_INTERNAL : rc, "save '%s', node %u ('%s'): %s", save->id,
+              cs->node_rank, cs->cl->node, why);
+    return;
+  }
+  for (size_t i = 0; i < cs->ndests; i++) {
+    sd_error e = {0};
+    cdest *d = &cs->dests[i];
+    d->peer = d->node == 0 && cs->link ? cs->link : sd_peer_connect(cs->cl->net, d->addr, &e);
+    if (!d->peer) {
+      fail_held(cs, SHARDD_E_PEER_LOST, "save '%s': cannot reach node %u (%s): %s", save->id, d->node, d->addr, e.msg);
+      return;
+    }
+  }
+  uint64_t fwd = 0;
+  for (size_t i = 0; i < cs->ndests; i++) fwd += cs->dests[i].total;
+  sd_log_debug("save '%s': node %u writes %zu files (%zu local writes), forwards %llu bytes to %zu nodes, expects %llu",
+               save->id, cs->node_rank, cs->nfiles, cs->nops, (unsigned long long)fwd, cs->ndests,
+               (unsigned long long)cs->recv_expect);
+  rbuf *pend = cs->pending;
+  cs->pending = NULL;
+  while (pend && !cs->failing) {
+    rbuf *next = pend->next;
+    cs->io++;
+    recv_apply(cs, pend);
+    cs->io--;
+    pend = next;
+    if (cs->failing && cs->io == 0) {
+      while (pend) {
+        rbuf *n = pend->next;
+        json_decref(pend->hdr);
+        free(pend->data);
+        free(pend);
+        pend = n;
+      }
+      finish_failed(cs);
+      return;
+    }
+  }
+  while (pend) {
+    rbuf *n = pend->next;
+    json_decref(pend->hdr);
+    free(pend->data);
+    free(pend);
+    pend = n;
+  }
+  progress(cs);
+}
+
+/* ------------------------------------------------------------------------ *
+ * From the leader
+ * ------------------------------------------------------------------------ */
+static void on_commit(sd_csave *cs, json_t *h) {
+  sd_save *save = cs->save;
+  if (cs->phase != CP_DONE_SENT) {
+    fail_held(cs, SHARDD_E_INTERNAL, "save '%s': the leader committed before this node reported", save->id);
+    return;
+  }
+  uint64_t v;
+  if (!json_u64(json_object_get(h, "files"), &v)) cs->r_files = v;
+  if (!json_u64(json_object_get(h, "tensors"), &v)) cs->r_tensors = v;
+  if (!json_u64(json_object_get(h, "bytes"), &v)) cs->r_bytes = v;
+  char *path = cl_final_path(cs->cl, save->dir);
+  close_files(cs);
+  sd_log_info("save '%s' committed by the leader; node %u wrote %llu bytes of its own here, forwarded %llu, "
+              "received %llu", save->id, cs->node_rank, (unsigned long long)cs->bytes_local,
+              (unsigned long long)cs->bytes_fwd, (unsigned long long)cs->bytes_recv);
+  sd_save_finish(save, NULL, path ? path : save->dir);
+  free(path);
+}
+
+void node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
+  const char *t = json_string_value(json_object_get(hdr, "t"));
+  const char *id = json_string_value(json_object_get(hdr, "save"));
+  const char *tok = json_string_value(json_object_get(hdr, "tok"));
+  sd_csave *cs = cl_find_csave(cl, id);
+  if (!cs || !t || !tok || strcmp(tok, cs->tok) != 0 || (p ? cs->link != p : !cs->is_leader) || cs->failing) {
+    sd_log_debug("dropping '%s' for save '%s': not for a save of ours in flight", t ? t : "?", id ? id : "?");
+    json_decref(hdr);
+    free(payload);
+    return;
+  }
+  if (!strcmp(t, "assign")) {
+    on_assign(cs, hdr, payload, plen);
+  } else if (!strcmp(t, "commit")) {
+    free(payload);
+    on_commit(cs, hdr);
+  } else {
+    free(payload);
+    const char *code = json_string_value(json_object_get(hdr, "code"));
+    const char *msg = json_string_value(json_object_get(hdr, "message"));
+    sd_error e;
+    sd_fail(&e, code ? sd_err_from_name(code) : SHARDD_E_INTERNAL, "%s", msg ? msg : "the leader failed the save");
+    if (e.code == SHARDD_E_PROTOCOL) e.code = SHARDD_E_INTERNAL;
+    cs->from_leader = 1;
+    sd_save_fail_err(cs->save, &e);
+  }
+  json_decref(hdr);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Lost connections
+ * ------------------------------------------------------------------------ */
+void node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
+  sd_daemon *d = cl->d;
+  size_t n = 0;
+  for (sd_save *s = d->saves; s; s = s->next) n++;
+  char **ids = calloc(n ? n : 1, sizeof *ids);
+  if (!ids) return;
+  size_t k = 0;
+  for (sd_save *s = d->saves; s; s = s->next) {
+    sd_csave *cs = s->cl;
+    if (!cs) continue;
+    int hit = cs->link == p;
+    for (size_t i = 0; i < cs->ndests; i++) hit |= cs->dests[i].peer == p;
+    if (hit) ids[k++] = strdup(s->id);
+  }
+  for (size_t i = 0; i < k; i++) {
+    sd_csave *cs = ids[i] ? cl_find_csave(cl, ids[i]) : NULL;
+    if (!cs) {
+      free(ids[i]);
+      continue;
+    }
+    sd_save *save = cs->save;
+    int ready = sd_peer_was_ready(p);
+    if (cs->link == p) {
+      cs->link = NULL;
+      cs->leader_lost = 1;
+      cs->from_leader = 1;
+      for (size_t j = 0; j < cs->ndests; j++)
+        if (cs->dests[j].peer == p) cs->dests[j].peer = NULL;
+      if (code != SHARDD_E_PEER_LOST)
+        sd_save_fail(save, code, "save '%s': %s", save->id, why);
+      else if (ready)
+        sd_save_fail(save, SHARDD_E_PEER_LOST, "node 0 (the leader, %s) was lost during save '%s'", cs->leader,
+                     save->id);
+      else
+        sd_save_fail(save, SHARDD_E_PEER_LOST, "save '%s': node 0 (the leader): %s", save->id, why);
+    } else {
+      uint32_t node = 0;
+      const char *addr = "";
+      for (size_t j = 0; j < cs->ndests; j++)
+        if (cs->dests[j].peer == p) {
+          cs->dests[j].peer = NULL;
+          node = cs->dests[j].node;
+          addr = cs->dests[j].addr;
+        }
+      if (!cs->failing) {
+        if (code != SHARDD_E_PEER_LOST)
+          sd_save_fail(save, code, "save '%s': %s", save->id, why);
+        else
+          sd_save_fail(save, SHARDD_E_PEER_LOST, "node %u (%s) was lost during save '%s'", node, addr, save->id);
+      }
+    }
+    free(ids[i]);
+  }
+  free(ids);
+}

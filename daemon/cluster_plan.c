@@ -1,0 +1,434 @@
+/* The leader's planning for a multi-node save: merged manifests, coverage, shard plan, file owners, who writes what. Pure. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster_plan.h"
+
+/* ------------------------------------------------------------------------ *
+ * Manifest: tensors hashed by name, order of first description kept
+ * ------------------------------------------------------------------------ */
+static uint64_t hash_name(const char *s) {
+  uint64_t h = 1469598103934665603ULL;
+  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
+  return h;
+}
+
+static sd_ctensor *find(const sd_cmanifest *m, const char *name, size_t *slot) {
+  if (m->hcap == 0) return NULL;
+  size_t mask = m->hcap - 1;
+  for (size_t i = hash_name(name) & mask;; i = (i + 1) & mask) {
+    uint32_t v = m->hslots[i];
+    if (v == 0) {
+      if (slot) *slot = i;
+      return NULL;
+    }
+    if (strcmp(m->tensors[v - 1]->name, name) == 0) return m->tensors[v - 1];
+  }
+}
+
+static int grow(sd_cmanifest *m) {
+  if (m->ntensors + 1 > m->tcap) {
+    size_t ncap = m->tcap ? m->tcap * 2 : 64;
+    sd_ctensor **nt = realloc(m->tensors, ncap * sizeof *nt);
+    if (!nt) return -1;
+    m->tensors = nt;
+    m->tcap = ncap;
+  }
+  if ((m->ntensors + 1) * 2 > m->hcap) {
+    size_t ncap = m->hcap ? m->hcap * 2 : 128;
+    uint32_t *ns = calloc(ncap, sizeof *ns);
+    if (!ns) return -1;
+    free(m->hslots);
+    m->hslots = ns;
+    m->hcap = ncap;
+    for (size_t t = 0; t < m->ntensors; t++) {
+      size_t i = hash_name(m->tensors[t]->name) & (ncap - 1);
+      while (ns[i]) i = (i + 1) & (ncap - 1);
+      ns[i] = (uint32_t)(t + 1);
+    }
+  }
+  return 0;
+}
+
+static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *shape) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (uint32_t i = 0; i < ndim && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
+                       const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
+                       const uint64_t *start, const uint64_t *count, sd_error *err) {
+  if (ndim > SD_MAX_DIMS)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s' has more than %d dimensions", name, SD_MAX_DIMS);
+  sd_box box;
+  memset(&box, 0, sizeof box);
+  memcpy(box.start, start, ndim * sizeof(uint64_t));
+  memcpy(box.count, count, ndim * sizeof(uint64_t));
+  int rc = sd_box_check(name, ndim, shape, &box, err);
+  if (rc) return rc;
+  uint64_t numel = 0;
+  rc = sd_tensor_numel(name, ndim, shape, &numel, err);
+  if (rc) return rc;
+  rc = sd_tensor_numel(name, ndim, count, &numel, err);
+  if (rc) return rc;
+  unsigned esize = sd_dtype_size(dtype);
+  if (numel > UINT64_MAX / esize)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", name);
+
+  size_t slot = 0;
+  sd_ctensor *t = find(m, name, &slot);
+  if (t) {
+    if (t->dtype != dtype || t->ndim != ndim || memcmp(t->shape, shape, ndim * sizeof(uint64_t)) != 0) {
+      char was[256], now[256];
+      shape_str(was, sizeof was, t->ndim, t->shape);
+      shape_str(now, sizeof now, ndim, shape);
+      return sd_fail(err, SHARDD_E_MISMATCH,
+                     "tensor '%s': rank %u (node %u) declares %s %s, rank %u (node %u) declared %s %s", name, rank,
+                     node, sd_dtype_name(dtype), now, t->first_rank, t->first_node, sd_dtype_name(t->dtype), was);
+    }
+    if (index >= 0 && t->index >= 0 && index != t->index)
+      return sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u (node %u) gives index %lld, another gave %lld",
+                     name, rank, node, (long long)index, (long long)t->index);
+  }
+  sd_cslice *sl = calloc(1, sizeof *sl + 2 * ndim * sizeof(uint64_t));
+  if (!sl) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
+  if (!t) {
+    t = calloc(1, sizeof *t);
+    if (t) t->name = strdup(name);
+    if (!t || !t->name || grow(m) != 0) {
+      if (t) free(t->name);
+      free(t);
+      free(sl);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
+    }
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, ndim * sizeof(uint64_t));
+    t->index = -1;
+    t->first_rank = rank;
+    t->first_node = node;
+    find(m, name, &slot); /* the table may have been rehashed */
+    m->tensors[m->ntensors++] = t;
+    m->hslots[slot] = (uint32_t)m->ntensors;
+  }
+  if (t->nslices == t->cap) {
+    size_t ncap = t->cap ? t->cap * 2 : 2;
+    sd_cslice **ns = realloc(t->slices, ncap * sizeof *ns);
+    if (!ns) {
+      free(sl);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
+    }
+    t->slices = ns;
+    t->cap = ncap;
+  }
+  if (index >= 0) t->index = index;
+  sl->node = node;
+  sl->rank = rank;
+  sl->id = id;
+  sl->len = numel * esize;
+  memcpy(sl->dims, start, ndim * sizeof(uint64_t));
+  memcpy(sl->dims + ndim, count, ndim * sizeof(uint64_t));
+  t->slices[t->nslices++] = sl;
+  m->nslices++;
+  m->bytes += sl->len;
+  return 0;
+}
+
+int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank,
+                      sd_error *err) {
+  for (size_t i = 0; i < m->nfiles; i++) {
+    sd_cartifact *f = &m->files[i];
+    if (strcmp(f->name, name) != 0) continue;
+    if (f->len == len && (len == 0 || memcmp(f->data, data, len) == 0)) return 0;
+    return sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name,
+                   rank, f->rank);
+  }
+  if (m->nfiles == m->fcap) {
+    size_t ncap = m->fcap ? m->fcap * 2 : 4;
+    sd_cartifact *nf = realloc(m->files, ncap * sizeof *nf);
+    if (!nf) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
+    m->files = nf;
+    m->fcap = ncap;
+  }
+  char *n = strdup(name);
+  uint8_t *d = malloc(len ? len : 1);
+  if (!n || !d) {
+    free(n);
+    free(d);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
+  }
+  if (len) memcpy(d, data, len);
+  m->files[m->nfiles++] = (sd_cartifact){.name = n, .data = d, .len = len, .rank = rank};
+  m->bytes += len;
+  return 0;
+}
+
+void sd_cmanifest_free(sd_cmanifest *m) {
+  for (size_t i = 0; i < m->ntensors; i++) {
+    sd_ctensor *t = m->tensors[i];
+    for (size_t j = 0; j < t->nslices; j++) free(t->slices[j]);
+    free(t->slices);
+    free(t->name);
+    free(t);
+  }
+  for (size_t i = 0; i < m->nfiles; i++) {
+    free(m->files[i].name);
+    free(m->files[i].data);
+  }
+  free(m->tensors);
+  free(m->hslots);
+  free(m->files);
+  memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Planning
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uint32_t tensor;
+  uint32_t n;              /* replicas in the group */
+  size_t first;            /* into the members array */
+  uint64_t len;
+} group;
+
+/* Sorting one tensor's slices by box puts identical boxes side by side. */
+static int slice_box_cmp(const void *a, const void *b, void *ud) {
+  const sd_cslice *x = *(const sd_cslice *const *)a, *y = *(const sd_cslice *const *)b;
+  uint32_t ndim = *(const uint32_t *)ud;
+  int c = memcmp(x->dims, y->dims, 2 * ndim * sizeof(uint64_t));
+  if (c) return c;
+  if (x->node != y->node) return x->node < y->node ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int write_cmp(const void *a, const void *b) {
+  const sd_cwrite *x = a, *y = b;
+  if (x->node != y->node) return x->node < y->node ? -1 : 1;
+  if (x->file != y->file) return x->file < y->file ? -1 : 1;
+  if (x->base != y->base) return x->base < y->base ? -1 : 1;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Replica groups of every tensor, after its coverage is checked. */
+static int build_groups(const sd_cmanifest *m, const sd_cslice ***members_out, group **groups_out,
+                        size_t *ngroups_out, sd_error *err) {
+  const sd_cslice **members = malloc((m->nslices ? m->nslices : 1) * sizeof *members);
+  group *groups = malloc((m->nslices ? m->nslices : 1) * sizeof *groups);
+  sd_box *boxes = NULL;
+  uint8_t *keep = NULL;
+  size_t cap = 0, nm = 0, ng = 0;
+  int rc = 0;
+  if (!members || !groups) {
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory checking coverage");
+    goto out;
+  }
+  for (size_t i = 0; i < m->ntensors && rc == 0; i++) {
+    const sd_ctensor *t = m->tensors[i];
+    if (t->nslices > cap) {
+      free(boxes);
+      free(keep);
+      cap = t->nslices;
+      boxes = malloc(cap * sizeof *boxes);
+      keep = malloc(cap);
+      if (!boxes || !keep) {
+        rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory checking tensor '%s'", t->name);
+        break;
+      }
+    }
+    for (size_t j = 0; j < t->nslices; j++) {
+      memset(&boxes[j], 0, sizeof boxes[j]);
+      memcpy(boxes[j].start, t->slices[j]->dims, t->ndim * sizeof(uint64_t));
+      memcpy(boxes[j].count, t->slices[j]->dims + t->ndim, t->ndim * sizeof(uint64_t));
+    }
+    rc = sd_coverage_check(t->name, t->ndim, t->shape, boxes, t->nslices, keep, err);
+    if (rc) break;
+    /* Past the check, boxes are either identical or disjoint. */
+    const sd_cslice **mine = members + nm;
+    for (size_t j = 0; j < t->nslices; j++) mine[j] = t->slices[j];
+    uint32_t ndim = t->ndim;
+    if (t->nslices > 1) qsort_r(mine, t->nslices, sizeof *mine, slice_box_cmp, &ndim);
+    for (size_t j = 0; j < t->nslices;) {
+      size_t k = j + 1;
+      while (k < t->nslices && memcmp(mine[k]->dims, mine[j]->dims, 2 * t->ndim * sizeof(uint64_t)) == 0) k++;
+      groups[ng++] = (group){.tensor = (uint32_t)i, .n = (uint32_t)(k - j), .first = nm + j, .len = mine[j]->len};
+      j = k;
+    }
+    nm += t->nslices;
+  }
+out:
+  free(boxes);
+  free(keep);
+  if (rc) {
+    free(members);
+    free(groups);
+    return rc;
+  }
+  *members_out = members;
+  *groups_out = groups;
+  *ngroups_out = ng;
+  return 0;
+}
+
+static int check_artifacts(const sd_cmanifest *m, const sd_plan *plan, sd_error *err) {
+  for (size_t i = 0; i < m->nfiles; i++) {
+    const sd_cartifact *f = &m->files[i];
+    int clash = plan->needs_index && strcmp(f->name, plan->index_name) == 0;
+    for (size_t j = 0; j < plan->nfiles && !clash; j++) clash = strcmp(f->name, plan->files[j].name) == 0;
+    if (clash)
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "file '%s' (from rank %u) has the name of a checkpoint file",
+                     f->name, f->rank);
+  }
+  return 0;
+}
+
+/* Lowest `load` among the replicas' nodes (ties: the lowest node). */
+static const sd_cslice *least_loaded(const sd_cslice **mem, uint32_t n, const uint64_t *load) {
+  const sd_cslice *best = mem[0];
+  for (uint32_t k = 1; k < n; k++) {
+    const sd_cslice *c = mem[k];
+    if (load[c->node] < load[best->node] || (load[c->node] == load[best->node] && c->node < best->node)) best = c;
+  }
+  return best;
+}
+
+int sd_cplan_build(const sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
+                   sd_cplan *p, sd_error *err) {
+  memset(p, 0, sizeof *p);
+  p->nnodes = nnodes;
+  p->mode = mode;
+  if (nnodes == 0 || nnodes > SD_NNODES_MAX)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "nnodes must be 1 to %d", SD_NNODES_MAX);
+  for (size_t i = 0; i < m->ntensors; i++)
+    for (size_t j = 0; j < m->tensors[i]->nslices; j++)
+      if (m->tensors[i]->slices[j]->node >= nnodes)
+        return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': a slice comes from node %u of %u",
+                       m->tensors[i]->name, m->tensors[i]->slices[j]->node, nnodes);
+
+  const sd_cslice **members = NULL;
+  group *groups = NULL;
+  size_t ngroups = 0;
+  uint64_t *held = NULL, *assigned = NULL, *written = NULL;
+  size_t *stamp = NULL;
+  int rc = build_groups(m, &members, &groups, &ngroups, err);
+  if (rc) return rc;
+
+  p->tensors = calloc(m->ntensors ? m->ntensors : 1, sizeof *p->tensors);
+  if (!p->tensors) {
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning");
+    goto out;
+  }
+  p->ntensors = m->ntensors;
+  for (size_t i = 0; i < m->ntensors; i++) {
+    const sd_ctensor *t = m->tensors[i];
+    p->tensors[i] = (sd_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .index = t->index};
+    memcpy(p->tensors[i].shape, t->shape, sizeof t->shape);
+  }
+  rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, opts, err);
+  if (rc) goto out;
+  p->have_plan = 1;
+  rc = check_artifacts(m, &p->plan, err);
+  if (rc) goto out;
+
+  size_t nf = p->plan.nfiles;
+  held = calloc((nf ? nf : 1) * nnodes, sizeof *held);
+  assigned = calloc(nnodes, sizeof *assigned);
+  written = calloc(nnodes, sizeof *written);
+  stamp = malloc(nnodes * sizeof *stamp);
+  p->owner = calloc(nf ? nf : 1, sizeof *p->owner);
+  p->expect = calloc((nf ? nf : 1) * nnodes, sizeof *p->expect);
+  p->local_bytes = calloc(nnodes, sizeof *p->local_bytes);
+  p->fwd_bytes = calloc(nnodes, sizeof *p->fwd_bytes);
+  p->file_bytes = calloc(nnodes, sizeof *p->file_bytes);
+  p->writes = malloc((ngroups ? ngroups : 1) * sizeof *p->writes);
+  if (!held || !assigned || !written || !stamp || !p->owner || !p->expect || !p->local_bytes || !p->fwd_bytes ||
+      !p->file_bytes || !p->writes) {
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory assigning files to nodes");
+    goto out;
+  }
+  for (uint32_t n = 0; n < nnodes; n++) stamp[n] = (size_t)-1;
+
+  /* What each node could write of each file without receiving a byte. */
+  for (size_t g = 0; g < ngroups; g++) {
+    uint32_t f = p->plan.loc[groups[g].tensor].file;
+    for (uint32_t k = 0; k < groups[g].n; k++) {
+      uint32_t node = members[groups[g].first + k]->node;
+      if (stamp[node] == g) continue; /* two replicas on one node count once */
+      stamp[node] = g;
+      held[(size_t)f * nnodes + node] += groups[g].len;
+    }
+  }
+  for (size_t f = 0; f < nf; f++) {
+    uint32_t best = 0;
+    for (uint32_t n = 1; n < nnodes; n++) {
+      uint64_t hb = held[f * nnodes + best], hn = held[f * nnodes + n];
+      if (hn > hb || (hn == hb && assigned[n] < assigned[best])) best = n;
+    }
+    p->owner[f] = best;
+    assigned[best] += p->plan.files[f].file_size;
+    p->file_bytes[best] += p->plan.files[f].file_size;
+  }
+
+  /* Who writes each replica group, from which copy. */
+  for (size_t g = 0; g < ngroups; g++) {
+    const group *gr = &groups[g];
+    if (gr->len == 0) continue; /* zero-size tensors have no bytes to move */
+    const sd_plan_loc *loc = &p->plan.loc[gr->tensor];
+    uint32_t owner = p->owner[loc->file];
+    const sd_cslice **mem = members + gr->first;
+    const sd_cslice *pick = NULL;
+    uint32_t dest;
+    if (mode == SD_WRITE_OWNER) {
+      for (uint32_t k = 0; k < gr->n && !pick; k++)
+        if (mem[k]->node == owner) pick = mem[k];
+      if (!pick) pick = least_loaded(mem, gr->n, p->fwd_bytes);
+      dest = owner;
+    } else {
+      pick = least_loaded(mem, gr->n, written);
+      dest = pick->node;
+    }
+    written[dest] += gr->len;
+    if (dest == pick->node) p->local_bytes[pick->node] += gr->len;
+    else p->fwd_bytes[pick->node] += gr->len;
+    p->expect[(size_t)dest * nf + loc->file] += gr->len;
+    p->writes[p->nwrites++] = (sd_cwrite){.id = pick->id, .node = pick->node, .dest = dest, .file = loc->file,
+                                          .base = loc->file_offset, .len = gr->len};
+  }
+  if (p->nwrites > 1) qsort(p->writes, p->nwrites, sizeof *p->writes, write_cmp);
+
+  if (p->plan.needs_index) {
+    p->index_json = sd_index_encode(&p->plan, p->tensors, &p->index_len, err);
+    if (!p->index_json) {
+      rc = err && err->code ? err->code : SHARDD_E_INTERNAL;
+      goto out;
+    }
+  }
+  p->total_bytes = p->index_len;
+  for (size_t f = 0; f < nf; f++) p->total_bytes += p->plan.files[f].file_size;
+  for (size_t i = 0; i < m->nfiles; i++) p->total_bytes += m->files[i].len;
+  p->nfiles_total = nf + (p->plan.needs_index ? 1 : 0) + m->nfiles;
+out:
+  free(members);
+  free(groups);
+  free(held);
+  free(assigned);
+  free(written);
+  free(stamp);
+  if (rc) sd_cplan_free(p);
+  return rc;
+}
+
+void sd_cplan_free(sd_cplan *p) {
+  if (p->have_plan) sd_plan_free(&p->plan);
+  free(p->tensors);
+  free(p->owner);
+  free(p->writes);
+  free(p->expect);
+  free(p->local_bytes);
+  free(p->fwd_bytes);
+  free(p->file_bytes);
+  free(p->index_json);
+  memset(p, 0, sizeof *p);
+}

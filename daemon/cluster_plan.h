@@ -1,0 +1,110 @@
+/* The leader's view of a multi-node save: every node's slice descriptions (never bytes), checked, planned, assigned. Pure. */
+#ifndef SD_CLUSTER_PLAN_H
+#define SD_CLUSTER_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sd_error.h"
+#include "sd_format.h"
+
+#define SD_NNODES_MAX 4096
+
+typedef enum {
+  SD_WRITE_OWNER = 0,      /* each file written by one node; other nodes' bytes are forwarded to it */
+  SD_WRITE_SHARED = 1,     /* every node writes its own slices in place into the shared files */
+} sd_write_mode;
+
+/* ------------------------------------------------------------------------ *
+ * The manifest: tensors and slices as nodes describe them
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uint32_t node;           /* node_rank holding the bytes */
+  uint32_t rank;           /* global rank that put it */
+  uint64_t id;             /* the holder's own slice id */
+  uint64_t len;            /* bytes */
+  uint64_t dims[];         /* start[ndim], then count[ndim] */
+} sd_cslice;
+
+typedef struct {
+  char *name;
+  sd_dtype dtype;
+  uint32_t ndim;
+  uint64_t shape[SD_MAX_DIMS];
+  int64_t index;           /* -1: natural order */
+  uint32_t first_rank, first_node;
+  sd_cslice **slices;
+  size_t nslices, cap;
+} sd_ctensor;
+
+typedef struct {
+  char *name;
+  uint8_t *data;
+  size_t len;
+  uint32_t rank;
+} sd_cartifact;
+
+typedef struct {
+  sd_ctensor **tensors;    /* in order of first description */
+  size_t ntensors, tcap;
+  uint32_t *hslots;        /* open addressing: tensor index + 1 */
+  size_t hcap;
+  sd_cartifact *files;
+  size_t nfiles, fcap;
+  uint64_t nslices, bytes;
+} sd_cmanifest;
+
+/* Adds one slice. Every description of a tensor must agree on dtype and
+ * shape (and index, where given): SHARDD_E_MISMATCH names the tensor, both
+ * ranks and their nodes. The box is checked against the shape. */
+int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
+                       const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
+                       const uint64_t *start, const uint64_t *count, sd_error *err);
+/* A `file` artifact (data copied); the same name with other bytes: SHARDD_E_CONFLICT. */
+int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank,
+                      sd_error *err);
+void sd_cmanifest_free(sd_cmanifest *m);
+
+/* ------------------------------------------------------------------------ *
+ * The plan
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uint64_t id;             /* the holder's slice id */
+  uint32_t node;           /* holder */
+  uint32_t dest;           /* node that writes these bytes into the file */
+  uint32_t file;
+  uint64_t base;           /* absolute file offset of the tensor's first byte */
+  uint64_t len;
+} sd_cwrite;
+
+typedef struct {
+  uint32_t nnodes;
+  sd_write_mode mode;
+  sd_tensor *tensors;      /* names borrowed from the manifest */
+  size_t ntensors;
+  sd_plan plan;
+  int have_plan;
+  uint32_t *owner;         /* per file: the node that writes its header (and, owner mode, all of it) */
+  sd_cwrite *writes;       /* one per kept slice, sorted by holder, file, offset */
+  size_t nwrites;
+  uint64_t *expect;        /* [node * nfiles + file]: data bytes that node writes into that file */
+  uint64_t *local_bytes;   /* per node: its own bytes it writes itself */
+  uint64_t *fwd_bytes;     /* per node: its own bytes it sends to another node */
+  uint64_t *file_bytes;    /* per node: header + data bytes of the files it owns */
+  char *index_json;
+  size_t index_len;
+  uint64_t total_bytes;    /* every file: shards, index, artifacts */
+  uint64_t nfiles_total;
+} sd_cplan;
+
+/* Checks coverage of every tensor over all nodes' boxes (overlap, gap;
+ * identical boxes are replicas written once), plans the shards like a single
+ * node does, gives each file to the node holding most of its bytes (ties go
+ * to the node with fewer bytes so far, then the lowest node), keeps for each
+ * replica group the copy on the writing node when there is one, and lists
+ * who writes what. Artifact names must not collide with shard or index names. */
+int sd_cplan_build(const sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
+                   sd_cplan *out, sd_error *err);
+void sd_cplan_free(sd_cplan *p);
+
+#endif

@@ -1,0 +1,31 @@
+/* Test-only crash and fault points in the publish path: inert unless SHARDD_TEST_CRASH_AT or SHARDD_TEST_FAULT is set. */
+#ifndef SD_CRASHPOINT_H
+#define SD_CRASHPOINT_H
+
+/* ------------------------------------------------------------------------ *
+ * Compiled into every build so the fault tests exercise the real daemon,
+ * but each call costs one branch unless the variable is set. Phases (see
+ * publish.c and README "What shardd promises"):
+ *
+ *   start       temporary folder and files created and sized, nothing written
+ *   write       a data/header/artifact/index write completed
+ *   fsync       a file's fsync completed
+ *   index       the index file's write, then its fsync, completed
+ *   dirsync     the temporary folder's fsync completed (before the rename)
+ *   rename      the rename to ROOT/DIR happened (before the parent's fsync)
+ *   parentsync  the parent's fsync completed (before the save is reported)
+ *
+ * SHARDD_TEST_CRASH_AT=PHASE:N  the N-th time PHASE is reached (counted over
+ *                               the daemon's life, from 1) the daemon kills
+ *                               itself with SIGKILL, as `kill -9` would.
+ * SHARDD_TEST_FAULT=PHASE:N:ERR the N-th completion of PHASE (write or fsync)
+ *                               reports -ERR (a number, or EIO, ENOSPC) instead
+ *                               of what the kernel said; once.
+ * SHARDD_TEST_STALL_AT=PHASE:N:MS the N-th time PHASE is reached the daemon
+ *                               sleeps MS milliseconds (its loop stopped).
+ * ------------------------------------------------------------------------ */
+void sd_crash_point(const char *phase);
+/* res, or -errno when the fault is due at this completion of phase. */
+int sd_fault_point(const char *phase, int res);
+
+#endif

@@ -1,0 +1,844 @@
+/* Peer daemons over TCP: listener, connector with retries, mutual HMAC handshake, frames, heartbeats. */
+#include <errno.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "peer.h"
+#include "sd_msg.h"
+
+#define READ_BUF (256u << 10)
+#define RETRY_MS 200
+#define MAX_PEERS 1024
+
+typedef enum { P_RESOLVING, P_CONNECTING, P_HELLO_WAIT, P_AUTH_WAIT, P_READY, P_CLOSING } peer_state;
+
+typedef struct qframe {
+  uint8_t *buf;
+  size_t len;
+  struct qframe *next;
+} qframe;
+
+typedef struct {
+  uv_write_t req;
+  sd_peer *p;
+  uint8_t *buf;
+  size_t len;
+} wreq;
+
+struct sd_peer {
+  sd_peer_net *net;
+  uint64_t id;
+  int outgoing;
+  peer_state state;
+  char addr[SD_PEER_ADDR_MAX];     /* dialled, or announced by an incoming peer */
+  char remote[SD_PEER_ADDR_MAX];   /* the socket's far end, for logs */
+  char name[SD_PEER_NAME_MAX + 1];
+  uint8_t nonce[SD_PEER_NONCE_LEN], peer_nonce[SD_PEER_NONCE_LEN];
+  sd_frame_reader rd;
+  uint64_t last_rx, deadline;
+  qframe *q, **qtail;              /* frames sent before the handshake ended */
+  size_t qbytes;
+
+  uv_tcp_t tcp;
+  int tcp_open, tcp_closing;
+  uv_getaddrinfo_t gai;
+  int gai_active;
+  uv_connect_t conn;
+  uv_shutdown_t shut;
+  int linger;                      /* flush what is queued (a refusal) before closing */
+  uv_timer_t retry;
+  int retry_open;
+  unsigned handles;                /* open handles and requests; freed at 0 once closing */
+  char last_err[160];              /* why the last connect attempt failed */
+
+  int lost_code, notify, ever_ready;
+  char lost_why[384];
+  sd_peer *prev, *next;
+};
+
+struct sd_peer_net {
+  uv_loop_t *loop;
+  sd_peer_handlers h;
+  void *ud;
+  char node[SD_PEER_NAME_MAX + 1];
+  uint8_t *token;
+  size_t token_len;
+  uint64_t timeout_ms;
+  char listen_host[SD_PEER_ADDR_MAX];
+  unsigned listen_port;
+  char listen_addr[SD_PEER_ADDR_MAX];
+  uv_tcp_t listener;
+  int listening;
+  uv_timer_t hb;
+  uint64_t hb_last;        /* when the heartbeat timer last ran, to notice a stalled loop */
+  unsigned handles;
+  int closing;
+  sd_peer *peers;
+  unsigned npeers;
+  uint64_t next_id, bytes_tx, bytes_rx;
+  uint8_t rbuf[READ_BUF];
+};
+
+static void peer_fail(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void try_connect(sd_peer *p);
+static void send_hello(sd_peer *p);
+static void on_retry(uv_timer_t *t);
+
+/* ------------------------------------------------------------------------ *
+ * Small helpers
+ * ------------------------------------------------------------------------ */
+static uint64_t now_ms(const sd_peer_net *net) { return uv_now(net->loop); }
+
+static void sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  unsigned port = 0;
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;
+    uv_ip4_name(s4, ip, sizeof ip);
+    port = ntohs(s4->sin_port);
+    snprintf(out, n, "%s:%u", ip, port);
+  } else if (sa->sa_family == AF_INET6) {
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+    uv_ip6_name(s6, ip, sizeof ip);
+    port = ntohs(s6->sin6_port);
+    snprintf(out, n, "[%s]:%u", ip, port);
+  } else {
+    snprintf(out, n, "?");
+  }
+}
+
+static const char *who(const sd_peer *p) {
+  static char buf[SD_PEER_ADDR_MAX * 2 + SD_PEER_NAME_MAX + 16];
+  if (p->name[0])
+    snprintf(buf, sizeof buf, "'%s' at %s", p->name, p->addr[0] ? p->addr : p->remote);
+  else
+    snprintf(buf, sizeof buf, "%s", p->addr[0] ? p->addr : p->remote[0] ? p->remote : "?");
+  return buf;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Tear-down: every handle closes first; on_lost runs from the last close
+ * callback, so no caller of sd_peer_close is ever re-entered.
+ * ------------------------------------------------------------------------ */
+static void net_maybe_free(sd_peer_net *net) {
+  if (!net->closing || net->handles || net->npeers) return;
+  memset(net->token, 0, net->token_len);
+  free(net->token);
+  free(net);
+}
+
+static void peer_free(sd_peer *p) {
+  sd_peer_net *net = p->net;
+  if (p->prev) p->prev->next = p->next;
+  else if (net->peers == p) net->peers = p->next;
+  if (p->next) p->next->prev = p->prev;
+  net->npeers--;
+  for (qframe *f = p->q; f;) {
+    qframe *n = f->next;
+    free(f->buf);
+    free(f);
+    f = n;
+  }
+  sd_frame_reader_free(&p->rd);
+  if (p->notify && net->h.on_lost && !net->closing)
+    net->h.on_lost(net, p, p->lost_code ? p->lost_code : SHARDD_E_PEER_LOST, p->lost_why);
+  free(p);
+  net_maybe_free(net);
+}
+
+static void handle_gone(sd_peer *p) {
+  if (--p->handles == 0 && p->state == P_CLOSING) peer_free(p);
+}
+
+static void on_tcp_closed(uv_handle_t *h) {
+  sd_peer *p = h->data;
+  p->tcp_open = p->tcp_closing = 0;
+  if (p->state != P_CLOSING && p->outgoing) {
+    /* A failed connect attempt: try again until the deadline. */
+    p->handles--;
+    if (now_ms(p->net) + RETRY_MS < p->deadline && !p->net->closing) {
+      uv_timer_start(&p->retry, on_retry, RETRY_MS, 0);
+      return;
+    }
+    peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
+    return;
+  }
+  handle_gone(p);
+}
+
+static void on_timer_closed(uv_handle_t *h) { handle_gone(h->data); }
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+  (void)status;
+  sd_peer *p = req->data;
+  uv_close((uv_handle_t *)&p->tcp, on_tcp_closed);
+}
+
+static void close_handles(sd_peer *p) {
+  if (p->tcp_open && !p->tcp_closing) {
+    p->tcp_closing = 1;
+    p->shut.data = p;
+    if (!p->linger || uv_shutdown(&p->shut, (uv_stream_t *)&p->tcp, on_shutdown) != 0)
+      uv_close((uv_handle_t *)&p->tcp, on_tcp_closed);
+  }
+  if (p->retry_open) {
+    p->retry_open = 0;
+    uv_close((uv_handle_t *)&p->retry, on_timer_closed);
+  }
+  if (p->gai_active) uv_cancel((uv_req_t *)&p->gai);
+}
+
+static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
+  if (p->state == P_CLOSING) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(p->lost_why, sizeof p->lost_why, fmt, ap);
+  va_end(ap);
+  p->lost_code = code;
+  p->state = P_CLOSING;
+  if (p->handles == 0) {
+    peer_free(p);
+    return;
+  }
+  close_handles(p);
+}
+
+void sd_peer_close(sd_peer *p, const char *why) {
+  if (p->state == P_CLOSING) return;
+  sd_log_debug("peer %s: closing: %s", who(p), why);
+  peer_fail(p, SHARDD_E_PEER_LOST, "%s", why);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Writing
+ * ------------------------------------------------------------------------ */
+static void on_write(uv_write_t *req, int status) {
+  wreq *w = (wreq *)req;
+  sd_peer *p = w->p;
+  free(w->buf);
+  free(w);
+  if (status < 0 && status != UV_ECANCELED && p->state != P_CLOSING)
+    peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s broke: %s", who(p), uv_strerror(status));
+}
+
+static int write_raw(sd_peer *p, uint8_t *buf, size_t len) {
+  wreq *w = malloc(sizeof *w);
+  if (!w) {
+    free(buf);
+    return SHARDD_E_NO_MEMORY;
+  }
+  w->p = p;
+  w->buf = buf;
+  w->len = len;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&p->tcp, &b, 1, on_write);
+  if (rc < 0) {
+    free(buf);
+    free(w);
+    peer_fail(p, SHARDD_E_PEER_LOST, "cannot write to %s: %s", who(p), uv_strerror(rc));
+    return SHARDD_E_PEER_LOST;
+  }
+  p->net->bytes_tx += len;
+  return 0;
+}
+
+static int send_framev(sd_peer *p, json_t *hdr, const struct iovec *iov, int niov, int queue_ok) {
+  if (p->state == P_CLOSING) {
+    json_decref(hdr);
+    return SHARDD_E_PEER_LOST;
+  }
+  size_t len = 0;
+  uint8_t *buf = hdr ? sd_frame_encodev(hdr, iov, niov, &len) : NULL;
+  json_decref(hdr);
+  if (!buf) return SHARDD_E_NO_MEMORY;
+  if (p->state == P_READY || !queue_ok) return write_raw(p, buf, len);
+  qframe *f = malloc(sizeof *f);
+  if (!f) {
+    free(buf);
+    return SHARDD_E_NO_MEMORY;
+  }
+  f->buf = buf;
+  f->len = len;
+  f->next = NULL;
+  *p->qtail = f;
+  p->qtail = &f->next;
+  p->qbytes += len;
+  return 0;
+}
+
+static int send_frame(sd_peer *p, json_t *hdr, const void *payload, size_t plen, int queue_ok) {
+  struct iovec iov = {.iov_base = (void *)payload, .iov_len = plen};
+  return send_framev(p, hdr, &iov, plen ? 1 : 0, queue_ok);
+}
+
+int sd_peer_send(sd_peer *p, json_t *hdr, const void *payload, size_t plen) {
+  return send_frame(p, hdr, payload, plen, 1);
+}
+
+int sd_peer_sendv(sd_peer *p, json_t *hdr, const struct iovec *iov, int niov) {
+  return send_framev(p, hdr, iov, niov, 1);
+}
+
+int sd_peer_send_frame(sd_peer *p, uint8_t *frame, size_t len) {
+  if (p->state == P_CLOSING) {
+    free(frame);
+    return SHARDD_E_PEER_LOST;
+  }
+  if (p->state == P_READY) return write_raw(p, frame, len);
+  qframe *f = malloc(sizeof *f);
+  if (!f) {
+    free(frame);
+    return SHARDD_E_NO_MEMORY;
+  }
+  f->buf = frame;
+  f->len = len;
+  f->next = NULL;
+  *p->qtail = f;
+  p->qtail = &f->next;
+  p->qbytes += len;
+  return 0;
+}
+
+sd_peer *sd_peer_find(sd_peer_net *net, uint64_t id) {
+  for (sd_peer *p = net->peers; p; p = p->next)
+    if (p->id == id && p->state != P_CLOSING) return p;
+  return NULL;
+}
+
+/* Handshake and errors go out at once, ahead of queued frames. */
+static void send_now(sd_peer *p, json_t *hdr) { send_frame(p, hdr, NULL, 0, 0); }
+
+static void refuse(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void refuse(sd_peer *p, int code, const char *fmt, ...) {
+  char msg[384];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  sd_log_warn("peer %s (from %s): refused: %s", p->name[0] ? p->name : "?", p->remote, msg);
+  /* Tell the other side why, so its operator sees the reason too. */
+  json_t *e = json_pack("{s:s,s:s,s:s}", "t", "error", "code", sd_err_name(code), "message", msg);
+  if (e) send_now(p, e);
+  p->linger = 1;
+  peer_fail(p, code, "%s", msg);
+}
+
+static void go_ready(sd_peer *p) {
+  p->state = P_READY;
+  p->ever_ready = 1;
+  sd_log_info("peer %s: authenticated (%s)", who(p), p->outgoing ? "we connected" : "it connected");
+  qframe *f = p->q;
+  p->q = NULL;
+  p->qtail = &p->q;
+  p->qbytes = 0;
+  while (f) {
+    qframe *n = f->next;
+    if (p->state == P_READY) write_raw(p, f->buf, f->len);
+    else free(f->buf);
+    free(f);
+    f = n;
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * Handshake
+ * ------------------------------------------------------------------------ */
+/* What we tell a peer we connect to: where others reach our listener. A
+ * wildcard bind announces the local address this connection leaves from. */
+static void announced_listen(sd_peer *p, char *out, size_t n) {
+  sd_peer_net *net = p->net;
+  out[0] = '\0';
+  if (!net->listening) return;
+  const char *h = net->listen_host;
+  if (strcmp(h, "0.0.0.0") && strcmp(h, "::") && strcmp(h, "")) {
+    snprintf(out, n, "%s", net->listen_addr);
+    return;
+  }
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getsockname(&p->tcp, (struct sockaddr *)&ss, &len) != 0) return;
+  char ip[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+    snprintf(out, n, "%s:%u", ip, net->listen_port);
+  } else {
+    uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+    snprintf(out, n, "[%s]:%u", ip, net->listen_port);
+  }
+}
+
+static void send_hello(sd_peer *p) {
+  char nonce[2 * SD_PEER_NONCE_LEN + 1], listen[SD_PEER_ADDR_MAX];
+  sd_peer_hex(p->nonce, SD_PEER_NONCE_LEN, nonce);
+  json_t *h = json_pack("{s:s,s:i,s:s,s:s}", "t", "hello", "v", SD_PEER_PROTO, "node", p->net->node, "nonce", nonce);
+  if (p->outgoing) {
+    announced_listen(p, listen, sizeof listen);
+    if (listen[0]) json_object_set_new(h, "listen", json_string(listen));
+  }
+  send_now(p, h);
+}
+
+static void send_auth(sd_peer *p, const char *role) {
+  uint8_t mac[SD_PEER_MAC_LEN];
+  char hex[2 * SD_PEER_MAC_LEN + 1];
+  if (sd_peer_proof(p->net->token, p->net->token_len, role, p->nonce, p->peer_nonce, mac) != 0) {
+    peer_fail(p, SHARDD_E_INTERNAL, "cannot compute the peer proof");
+    return;
+  }
+  sd_peer_hex(mac, sizeof mac, hex);
+  send_now(p, json_pack("{s:s,s:s}", "t", "auth", "proof", hex));
+}
+
+/* The peer's hello: version, name and nonce. */
+static int take_hello(sd_peer *p, json_t *h) {
+  json_t *v = json_object_get(h, "v");
+  if (!json_is_integer(v) || json_integer_value(v) != SD_PEER_PROTO) {
+    char got[32] = "none";
+    if (json_is_integer(v)) snprintf(got, sizeof got, "%lld", (long long)json_integer_value(v));
+    refuse(p, SHARDD_E_UNSUPPORTED_PROTO, "peer protocol version %s is not supported (this daemon speaks %d)",
+           got, SD_PEER_PROTO);
+    return -1;
+  }
+  const char *name = json_string_value(json_object_get(h, "node"));
+  const char *nonce = json_string_value(json_object_get(h, "nonce"));
+  if (!name || !*name || strlen(name) > SD_PEER_NAME_MAX || !nonce ||
+      sd_peer_unhex(nonce, p->peer_nonce, SD_PEER_NONCE_LEN) != 0) {
+    refuse(p, SHARDD_E_PROTOCOL, "malformed hello (node name or nonce)");
+    return -1;
+  }
+  snprintf(p->name, sizeof p->name, "%s", name);
+  if (!p->outgoing) {
+    const char *listen = json_string_value(json_object_get(h, "listen"));
+    if (listen && strlen(listen) < sizeof p->addr) snprintf(p->addr, sizeof p->addr, "%s", listen);
+  }
+  return 0;
+}
+
+static void handshake(sd_peer *p, json_t *h) {
+  const char *t = json_string_value(json_object_get(h, "t"));
+  if (t && strcmp(t, "error") == 0) {
+    const char *code = json_string_value(json_object_get(h, "code"));
+    const char *msg = json_string_value(json_object_get(h, "message"));
+    int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
+    if (c == SHARDD_E_PROTOCOL) c = SHARDD_E_PEER_LOST;
+    sd_log_warn("peer %s refused us: %s", who(p), msg ? msg : "no reason given");
+    peer_fail(p, c, "%s refused this daemon: %s", who(p), msg ? msg : "no reason given");
+    return;
+  }
+  if (p->state == P_HELLO_WAIT) {
+    if (!t || strcmp(t, "hello") != 0) {
+      refuse(p, SHARDD_E_PROTOCOL, "expected hello, got '%s'", t ? t : "?");
+      return;
+    }
+    if (take_hello(p, h) != 0) return;
+    if (p->outgoing) {
+      send_auth(p, "connector");
+    } else {
+      send_hello(p);
+    }
+    p->state = P_AUTH_WAIT;
+    return;
+  }
+  /* P_AUTH_WAIT */
+  if (!t || strcmp(t, "auth") != 0) {
+    refuse(p, SHARDD_E_PROTOCOL, "expected auth, got '%s'", t ? t : "?");
+    return;
+  }
+  const char *proof = json_string_value(json_object_get(h, "proof"));
+  const char *role = p->outgoing ? "acceptor" : "connector";
+  if (!sd_peer_proof_check(p->net->token, p->net->token_len, role, p->peer_nonce, p->nonce, proof)) {
+    refuse(p, SHARDD_E_PERMISSION, "peer authentication failed: wrong proof of the shared token "
+           "(check --peer-token-file on both nodes)");
+    return;
+  }
+  if (!p->outgoing) send_auth(p, "acceptor");
+  if (p->state == P_CLOSING) return;
+  go_ready(p);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Reading
+ * ------------------------------------------------------------------------ */
+static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
+  sd_peer *p = ud;
+  if (p->state == P_CLOSING) {
+    json_decref(hdr);
+    free(payload);
+    return 1;
+  }
+  if (p->state != P_READY) {
+    free(payload);
+    handshake(p, hdr);
+    json_decref(hdr);
+    if (p->state == P_READY) {
+      /* From now on the peer is trusted with large frames. */
+      p->rd.header_max = SD_PEER_HEADER_MAX;
+      p->rd.payload_max = SD_PEER_PAYLOAD_MAX;
+    }
+    return p->state == P_CLOSING;
+  }
+  const char *t = json_string_value(json_object_get(hdr, "t"));
+  if (t && strcmp(t, "ping") == 0) {
+    json_decref(hdr);
+    free(payload);
+    return 0;
+  }
+  if (t && strcmp(t, "error") == 0) {
+    const char *msg = json_string_value(json_object_get(hdr, "message"));
+    const char *code = json_string_value(json_object_get(hdr, "code"));
+    int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
+    sd_log_warn("peer %s closed the connection: %s", who(p), msg ? msg : "?");
+    peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", who(p),
+              msg ? msg : "?");
+    json_decref(hdr);
+    free(payload);
+    return 1;
+  }
+  p->net->h.on_frame(p->net, p, hdr, payload, plen);
+  return p->state == P_CLOSING;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  sd_peer *p = h->data;
+  /* One buffer for every connection: the loop reads one socket at a time
+   * and each read is consumed before the next alloc. */
+  *buf = uv_buf_init((char *)p->net->rbuf, READ_BUF);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+  sd_peer *p = s->data;
+  if (n == 0) return;
+  if (n < 0) {
+    if (p->state != P_CLOSING)
+      peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s %s", who(p),
+                n == UV_EOF ? "was closed by the other side" : uv_strerror((int)n));
+    return;
+  }
+  p->last_rx = now_ms(p->net);
+  p->net->bytes_rx += (uint64_t)n;
+  sd_error err = {0};
+  int rc = sd_frame_feed(&p->rd, (const uint8_t *)buf->base, (size_t)n, on_frame, p, &err);
+  if (rc && rc != 1 && p->state != P_CLOSING) {
+    if (p->state == P_READY)
+      peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", who(p), err.msg);
+    else
+      refuse(p, SHARDD_E_PROTOCOL, "malformed frame during the handshake: %s", err.msg);
+  }
+}
+
+static void start_reading(sd_peer *p) {
+  p->tcp.data = p;
+  uv_tcp_nodelay(&p->tcp, 1);
+  p->last_rx = now_ms(p->net);
+  int rc = uv_read_start((uv_stream_t *)&p->tcp, on_alloc, on_read);
+  if (rc < 0) peer_fail(p, SHARDD_E_PEER_LOST, "cannot read from %s: %s", who(p), uv_strerror(rc));
+}
+
+/* ------------------------------------------------------------------------ *
+ * Peers: creation, connecting
+ * ------------------------------------------------------------------------ */
+static sd_peer *peer_new(sd_peer_net *net, int outgoing) {
+  if (net->npeers >= MAX_PEERS) return NULL;
+  sd_peer *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->net = net;
+  p->id = ++net->next_id;
+  p->outgoing = outgoing;
+  p->notify = 1;
+  p->qtail = &p->q;
+  /* Tiny limits until the peer proves it holds the token. */
+  sd_frame_reader_init(&p->rd, SD_PEER_PREAUTH_MAX, 0);
+  if (sd_peer_random(p->nonce, sizeof p->nonce) != 0) {
+    free(p);
+    return NULL;
+  }
+  p->next = net->peers;
+  if (net->peers) net->peers->prev = p;
+  net->peers = p;
+  net->npeers++;
+  return p;
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+  sd_peer *p = req->data;
+  if (p->state == P_CLOSING) return; /* the handle's close callback finishes it */
+  if (status < 0) {
+    snprintf(p->last_err, sizeof p->last_err, "%s", uv_strerror(status));
+    p->tcp_closing = 1;
+    uv_close((uv_handle_t *)&p->tcp, on_tcp_closed);
+    return;
+  }
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
+    sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
+  p->state = P_HELLO_WAIT;
+  start_reading(p);
+  if (p->state == P_HELLO_WAIT) send_hello(p);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+  sd_peer *p = req->data;
+  p->gai_active = 0;
+  if (p->state == P_CLOSING) {
+    if (res) uv_freeaddrinfo(res);
+    handle_gone(p);
+    return;
+  }
+  p->handles--;
+  if (status < 0 || !res) {
+    if (res) uv_freeaddrinfo(res);
+    snprintf(p->last_err, sizeof p->last_err, "cannot resolve the host: %s", uv_strerror(status));
+    if (now_ms(p->net) + RETRY_MS < p->deadline) {
+      uv_timer_start(&p->retry, on_retry, RETRY_MS, 0);
+      return;
+    }
+    peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
+    return;
+  }
+  uv_tcp_init(p->net->loop, &p->tcp);
+  p->tcp.data = p;
+  p->tcp_open = 1;
+  p->handles++;
+  p->conn.data = p;
+  p->state = P_CONNECTING;
+  int rc = uv_tcp_connect(&p->conn, &p->tcp, res->ai_addr, on_connect);
+  uv_freeaddrinfo(res);
+  if (rc < 0) {
+    snprintf(p->last_err, sizeof p->last_err, "%s", uv_strerror(rc));
+    p->tcp_closing = 1;
+    uv_close((uv_handle_t *)&p->tcp, on_tcp_closed);
+  }
+}
+
+static void try_connect(sd_peer *p) {
+  if (p->state == P_CLOSING) return;
+  char host[SD_PEER_ADDR_MAX], port[16];
+  unsigned pn = 0;
+  sd_error err;
+  if (sd_peer_addr_split(p->addr, host, sizeof host, &pn, &err) != 0) {
+    peer_fail(p, SHARDD_E_PEER_LOST, "%s", err.msg);
+    return;
+  }
+  snprintf(port, sizeof port, "%u", pn);
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  p->gai.data = p;
+  p->state = P_RESOLVING;
+  int rc = uv_getaddrinfo(p->net->loop, &p->gai, on_resolved, host, port, &hints);
+  if (rc < 0) {
+    peer_fail(p, SHARDD_E_PEER_LOST, "cannot resolve %s: %s", p->addr, uv_strerror(rc));
+    return;
+  }
+  p->gai_active = 1;
+  p->handles++;
+}
+
+static void on_retry(uv_timer_t *t) { try_connect(t->data); }
+
+sd_peer *sd_peer_connect(sd_peer_net *net, const char *addr, sd_error *err) {
+  for (sd_peer *p = net->peers; p; p = p->next)
+    if (p->outgoing && p->state != P_CLOSING && strcmp(p->addr, addr) == 0) return p;
+  char host[SD_PEER_ADDR_MAX];
+  unsigned port;
+  if (sd_peer_addr_split(addr, host, sizeof host, &port, err) != 0) return NULL;
+  if (net->closing) {
+    sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+    return NULL;
+  }
+  sd_peer *p = peer_new(net, 1);
+  if (!p) {
+    sd_fail(err, SHARDD_E_LIMIT, "cannot open another peer connection (at most %d)", MAX_PEERS);
+    return NULL;
+  }
+  snprintf(p->addr, sizeof p->addr, "%s", addr);
+  snprintf(p->last_err, sizeof p->last_err, "no answer");
+  uv_timer_init(net->loop, &p->retry);
+  p->retry.data = p;
+  p->retry_open = 1;
+  p->handles++;
+  p->deadline = now_ms(net) + net->timeout_ms;
+  try_connect(p);
+  return p;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Listening
+ * ------------------------------------------------------------------------ */
+static void on_incoming(uv_stream_t *server, int status) {
+  sd_peer_net *net = server->data;
+  if (status < 0) {
+    sd_log_warn("peer listener: %s", uv_strerror(status));
+    return;
+  }
+  sd_peer *p = peer_new(net, 0);
+  uv_tcp_t tmp;
+  if (!p) {
+    /* Accept and drop, so the backlog does not fill with a refused peer. */
+    uv_tcp_init(net->loop, &tmp);
+    if (uv_accept(server, (uv_stream_t *)&tmp) == 0) sd_log_warn("refusing a peer connection: too many peers");
+    uv_close((uv_handle_t *)&tmp, NULL);
+    return;
+  }
+  uv_tcp_init(net->loop, &p->tcp);
+  p->tcp.data = p;
+  p->tcp_open = 1;
+  p->handles++;
+  if (uv_accept(server, (uv_stream_t *)&p->tcp) != 0) {
+    peer_fail(p, SHARDD_E_PEER_LOST, "accept failed");
+    return;
+  }
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
+    sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
+  sd_log_debug("peer connection from %s", p->remote);
+  p->state = P_HELLO_WAIT;
+  start_reading(p);
+}
+
+static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
+  unsigned port;
+  int rc = sd_peer_addr_split(addr, net->listen_host, sizeof net->listen_host, &port, err);
+  if (rc) return rc;
+  char ports[16];
+  snprintf(ports, sizeof ports, "%u", port);
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int g = getaddrinfo(net->listen_host, ports, &hints, &res);
+  if (g != 0 || !res)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "--peer-listen %s: %s", addr, gai_strerror(g));
+  uv_tcp_init(net->loop, &net->listener);
+  net->listener.data = net;
+  net->handles++;
+  net->listening = 1;
+  rc = uv_tcp_bind(&net->listener, res->ai_addr, 0);
+  freeaddrinfo(res);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&net->listener, 128, on_incoming);
+  if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, uv_strerror(rc));
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  uv_tcp_getsockname(&net->listener, (struct sockaddr *)&ss, &len);
+  sockaddr_str((struct sockaddr *)&ss, net->listen_addr, sizeof net->listen_addr);
+  net->listen_port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                                             : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Heartbeats: every timeout/3 a ping on every live connection; a peer
+ * that sent nothing for the whole timeout is lost.
+ * ------------------------------------------------------------------------ */
+static void on_heartbeat(uv_timer_t *t) {
+  sd_peer_net *net = t->data;
+  uv_update_time(net->loop);
+  uint64_t now = now_ms(net), every = net->timeout_ms / 3 ? net->timeout_ms / 3 : 1;
+  /* Peers judge us by our pings: a loop stalled near the timeout costs saves. */
+  if (net->hb_last && now - net->hb_last > 2 * every)
+    sd_log_warn("peer heartbeats ran %.1f s late: the event loop was blocked", (double)(now - net->hb_last - every) / 1000.0);
+  /* After our own stall, what peers sent meanwhile still waits unread in
+   * the sockets (timers run before I/O): judge them on the next tick. */
+  int judge = !net->hb_last || now - net->hb_last <= every + every / 2;
+  net->hb_last = now;
+  for (sd_peer *p = net->peers, *next; p; p = next) {
+    next = p->next;
+    if (p->state == P_CLOSING || p->state == P_RESOLVING || p->state == P_CONNECTING) continue;
+    if (judge && now - p->last_rx > net->timeout_ms) {
+      sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", who(p),
+                  (double)(now - p->last_rx) / 1000.0);
+      peer_fail(p, SHARDD_E_PEER_LOST, "%s went silent for more than %.1f s", who(p),
+                (double)net->timeout_ms / 1000.0);
+      continue;
+    }
+    if (p->state == P_READY) send_frame(p, json_pack("{s:s}", "t", "ping"), NULL, 0, 0);
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * The net
+ * ------------------------------------------------------------------------ */
+int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o, const sd_peer_handlers *h,
+                     void *ud, sd_error *err) {
+  *out = NULL;
+  sd_peer_net *net = calloc(1, sizeof *net);
+  if (!net) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for the peer network");
+  net->loop = loop;
+  net->h = *h;
+  net->ud = ud;
+  snprintf(net->node, sizeof net->node, "%s", o->node_name ? o->node_name : "node");
+  net->token = malloc(o->token_len ? o->token_len : 1);
+  if (!net->token) {
+    free(net);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for the peer network");
+  }
+  memcpy(net->token, o->token, o->token_len);
+  net->token_len = o->token_len;
+  net->timeout_ms = o->timeout_ms ? o->timeout_ms : 30000;
+  uv_timer_init(loop, &net->hb);
+  net->hb.data = net;
+  net->handles++;
+  uint64_t every = net->timeout_ms / 3 ? net->timeout_ms / 3 : 1;
+  uv_timer_start(&net->hb, on_heartbeat, every, every);
+  /* Heartbeats alone must not keep a stopping daemon alive. */
+  uv_unref((uv_handle_t *)&net->hb);
+  *out = net;
+  if (o->listen) {
+    int rc = listen_open(net, o->listen, err);
+    if (rc) {
+      sd_peer_net_close(net);
+      *out = NULL;
+      return rc;
+    }
+  }
+  return 0;
+}
+
+static void on_net_handle_closed(uv_handle_t *h) {
+  sd_peer_net *net = h->data;
+  net->handles--;
+  net_maybe_free(net);
+}
+
+void sd_peer_net_close(sd_peer_net *net) {
+  if (!net || net->closing) return;
+  net->closing = 1;
+  for (sd_peer *p = net->peers, *next; p; p = next) {
+    next = p->next;
+    p->notify = 0;
+    peer_fail(p, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+  }
+  if (net->listening) uv_close((uv_handle_t *)&net->listener, on_net_handle_closed);
+  uv_close((uv_handle_t *)&net->hb, on_net_handle_closed);
+}
+
+void *sd_peer_net_ud(const sd_peer_net *net) { return net->ud; }
+const char *sd_peer_net_listen_addr(const sd_peer_net *net) { return net->listen_addr; }
+const char *sd_peer_net_node(const sd_peer_net *net) { return net->node; }
+uint64_t sd_peer_net_timeout(const sd_peer_net *net) { return net->timeout_ms; }
+unsigned sd_peer_net_count(const sd_peer_net *net) { return net->npeers; }
+uint64_t sd_peer_net_bytes_sent(const sd_peer_net *net) { return net->bytes_tx; }
+uint64_t sd_peer_net_bytes_received(const sd_peer_net *net) { return net->bytes_rx; }
+
+size_t sd_peer_queued(const sd_peer *p) {
+  size_t n = p->qbytes;
+  if (p->tcp_open && p->state == P_READY) n += uv_stream_get_write_queue_size((const uv_stream_t *)&p->tcp);
+  return n;
+}
+int sd_peer_is_ready(const sd_peer *p) { return p->state == P_READY; }
+int sd_peer_was_ready(const sd_peer *p) { return p->ever_ready; }
+int sd_peer_is_outgoing(const sd_peer *p) { return p->outgoing; }
+const char *sd_peer_addr(const sd_peer *p) { return p->addr[0] ? p->addr : p->remote; }
+const char *sd_peer_name(const sd_peer *p) { return p->name; }
+uint64_t sd_peer_id(const sd_peer *p) { return p->id; }

@@ -1,0 +1,153 @@
+/* Peer frame codec: u32 big-endian header length, a JSON object header, then `len` raw payload bytes. Pure. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer.h"
+#include "sd_msg.h"
+
+void sd_frame_reader_init(sd_frame_reader *r, size_t header_max, size_t payload_max) {
+  memset(r, 0, sizeof *r);
+  r->header_max = header_max;
+  r->payload_max = payload_max;
+}
+
+void sd_frame_reader_free(sd_frame_reader *r) {
+  free(r->hdr);
+  free(r->payload);
+  json_decref(r->parsed);
+  r->hdr = NULL;
+  r->payload = NULL;
+  r->parsed = NULL;
+  r->stage = 0;
+  r->have = 0;
+}
+
+/* The header is whole: parse it and learn how much payload follows. */
+static int header_done(sd_frame_reader *r, sd_error *err) {
+  json_t *h = NULL;
+  sd_error e = {0};
+  int rc = sd_msg_parse(r->hdr, r->hlen, &h, &e);
+  free(r->hdr);
+  r->hdr = NULL;
+  if (rc) return sd_fail(err, SHARDD_E_PROTOCOL, "peer frame header: %s", e.msg);
+  uint64_t plen = 0;
+  if (sd_msg_u64(h, "len", 0, 0, &plen, &e) < 0) {
+    json_decref(h);
+    return sd_fail(err, SHARDD_E_PROTOCOL, "peer frame header: %s", e.msg);
+  }
+  if (plen > r->payload_max) {
+    json_decref(h);
+    return sd_fail(err, SHARDD_E_PROTOCOL, "peer frame payload of %llu bytes is over the limit of %zu",
+                   (unsigned long long)plen, r->payload_max);
+  }
+  if (plen) {
+    r->payload = malloc((size_t)plen);
+    if (!r->payload) {
+      json_decref(h);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for a %llu-byte peer payload",
+                     (unsigned long long)plen);
+    }
+  }
+  r->plen = plen;
+  r->parsed = h;
+  return 0;
+}
+
+int sd_frame_feed(sd_frame_reader *r, const uint8_t *buf, size_t n, sd_frame_cb cb, void *ud,
+                  sd_error *err) {
+  for (;;) {
+    if (r->stage == 2 && r->have == r->plen) {
+      json_t *h = r->parsed;
+      uint8_t *payload = r->payload;
+      size_t plen = (size_t)r->plen;
+      r->parsed = NULL;
+      r->payload = NULL;
+      r->stage = 0;
+      r->have = 0;
+      int rc = cb(ud, h, payload, plen);
+      if (rc) return rc;
+      continue;
+    }
+    if (n == 0) return 0;
+    size_t want = r->stage == 0 ? 4 - r->have : r->stage == 1 ? r->hlen - r->have : (size_t)(r->plen - r->have);
+    size_t k = want < n ? want : n;
+    uint8_t *dst = r->stage == 0 ? r->lenbuf : r->stage == 1 ? (uint8_t *)r->hdr : r->payload;
+    memcpy(dst + r->have, buf, k);
+    r->have += k;
+    buf += k;
+    n -= k;
+    if (r->stage == 0 && r->have == 4) {
+      r->hlen = (uint32_t)r->lenbuf[0] << 24 | (uint32_t)r->lenbuf[1] << 16 | (uint32_t)r->lenbuf[2] << 8 |
+                r->lenbuf[3];
+      if (r->hlen == 0 || r->hlen > r->header_max)
+        return sd_fail(err, SHARDD_E_PROTOCOL, "peer frame header of %u bytes (limit %zu)", r->hlen,
+                       r->header_max);
+      r->hdr = malloc(r->hlen);
+      if (!r->hdr) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for a %u-byte peer frame", r->hlen);
+      r->stage = 1;
+      r->have = 0;
+    } else if (r->stage == 1 && r->have == r->hlen) {
+      int rc = header_done(r, err);
+      if (rc) return rc;
+      r->stage = 2;
+      r->have = 0;
+    }
+  }
+}
+
+uint8_t *sd_frame_alloc(json_t *hdr, size_t plen, size_t *payload_at, size_t *out_len) {
+  if (plen) json_object_set_new(hdr, "len", json_integer((json_int_t)plen));
+  char *js = json_dumps(hdr, JSON_COMPACT);
+  if (!js) return NULL;
+  size_t hl = strlen(js);
+  uint8_t *buf = hl <= SD_PEER_HEADER_MAX ? malloc(4 + hl + plen) : NULL;
+  if (!buf) {
+    free(js);
+    return NULL;
+  }
+  buf[0] = (uint8_t)(hl >> 24);
+  buf[1] = (uint8_t)(hl >> 16);
+  buf[2] = (uint8_t)(hl >> 8);
+  buf[3] = (uint8_t)hl;
+  memcpy(buf + 4, js, hl);
+  free(js);
+  *payload_at = 4 + hl;
+  *out_len = 4 + hl + plen;
+  return buf;
+}
+
+uint8_t *sd_frame_encode(json_t *hdr, const void *payload, size_t plen, size_t *out_len) {
+  struct iovec iov = {.iov_base = (void *)payload, .iov_len = plen};
+  return sd_frame_encodev(hdr, &iov, plen ? 1 : 0, out_len);
+}
+
+uint8_t *sd_frame_encodev(json_t *hdr, const struct iovec *iov, int niov, size_t *out_len) {
+  size_t plen = 0;
+  for (int i = 0; i < niov; i++) plen += iov[i].iov_len;
+  if (plen) json_object_set_new(hdr, "len", json_integer((json_int_t)plen));
+  char *js = json_dumps(hdr, JSON_COMPACT);
+  if (!js) return NULL;
+  size_t hl = strlen(js);
+  if (hl > SD_PEER_HEADER_MAX) {
+    free(js);
+    return NULL;
+  }
+  uint8_t *buf = malloc(4 + hl + plen);
+  if (!buf) {
+    free(js);
+    return NULL;
+  }
+  buf[0] = (uint8_t)(hl >> 24);
+  buf[1] = (uint8_t)(hl >> 16);
+  buf[2] = (uint8_t)(hl >> 8);
+  buf[3] = (uint8_t)hl;
+  memcpy(buf + 4, js, hl);
+  size_t at = 4 + hl;
+  for (int i = 0; i < niov; i++) {
+    if (iov[i].iov_len) memcpy(buf + at, iov[i].iov_base, iov[i].iov_len);
+    at += iov[i].iov_len;
+  }
+  free(js);
+  *out_len = 4 + hl + plen;
+  return buf;
+}

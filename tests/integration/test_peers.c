@@ -1,0 +1,716 @@
+/* Multi-node saves: 3 daemons on loopback sharing one root, 2 real rank processes each; layouts, failures, trust. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define NODES 3
+#define PER_NODE 2
+#define WORLD (NODES * PER_NODE)
+#define INTRUDER NODES /* a 4th daemon, started by the wrong-token test with another secret */
+
+typedef struct {
+  h_daemon d;
+  char addr[64];           /* its peer listener, "127.0.0.1:PORT" */
+} node_t;
+
+static node_t N[NODES + 1];
+static char token_path[PATH_MAX], bad_token_path[PATH_MAX];
+static int rank_node[H_MAX_RANKS];
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void write_token(const char *path, const char *secret) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
+  cr_assert_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
+  close(fd);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Daemons
+ * ------------------------------------------------------------------------ */
+static json_t *node_status(int i) {
+  shardd_client *c = NULL;
+  int rc = shardd_connect(N[i].d.sock, &c);
+  cr_assert_eq(rc, 0, "node %d: %s", i, shardd_last_error(NULL));
+  char *js = NULL;
+  rc = shardd_status(c, &js);
+  cr_assert_eq(rc, 0, "node %d status: %s", i, shardd_last_error(c));
+  shardd_close(c);
+  json_t *st = json_loads(js, 0, NULL);
+  shardd_free(js);
+  cr_assert_not_null(st);
+  return st;
+}
+
+static void start_node(int i, const char *token) {
+  h_daemon *d = &N[i].d;
+  snprintf(d->base, sizeof d->base, "%s", H.base);
+  snprintf(d->root, sizeof d->root, "%s", H.root);
+  snprintf(d->sock, sizeof d->sock, "%s/node%d.sock", H.base, i);
+  snprintf(d->log, sizeof d->log, "%s/node%d.log", H.base, i);
+  char name[16];
+  snprintf(name, sizeof name, "node%d", i);
+  int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  cr_assert(logfd >= 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(logfd, 1);
+    dup2(logfd, 2);
+    const char *bin = getenv("SHARDD");
+    /* Port 0: the kernel picks a free one; status tells us which. */
+    execl(bin, bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", "--peer-listen", "127.0.0.1:0",
+          "--peer-token-file", token, "--peer-timeout", "2", "--node-name", name, (char *)NULL);
+    _exit(127);
+  }
+  close(logfd);
+  d->pid = pid;
+  for (int tries = 0;; tries++) {
+    shardd_client *c = NULL;
+    if (shardd_connect(d->sock, &c) == 0) {
+      shardd_close(c);
+      break;
+    }
+    int st;
+    cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "node %d exited before accepting; see %s", i, d->log);
+    cr_assert_lt(tries, 4000, "node %d did not accept", i);
+    sleep_ms(5);
+  }
+  json_t *st = node_status(i);
+  const char *listen = json_string_value(json_object_get(json_object_get(st, "peers"), "listen"));
+  cr_assert_not_null(listen, "node %d status has no peers.listen", i);
+  snprintf(N[i].addr, sizeof N[i].addr, "%s", listen);
+  json_decref(st);
+}
+
+static void setup(void) {
+  memset(&H, 0, sizeof H);
+  memset(N, 0, sizeof N);
+  snprintf(H.base, sizeof H.base, "/tmp/shardd-peers-XXXXXX");
+  cr_assert_not_null(mkdtemp(H.base));
+  snprintf(H.root, sizeof H.root, "%s/root", H.base);
+  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
+  cr_assert_eq(mkdir(H.outside, 0755), 0);
+  snprintf(token_path, sizeof token_path, "%s/token", H.base);
+  snprintf(bad_token_path, sizeof bad_token_path, "%s/bad-token", H.base);
+  write_token(token_path, "the-cluster-secret-0123456789abcdef\n");
+  write_token(bad_token_path, "not-the-cluster-secret-0123456789ab\n");
+  for (int i = 0; i < NODES; i++) start_node(i, token_path);
+  /* The harness's helpers (shardctl, status checks) talk to node 0. */
+  snprintf(H.sock, sizeof H.sock, "%s", N[0].d.sock);
+  snprintf(H.log, sizeof H.log, "%s", N[0].d.log);
+  for (int r = 0; r < H_MAX_RANKS; r++) rank_node[r] = r / PER_NODE;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(p);
+  return 0;
+}
+
+static void teardown(void) {
+  /* Every surviving daemon must stop cleanly (exit 0, socket removed). */
+  for (int i = 0; i <= NODES; i++)
+    if (N[i].d.pid) h_daemon_stop(&N[i].d);
+  const char *keep = getenv("H_KEEP");
+  if (keep && *keep && strcmp(keep, "0") != 0) {
+    fprintf(stderr, "kept %s\n", H.base);
+    return;
+  }
+  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void kill_node(int i, int sig) {
+  cr_assert(N[i].d.pid > 0);
+  cr_assert_eq(kill(N[i].d.pid, sig), 0);
+  if (sig == SIGKILL) {
+    int st;
+    waitpid(N[i].d.pid, &st, 0);
+    N[i].d.pid = 0;
+  }
+}
+
+/* ROOT/rel is absent and, once the leader's clean-up ran, no temporary folder is left. */
+static void expect_clean(const char *rel) {
+  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_expect_unpublished(rel);
+}
+
+static int log_has(int i, const char *needle) {
+  char *log = h_slurp(N[i].d.log, NULL);
+  int found = log && strstr(log, needle);
+  free(log);
+  return found;
+}
+
+TestSuite(peers, .init = setup, .fini = teardown, .timeout = 120);
+
+/* ------------------------------------------------------------------------ *
+ * Ranks: the harness's scripted rank, pointed at its node's daemon
+ * ------------------------------------------------------------------------ */
+static void peer_rank(int idx, void *arg) {
+  h_script *s = arg;
+  int node = rank_node[idx];
+  snprintf(H.sock, sizeof H.sock, "%s", N[node].d.sock);
+  s->opts.node_rank = node == INTRUDER ? 1 : node;
+  h_rank_main(idx, s);
+}
+
+static void start_ranks(h_script *s, pid_t *pids) {
+  if (!s->sh) s->sh = h_shared_new();
+  for (int r = 0; r < s->opts.world_size; r++) pids[r] = h_fork(peer_rank, r, s);
+}
+
+static void run_ranks(h_script *s) {
+  pid_t pids[H_MAX_RANKS];
+  start_ranks(s, pids);
+  h_reap_all(s, pids);
+}
+
+static shardd_save_opts cluster_opts(const char *save, const char *dir, uint64_t mss) {
+  shardd_save_opts o = {.save = save, .dir = dir, .world_size = WORLD, .max_shard_size = mss, .nnodes = NODES,
+                        .leader = N[0].addr};
+  return o;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Bytes written where they are held versus forwarded, per daemon
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uint64_t local, fwd, recv;
+} totals;
+
+static totals node_totals(int i) {
+  json_t *st = node_status(i);
+  json_t *p = json_object_get(st, "peers");
+  totals t = {(uint64_t)json_integer_value(json_object_get(p, "bytes_local")),
+              (uint64_t)json_integer_value(json_object_get(p, "bytes_forwarded")),
+              (uint64_t)json_integer_value(json_object_get(p, "bytes_received"))};
+  cr_assert_not_null(json_object_get(p, "bytes_forwarded"), "status lacks peers.bytes_forwarded");
+  json_decref(st);
+  return t;
+}
+
+static totals report(const char *layout, uint64_t data_bytes) {
+  totals sum = {0, 0, 0};
+  char per[256] = "";
+  size_t k = 0;
+  for (int i = 0; i < NODES; i++) {
+    totals t = node_totals(i);
+    sum.local += t.local;
+    sum.fwd += t.fwd;
+    sum.recv += t.recv;
+    k += (size_t)snprintf(per + k, sizeof per - k, "%s node%d %llu/%llu", i ? "," : "", i,
+                          (unsigned long long)t.local, (unsigned long long)t.fwd);
+  }
+  printf("peers layout %-10s data %9llu B: written where held %9llu B, forwarded %9llu B (received %llu);%s "
+         "(local/forwarded)\n",
+         layout, (unsigned long long)data_bytes, (unsigned long long)sum.local, (unsigned long long)sum.fwd,
+         (unsigned long long)sum.recv, per);
+  fflush(stdout);
+  cr_assert_eq(sum.fwd, sum.recv, "every forwarded byte is received once");
+  cr_assert_eq(sum.local + sum.fwd, data_bytes, "every tensor byte is written exactly once");
+  return sum;
+}
+
+static uint64_t ckpt_data(const char *rel) {
+  sd_ckpt c;
+  h_ckpt_read(rel, &c);
+  uint64_t n = c.total_size;
+  sd_ckpt_free(&c);
+  return n;
+}
+
+#define BOX2(r, nm, dt, s0, s1, a0, a1, c0, c1)                                                          \
+  {.rank = (r), .name = (nm), .dtype = (dt), .ndim = 2, .shape = {(s0), (s1)}, .boxed = 1,                \
+   .start = {(a0), (a1)}, .count = {(c0), (c1)}}
+#define IBOX2(r, nm, dt, s0, s1, a0, a1, c0, c1, ix)                                                     \
+  {.rank = (r), .name = (nm), .dtype = (dt), .ndim = 2, .shape = {(s0), (s1)}, .boxed = 1,                \
+   .start = {(a0), (a1)}, .count = {(c0), (c1)}, .has_index = 1, .index = (ix)}
+
+/* ------------------------------------------------------------------------ *
+ * Layouts
+ * ------------------------------------------------------------------------ */
+/* Pipeline parallel: node n holds layers 2n and 2n+1 (each split by rows
+ * between its two ranks); a shard holds exactly two layers, so every file
+ * is written by the node that holds it and nothing crosses the network. */
+Test(peers, pipeline_layout_writes_every_file_locally) {
+  static h_put puts[12];
+  static char names[6][32];
+  for (int L = 0; L < 6; L++) {
+    snprintf(names[L], sizeof names[L], "layers.%d.w", L);
+    int r = (L / 2) * 2;
+    puts[2 * L] = (h_put)IBOX2(r, names[L], "F32", 8, 16, 0, 0, 4, 16, L);
+    puts[2 * L + 1] = (h_put)IBOX2(r + 1, names[L], "F32", 8, 16, 4, 0, 4, 16, L);
+  }
+  h_script s = {.opts = cluster_opts("pipe", "ck/pipe", 1024), .puts = puts, .nputs = 12, .seed = 41};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  cr_assert_eq(s.sh->r[0].res.files, 4, "3 shards and the index");
+  totals t = report("pipeline", ckpt_data("ck/pipe"));
+  cr_assert_eq(t.fwd, 0, "a pipeline layout forwards nothing (%llu bytes were)", (unsigned long long)t.fwd);
+  for (int i = 0; i < NODES; i++) cr_assert_eq(node_totals(i).local, 1024, "node %d writes its two layers", i);
+  h_shared_free(s.sh);
+}
+
+/* Tensor parallel across nodes: every tensor is split over all six ranks
+ * (rows, columns, an inner dimension of a 3-d tensor, uneven rows), so each
+ * file gathers bytes from three nodes and two thirds of it is forwarded. */
+static const h_put split_puts[] = {
+    BOX2(0, "embed.weight", "F32", 12, 8, 0, 0, 2, 8),  BOX2(1, "embed.weight", "F32", 12, 8, 2, 0, 2, 8),
+    BOX2(2, "embed.weight", "F32", 12, 8, 4, 0, 2, 8),  BOX2(3, "embed.weight", "F32", 12, 8, 6, 0, 2, 8),
+    BOX2(4, "embed.weight", "F32", 12, 8, 8, 0, 2, 8),  BOX2(5, "embed.weight", "F32", 12, 8, 10, 0, 2, 8),
+    BOX2(0, "proj.weight", "BF16", 6, 12, 0, 0, 6, 2),  BOX2(1, "proj.weight", "BF16", 6, 12, 0, 2, 6, 2),
+    BOX2(2, "proj.weight", "BF16", 6, 12, 0, 4, 6, 2),  BOX2(3, "proj.weight", "BF16", 6, 12, 0, 6, 6, 2),
+    BOX2(4, "proj.weight", "BF16", 6, 12, 0, 8, 6, 2),  BOX2(5, "proj.weight", "BF16", 6, 12, 0, 10, 6, 2),
+    {.rank = 0, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {2, 6, 4}, .boxed = 1, .start = {0, 0, 0},
+     .count = {2, 2, 4}},
+    {.rank = 2, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {2, 6, 4}, .boxed = 1, .start = {0, 2, 0},
+     .count = {2, 3, 4}},
+    {.rank = 5, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {2, 6, 4}, .boxed = 1, .start = {0, 5, 0},
+     .count = {2, 1, 4}},
+    BOX2(0, "lm_head.weight", "F32", 6, 10, 0, 0, 3, 10), BOX2(3, "lm_head.weight", "F32", 6, 10, 3, 0, 2, 10),
+    BOX2(5, "lm_head.weight", "F32", 6, 10, 5, 0, 1, 10),
+};
+
+Test(peers, split_tensors_are_forwarded_to_the_file_owner) {
+  h_script s = {.opts = cluster_opts("split", "ck/split", 400), .puts = split_puts,
+                .nputs = sizeof split_puts / sizeof split_puts[0], .seed = 42};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report("split", ckpt_data("ck/split"));
+  cr_assert_gt(t.fwd, 0, "slices of other nodes' files must be forwarded");
+  h_shared_free(s.sh);
+}
+
+/* The same layout in shared mode: every node writes its slices in place. */
+Test(peers, shared_write_mode_forwards_nothing) {
+  h_script s = {.opts = cluster_opts("shared", "ck/shared", 400), .puts = split_puts,
+                .nputs = sizeof split_puts / sizeof split_puts[0], .seed = 43};
+  s.opts.write_mode = "shared";
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report("shared", ckpt_data("ck/shared"));
+  cr_assert_eq(t.fwd, 0);
+  h_shared_free(s.sh);
+}
+
+/* Data parallel across nodes: every node holds a whole replica (split by
+ * rows between its ranks), a norm sits on every rank, one tensor only on
+ * nodes 0 and 1, one only on node 2. Replicas are written once, by a node
+ * holding them whenever there is one. */
+Test(peers, replicas_across_nodes_are_written_once_where_held) {
+  static h_put puts[32];
+  size_t n = 0;
+  for (int node = 0; node < NODES; node++) {
+    puts[n++] = (h_put)BOX2(2 * node, "w", "F32", 8, 8, 0, 0, 4, 8);
+    puts[n++] = (h_put)BOX2(2 * node + 1, "w", "F32", 8, 8, 4, 0, 4, 8);
+  }
+  puts[n++] = (h_put){.rank = -1, .name = "norm", .dtype = "F32", .ndim = 1, .shape = {16}};
+  puts[n++] = (h_put){.rank = 0, .name = "x", .dtype = "F32", .ndim = 2, .shape = {4, 4}};
+  puts[n++] = (h_put){.rank = 2, .name = "x", .dtype = "F32", .ndim = 2, .shape = {4, 4}, .how = H_INLINE};
+  puts[n++] = (h_put){.rank = 4, .name = "y", .dtype = "F32", .ndim = 2, .shape = {4, 4}, .how = H_COPY};
+  h_script s = {.opts = cluster_opts("dp", "ck/dp", 300), .puts = puts, .nputs = n, .seed = 44};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  uint64_t data = ckpt_data("ck/dp");
+  cr_assert_eq(data, 256 + 64 + 64 + 64, "every replica is written once (%llu bytes)", (unsigned long long)data);
+  totals t = report("replicas", data);
+  /* Only the file holding x (nodes 0, 1) and y (node 2) has bytes no single node holds. */
+  cr_assert_leq(t.fwd, 64, "%llu bytes forwarded", (unsigned long long)t.fwd);
+  h_shared_free(s.sh);
+}
+
+/* A larger save: 48 MiB split by rows over six ranks' shared memory,
+ * streamed in windows; two saves in flight across the cluster at once. */
+Test(peers, large_forwarded_save_and_two_in_flight) {
+  static const h_put big[] = {
+      BOX2(0, "big", "BF16", 3072, 4096, 0, 0, 512, 4096),    BOX2(1, "big", "BF16", 3072, 4096, 512, 0, 512, 4096),
+      BOX2(2, "big", "BF16", 3072, 4096, 1024, 0, 512, 4096), BOX2(3, "big", "BF16", 3072, 4096, 1536, 0, 512, 4096),
+      BOX2(4, "big", "BF16", 3072, 4096, 2048, 0, 512, 4096), BOX2(5, "big", "BF16", 3072, 4096, 2560, 0, 512, 4096),
+  };
+  h_script a = {.opts = cluster_opts("big", "ck/big", 0), .puts = big, .nputs = 6, .seed = 45};
+  h_script b = {.opts = cluster_opts("side", "ck/side", 400), .puts = split_puts,
+                .nputs = sizeof split_puts / sizeof split_puts[0], .seed = 46};
+  pid_t pa[H_MAX_RANKS], pb[H_MAX_RANKS];
+  double t0 = now_s();
+  start_ranks(&a, pa);
+  start_ranks(&b, pb);
+  h_reap_all(&a, pa);
+  h_reap_all(&b, pb);
+  double secs = now_s() - t0;
+  h_expect_committed(&a);
+  h_expect_committed(&b);
+  h_check_script(&a);
+  h_check_script(&b);
+  uint64_t data = ckpt_data("ck/big") + ckpt_data("ck/side");
+  totals t = report("large+side", data);
+  printf("peers large save: %.1f MiB in %.2f s end to end (ranks included)\n", (double)data / 1048576.0, secs);
+  cr_assert_gt(t.fwd, 16u << 20);
+  h_shared_free(a.sh);
+  h_shared_free(b.sh);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Disagreements across nodes
+ * ------------------------------------------------------------------------ */
+Test(peers, ranks_on_different_nodes_disagreeing_is_a_conflict_everywhere) {
+  static const h_put puts[] = {{.rank = -1, .name = "n", .dtype = "F32", .ndim = 1, .shape = {4}}};
+  h_script s = {.opts = cluster_opts("cfl", "ck/cfl", 0), .puts = puts, .nputs = 1, .wait_after_fail = 1};
+  /* Node 2's ranks ask for another shard size: the leader sees two answers. */
+  pid_t pids[H_MAX_RANKS];
+  if (!s.sh) s.sh = h_shared_new();
+  for (int r = 0; r < WORLD; r++) {
+    s.opts.max_shard_size = rank_node[r] == 2 ? 5000 : 0;
+    pids[r] = h_fork(peer_rank, r, &s);
+  }
+  h_reap_all(&s, pids);
+  h_expect_failed(&s, SHARDD_E_CONFLICT, "max_shard_size", (char *)NULL);
+  h_expect_unpublished("ck/cfl");
+  h_shared_free(s.sh);
+}
+
+Test(peers, a_dtype_mismatch_between_nodes_fails_every_rank) {
+  static const h_put puts[] = {
+      BOX2(0, "m", "F32", 6, 2, 0, 0, 2, 2), BOX2(2, "m", "F32", 6, 2, 2, 0, 2, 2),
+      BOX2(4, "m", "BF16", 6, 2, 4, 0, 2, 2),
+      {.rank = -1, .name = "other", .dtype = "U8", .ndim = 1, .shape = {3}},
+  };
+  h_script s = {.opts = cluster_opts("mm", "ck/mm", 0), .puts = puts, .nputs = 4, .wait_after_fail = 1};
+  run_ranks(&s);
+  h_expect_failed(&s, SHARDD_E_MISMATCH, "tensor 'm'", "node", (char *)NULL);
+  h_expect_unpublished("ck/mm");
+  h_shared_free(s.sh);
+}
+
+Test(peers, a_gap_across_nodes_fails_every_rank) {
+  static const h_put puts[] = {BOX2(1, "g", "F32", 6, 2, 0, 0, 2, 2), BOX2(5, "g", "F32", 6, 2, 4, 0, 2, 2),
+                               {.rank = -1, .name = "o", .dtype = "U8", .ndim = 1, .shape = {3}}};
+  h_script s = {.opts = cluster_opts("gap", "ck/gap", 0), .puts = puts, .nputs = 3, .wait_after_fail = 1};
+  run_ranks(&s);
+  h_expect_failed(&s, SHARDD_E_GAP, "'g'", (char *)NULL);
+  h_expect_unpublished("ck/gap");
+  h_shared_free(s.sh);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Lost daemons. Ranks of the "late" node wait (at H_AT_PUTS) until the test
+ * has done its damage; every other rank seals first.
+ * ------------------------------------------------------------------------ */
+enum { C_SEALED = 0, C_GO = 1 };
+static int late_node = -1;
+static int hold_others; /* 1: hold every node's ranks but late_node's instead */
+
+static void hold_late(const h_script *s, int rank, int point, shardd_client *c) {
+  (void)c;
+  if (point == H_AT_SEAL) h_signal(s->sh, C_SEALED);
+  if (point == H_AT_PUTS && (rank_node[rank] == late_node) != hold_others) h_await(s->sh, C_GO, 1);
+}
+
+static const h_put fail_puts[] = {
+    BOX2(0, "f", "F32", 12, 64, 0, 0, 2, 64), BOX2(1, "f", "F32", 12, 64, 2, 0, 2, 64),
+    BOX2(2, "f", "F32", 12, 64, 4, 0, 2, 64), BOX2(3, "f", "F32", 12, 64, 6, 0, 2, 64),
+    BOX2(4, "f", "F32", 12, 64, 8, 0, 2, 64), BOX2(5, "f", "F32", 12, 64, 10, 0, 2, 64),
+};
+
+/* Runs the save with `victim`'s daemon killed (SIGKILL) or frozen (SIGSTOP)
+ * once every rank not on `late` has sealed, and returns how long the
+ * survivors took to hear; asserts each surviving rank got peer_lost naming
+ * `victim` and that nothing was published. */
+static double lose_node(const char *save, int victim, int late, int sig, const char *needle) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "ck/%s", save);
+  h_script s = {.opts = cluster_opts(save, dir, 0), .puts = fail_puts, .nputs = 6, .hook = hold_late,
+                .wait_after_fail = 1, .seed = 47};
+  s.opts.dir = strdup(dir);
+  late_node = late;
+  s.sh = h_shared_new();
+  pid_t pids[H_MAX_RANKS];
+  start_ranks(&s, pids);
+  cr_assert_eq(h_await(s.sh, C_SEALED, WORLD - PER_NODE), 0, "the early ranks did not seal");
+  sleep_ms(200); /* let their manifests reach the leader */
+  double t0 = now_s();
+  kill_node(victim, sig);
+  if (late != victim && sig == SIGSTOP) {
+    /* The late ranks seal now: the leader plans, and the frozen node never answers. */
+  }
+  h_signal(s.sh, C_GO);
+  /* Survivors' waits must end on their own; the late ranks of a dead daemon fail too. */
+  for (int r = 0; r < WORLD; r++) {
+    if (rank_node[r] == victim) continue;
+    int st = h_reap(pids[r]);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
+  }
+  double secs = now_s() - t0;
+  if (sig == SIGSTOP) kill_node(victim, SIGKILL);
+  for (int r = 0; r < WORLD; r++)
+    if (rank_node[r] == victim) h_reap(pids[r]);
+  for (int r = 0; r < WORLD; r++) {
+    if (rank_node[r] == victim) continue;
+    const h_result *x = &s.sh->r[r];
+    int got = x->waited ? x->wrc : x->rc;
+    const char *msg = x->waited ? x->wmsg : x->msg;
+    cr_assert_eq(got, SHARDD_E_PEER_LOST, "rank %d (node %d): expected peer_lost, got %s: %s", r, rank_node[r],
+                 shardd_err_name(got), msg);
+    cr_assert(strstr(msg, needle), "rank %d: '%s' does not name '%s'", r, msg, needle);
+  }
+  /* Nothing published, and no temporary folder left by a survivor. */
+  char p[PATH_MAX];
+  cr_assert_not(h_exists(h_path(p, sizeof p, dir)), "%s was published", dir);
+  printf("peers %s: survivors heard of the lost node after %.2f s (peer timeout 2 s): %s\n", save, secs,
+         s.sh->r[rank_node[0] == victim ? 2 : 0].wmsg);
+  fflush(stdout);
+  free((char *)s.opts.dir);
+  h_shared_free(s.sh);
+  return secs;
+}
+
+Test(peers, kill_9_of_a_non_leader_fails_the_save_on_every_survivor) {
+  lose_node("kill1", 1, 0, SIGKILL, "node 1");
+  expect_clean("ck/kill1");
+  /* The survivors go on: a fresh two-node... three-node save needs node 1, so
+   * check each survivor still answers and the leader leads nothing. */
+  json_t *st = node_status(0);
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(st, "peers"), "saves_leading")), 0);
+  cr_assert_eq(json_array_size(json_object_get(st, "saves")), 0);
+  json_decref(st);
+}
+
+Test(peers, kill_9_of_the_leader_fails_the_save_on_every_survivor) {
+  lose_node("kill0", 0, 0, SIGKILL, "node 0");
+  expect_clean("ck/kill0");
+  for (int i = 1; i < NODES; i++) {
+    json_t *st = node_status(i);
+    cr_assert_eq(json_array_size(json_object_get(st, "saves")), 0, "node %d still holds the save", i);
+    json_decref(st);
+  }
+}
+
+/* A node that goes silent while files are being written (SIGSTOP after the
+ * plan went out): heartbeats stop, the leader gives up after the timeout. */
+Test(peers, a_silent_node_during_writing_fails_the_save) {
+  lose_node("stop2", 2, 0, SIGSTOP, "node 2");
+  expect_clean("ck/stop2");
+  cr_assert(log_has(0, "went silent") || log_has(0, "nothing heard"), "the leader did not log the silence");
+}
+
+/* The state of save `id` on node i ("open", "writing", ...), or "" when it is not in flight. */
+static void save_state(int i, const char *id, char *out, size_t n) {
+  json_t *st = node_status(i);
+  json_t *saves = json_object_get(st, "saves"), *v;
+  size_t k;
+  out[0] = 0;
+  json_array_foreach(saves, k, v) {
+    if (strcmp(json_string_value(json_object_get(v, "save")), id) == 0)
+      snprintf(out, n, "%s", json_string_value(json_object_get(v, "state")));
+  }
+  json_decref(st);
+}
+
+/* Kill -9 while files are being written: node `frozen`'s ranks seal first
+ * and its daemon is stopped (SIGSTOP), so the save cannot finish; once
+ * `observer` reports its part "writing", `victim` gets SIGKILL and the frozen
+ * node resumes. Every surviving rank must get peer_lost naming `needle`. */
+static void lose_during_writing(const char *save, int frozen, int victim, int observer, const char *needle) {
+  char dir[64], state[32] = "";
+  snprintf(dir, sizeof dir, "ck/%s", save);
+  h_script s = {.opts = cluster_opts(save, dir, 0), .puts = fail_puts, .nputs = 6, .hook = hold_late,
+                .wait_after_fail = 1, .seed = 49};
+  late_node = frozen;
+  hold_others = 1;
+  s.sh = h_shared_new();
+  pid_t pids[H_MAX_RANKS];
+  start_ranks(&s, pids);
+  cr_assert_eq(h_await(s.sh, C_SEALED, PER_NODE), 0, "node %d's ranks did not seal", frozen);
+  sleep_ms(200); /* their manifest reaches the leader */
+  kill_node(frozen, SIGSTOP);
+  h_signal(s.sh, C_GO);
+  /* The leader plans and assigns; the observer starts writing and waits for the frozen node. */
+  for (int i = 0; i < 3000; i++) {
+    save_state(observer, save, state, sizeof state);
+    if (!strcmp(state, "writing") || !state[0]) break;
+    sleep_ms(10);
+  }
+  cr_assert_str_eq(state, "writing", "node %d never started writing save '%s'", observer, save);
+  double t0 = now_s();
+  kill_node(victim, SIGKILL);
+  if (frozen != victim) kill(N[frozen].d.pid, SIGCONT);
+  for (int r = 0; r < WORLD; r++) {
+    if (rank_node[r] == victim) continue;
+    int st = h_reap(pids[r]);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
+  }
+  double secs = now_s() - t0;
+  for (int r = 0; r < WORLD; r++)
+    if (rank_node[r] == victim) h_reap(pids[r]);
+  for (int r = 0; r < WORLD; r++) {
+    if (rank_node[r] == victim) continue;
+    const h_result *x = &s.sh->r[r];
+    int got = x->waited ? x->wrc : x->rc;
+    const char *msg = x->waited ? x->wmsg : x->msg;
+    cr_assert_eq(got, SHARDD_E_PEER_LOST, "rank %d (node %d): expected peer_lost, got %s: %s", r, rank_node[r],
+                 shardd_err_name(got), msg);
+    cr_assert(strstr(msg, needle), "rank %d: '%s' does not name '%s'", r, msg, needle);
+  }
+  printf("peers %s: killed node %d while node %d was writing; survivors heard after %.2f s\n", save, victim,
+         observer, secs);
+  fflush(stdout);
+  hold_others = 0;
+  expect_clean(dir);
+  h_shared_free(s.sh);
+}
+
+Test(peers, kill_9_of_a_non_leader_while_writing) {
+  lose_during_writing("kill2w", 2, 2, 0, "node 2");
+}
+
+Test(peers, kill_9_of_the_leader_while_writing) {
+  lose_during_writing("kill0w", 2, 0, 1, "node 0 (the leader");
+}
+
+/* ------------------------------------------------------------------------ *
+ * Trust
+ * ------------------------------------------------------------------------ */
+Test(peers, a_daemon_with_the_wrong_token_is_refused) {
+  start_node(INTRUDER, bad_token_path);
+  static const h_put puts[] = {{.rank = -1, .name = "t", .dtype = "U8", .ndim = 1, .shape = {4}}};
+  /* One rank of a two-node save, on the intruder: it never gets in. */
+  h_script s = {.opts = {.save = "intr", .dir = "ck/intr", .world_size = 2, .nnodes = 2, .leader = N[0].addr},
+                .puts = puts, .nputs = 1, .wait_after_fail = 1};
+  rank_node[0] = INTRUDER;
+  rank_node[1] = INTRUDER;
+  s.sh = h_shared_new();
+  pid_t pid = h_fork(peer_rank, 1, &s);
+  h_reap_ok(pid, "intruder rank");
+  const h_result *x = &s.sh->r[1];
+  int got = x->waited ? x->wrc : x->rc;
+  const char *msg = x->waited ? x->wmsg : x->msg;
+  cr_assert_eq(got, SHARDD_E_PERMISSION, "expected permission_denied, got %s: %s", shardd_err_name(got), msg);
+  cr_assert(strstr(msg, "authentication failed"), "%s", msg);
+  cr_assert(log_has(0, "refused: peer authentication failed"), "the leader did not log the refusal");
+  cr_assert(log_has(INTRUDER, "refused us"), "the intruder did not log why");
+  json_t *st = node_status(0);
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(st, "peers"), "saves_led")), 0,
+               "the leader must not have started a save for the intruder");
+  json_decref(st);
+  h_expect_unpublished("ck/intr");
+  h_shared_free(s.sh);
+}
+
+/* A raw TCP client: frames with a wrong version, or before authenticating. */
+static int tcp_connect(const char *addr) {
+  char host[64];
+  int port;
+  cr_assert_eq(sscanf(addr, "%63[^:]:%d", host, &port), 2);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, host, &sa.sin_addr);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+static void send_frame(int fd, const char *json) {
+  uint8_t len[4] = {0, 0, (uint8_t)(strlen(json) >> 8), (uint8_t)strlen(json)};
+  cr_assert_eq(write(fd, len, 4), 4);
+  cr_assert_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+}
+
+/* The next frame's header, or NULL once the daemon closed the connection. */
+static json_t *read_frame(int fd) {
+  uint8_t len[4];
+  size_t got = 0;
+  while (got < 4) {
+    ssize_t r = read(fd, len + got, 4 - got);
+    if (r <= 0) return NULL;
+    got += (size_t)r;
+  }
+  size_t n = (size_t)len[0] << 24 | (size_t)len[1] << 16 | (size_t)len[2] << 8 | len[3];
+  cr_assert_lt(n, 65536);
+  char *buf = malloc(n + 1);
+  got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, buf + got, n - got);
+    cr_assert_gt(r, 0);
+    got += (size_t)r;
+  }
+  json_t *j = json_loadb(buf, n, 0, NULL);
+  free(buf);
+  return j;
+}
+
+Test(peers, a_peer_speaking_another_version_is_refused_with_a_reason) {
+  int fd = tcp_connect(N[0].addr);
+  send_frame(fd, "{\"t\":\"hello\",\"v\":2,\"node\":\"future\",\"nonce\":"
+                 "\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}");
+  json_t *e = read_frame(fd);
+  cr_assert_not_null(e, "no reply before the close");
+  cr_assert_str_eq(json_string_value(json_object_get(e, "t")), "error");
+  cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "unsupported_proto");
+  cr_assert(strstr(json_string_value(json_object_get(e, "message")), "version 2"), "%s",
+            json_string_value(json_object_get(e, "message")));
+  json_decref(e);
+  cr_assert_null(read_frame(fd), "the connection must be closed");
+  close(fd);
+  cr_assert(log_has(0, "peer protocol version 2 is not supported"));
+
+  /* Skipping the handshake: a save message first is refused, nothing reaches the leader. */
+  fd = tcp_connect(N[0].addr);
+  send_frame(fd, "{\"t\":\"join\",\"save\":\"x\",\"tok\":\"0011223344556677\",\"node\":1}");
+  e = read_frame(fd);
+  cr_assert_not_null(e);
+  cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "protocol_error");
+  json_decref(e);
+  cr_assert_null(read_frame(fd));
+  close(fd);
+  json_t *st = node_status(0);
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(st, "peers"), "saves_led")), 0);
+  json_decref(st);
+}
+
+/* One-node saves on a daemon that also listens for peers are unchanged. */
+Test(peers, one_node_saves_still_work_beside_peers) {
+  static const h_put puts[] = {BOX2(0, "a", "F32", 4, 4, 0, 0, 2, 4), BOX2(1, "a", "F32", 4, 4, 2, 0, 2, 4)};
+  h_script s = {.opts = {.save = "solo", .dir = "ck/solo", .world_size = 2}, .puts = puts, .nputs = 2, .seed = 48};
+  rank_node[0] = rank_node[1] = 1;
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  h_shared_free(s.sh);
+}

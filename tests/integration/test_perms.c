@@ -1,0 +1,276 @@
+/* Permissions: socket mode and group, peer credentials, shm ownership and trusted groups, save ownership, file modes, symlinks inside the root. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "xclient.h"
+
+TestSuite(perms, .init = x_init, .fini = x_fini, .timeout = 120);
+
+/* Users and groups that exist nowhere: numbers are all the kernel needs. */
+#define U_OTHER 4243
+#define G_TRUST 4242
+#define G_OTHER 4244
+
+static void need_root(void) {
+  if (geteuid() != 0) cr_skip_test("needs root to create other users' segments and clients");
+}
+
+/* Lets processes of other uids reach the socket in H.base. */
+static void open_up(void) { cr_assert_eq(chmod(H.base, 0755), 0, "chmod %s", H.base); }
+
+/* ------------------------------------------------------------------------ *
+ * A client running as another user. Criterion's asserts cannot be used in
+ * it, so it reports through its exit status: 0, or the 1-based number of
+ * the first step whose reply lacked the expected text.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  const char *line;
+  const char *want;        /* text the reply must hold, e.g. "\"code\":\"permission_denied\"" */
+} step;
+
+static int run_as(uid_t uid, gid_t gid, const step *steps, size_t n) {
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(100);
+    x_conn *c = x_try_connect(H.sock);
+    if (!c) _exit(101);
+    for (size_t i = 0; i < n; i++) {
+      x_send(c, steps[i].line, strlen(steps[i].line));
+      x_send(c, "\n", 1);
+      char *r = NULL;
+      do {
+        free(r);
+        r = x_read_line(c, X_REPLY_MS);
+      } while (r && strstr(r, "\"event\""));
+      if (!r || !strstr(r, steps[i].want)) {
+        fprintf(stderr, "uid %u step %zu '%s': wanted '%s', got '%s'\n", (unsigned)uid, i + 1, steps[i].line,
+                steps[i].want, r ? r : "(nothing)");
+        _exit((int)(i + 1));
+      }
+      free(r);
+    }
+    x_close(c);
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  cr_assert(WIFEXITED(st), "client as uid %u died (status 0x%x)", (unsigned)uid, st);
+  return WEXITSTATUS(st);
+}
+
+/* A segment of `size` bytes owned by uid:gid, mode 0640. */
+static void shm_owned(const char *name, uid_t uid, gid_t gid) {
+  int fd = x_shm_create(name, 4096, 9, NULL);
+  cr_assert_eq(fchown(fd, uid, gid), 0, "fchown: %s", strerror(errno));
+  cr_assert_eq(fchmod(fd, 0640), 0);
+  close(fd);
+}
+
+/* ------------------------------------------------------------------------ */
+Test(perms, socket_mode_default_and_configured_with_group) {
+  x_start(NULL);
+  struct stat st;
+  cr_assert_eq(stat(H.sock, &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0660, "default socket mode is %o", st.st_mode & 07777);
+  h_daemon_stop(&H);
+  need_root();
+  const char *flags[] = {"--socket-mode", "0600", "--socket-group", "4321", NULL};
+  x_start(flags);
+  cr_assert_eq(stat(H.sock, &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0600, "configured socket mode is %o", st.st_mode & 07777);
+  cr_assert_eq(st.st_gid, 4321, "socket group is %u", (unsigned)st.st_gid);
+  x_serving();
+}
+
+Test(perms, peer_credentials_are_recorded) {
+  x_start(NULL);
+  x_conn *c = x_connect();
+  x_status_ok(c, 0);
+  char want[96];
+  snprintf(want, sizeof want, "connected (pid %d, uid %u)", (int)getpid(), (unsigned)getuid());
+  cr_assert(x_log_count(want) >= 1, "the daemon did not record the peer's pid and uid ('%s')", want);
+  x_close(c);
+}
+
+Test(perms, shm_attached_only_when_owned_by_the_peer) {
+  need_root();
+  x_start(NULL);
+  char mine[64], theirs[64];
+  snprintf(mine, sizeof mine, "/sdxt-mine-%d", (int)getpid());
+  snprintf(theirs, sizeof theirs, "/sdxt-theirs-%d", (int)getpid());
+  shm_owned(mine, 0, 0);
+  shm_owned(theirs, U_OTHER, G_TRUST);
+  x_conn *c = x_connect();
+  x_ok(x_callf(c, "{\"op\":\"attach\",\"shm\":\"%s\"}", mine), "own segment");
+  /* root is not special: another user's segment is refused */
+  x_err(x_callf(c, "{\"op\":\"attach\",\"shm\":\"%s\"}", theirs), "permission_denied", "owned by uid 4243",
+        "another user's segment");
+  /* and the owner itself may attach it */
+  open_up();
+  h_daemon_stop(&H);
+  const char *flags[] = {"--socket-mode", "0666", NULL};
+  x_start(flags);
+  char line[128];
+  snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", theirs);
+  step own[] = {{line, "\"ok\":true"}};
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, own, 1), 0, "the owner cannot attach its own segment");
+  snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", mine);
+  step root_s[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, root_s, 1), 0, "a user attached root's segment");
+  x_close(c);
+  shm_unlink(mine);
+  shm_unlink(theirs);
+  x_serving();
+}
+
+Test(perms, trusted_group_members_may_attach_the_groups_segments) {
+  need_root();
+  open_up();
+  char seg[64];
+  snprintf(seg, sizeof seg, "/sdxt-grp-%d", (int)getpid());
+  shm_owned(seg, 0, G_TRUST); /* root's segment, group G_TRUST */
+  const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
+  x_start(flags);
+  char line[128];
+  snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", seg);
+  step ok[] = {{line, "\"ok\":true"}};
+  step no[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(run_as(U_OTHER, G_TRUST, ok, 1), 0, "a member of the trusted group (primary) cannot attach");
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, no, 1), 0, "a non-member attached a trusted group's segment");
+  /* a segment of another group is still refused to the trusted group's members */
+  char other[64];
+  snprintf(other, sizeof other, "/sdxt-grp2-%d", (int)getpid());
+  shm_owned(other, 0, G_OTHER);
+  snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", other);
+  step no2[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(run_as(U_OTHER, G_TRUST, no2, 1), 0, "a segment outside the trusted group was attached");
+  h_daemon_stop(&H);
+  /* without the setting, the group does not count */
+  const char *plain[] = {"--socket-mode", "0666", NULL};
+  x_start(plain);
+  snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", seg);
+  step no3[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(run_as(U_OTHER, G_TRUST, no3, 1), 0, "group ownership counted without --trusted-group");
+  shm_unlink(seg);
+  shm_unlink(other);
+  x_serving();
+}
+
+Test(perms, only_the_uid_that_began_a_save_may_join_put_or_abort_it) {
+  need_root();
+  open_up();
+  const char *flags[] = {"--socket-mode", "0666", NULL};
+  x_start(flags);
+  x_conn *r0 = x_connect();
+  x_ok(x_call(r0, "{\"op\":\"begin\",\"save\":\"own\",\"dir\":\"own/a\",\"rank\":0,\"world_size\":2}"), "begin");
+  x_ok(x_call(r0, "{\"op\":\"put\",\"save\":\"own\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[2],\"start\":[0],"
+                  "\"count\":[1],\"data\":\"AQ==\"}"),
+       "put 0");
+  step intruder[] = {
+      {"{\"op\":\"begin\",\"save\":\"own\",\"dir\":\"own/a\",\"rank\":1,\"world_size\":2}",
+       "\"code\":\"permission_denied\""},
+      {"{\"op\":\"put\",\"save\":\"own\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[2],\"start\":[1],\"count\":[1],"
+       "\"data\":\"Ag==\"}",
+       "\"code\":\"bad_state\""},
+      {"{\"op\":\"seal\",\"save\":\"own\"}", "\"code\":\"bad_state\""},
+      {"{\"op\":\"abort\",\"save\":\"own\"}", "\"code\":\"permission_denied\""},
+      /* with a conflicting dir too: refused before it could fail the save */
+      {"{\"op\":\"begin\",\"save\":\"own\",\"dir\":\"elsewhere\",\"rank\":1,\"world_size\":3}",
+       "\"code\":\"permission_denied\""},
+      /* its own save is its own business */
+      {"{\"op\":\"begin\",\"save\":\"theirs\",\"dir\":\"theirs/a\",\"rank\":0,\"world_size\":2}", "\"ok\":true"},
+  };
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, intruder, sizeof intruder / sizeof intruder[0]), 0,
+               "another uid could touch the save");
+  /* the save is unharmed: its own uid joins and it commits */
+  x_conn *r1 = x_connect();
+  x_ok(x_call(r1, "{\"op\":\"begin\",\"save\":\"own\",\"dir\":\"own/a\",\"rank\":1,\"world_size\":2}"), "join");
+  x_ok(x_call(r1, "{\"op\":\"put\",\"save\":\"own\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[2],\"start\":[1],"
+                  "\"count\":[1],\"data\":\"Ag==\"}"),
+       "put 1");
+  x_ok(x_call(r0, "{\"op\":\"seal\",\"save\":\"own\"}"), "seal 0");
+  x_ok(x_call(r1, "{\"op\":\"seal\",\"save\":\"own\"}"), "seal 1");
+  x_ok(x_call(r0, "{\"op\":\"wait\",\"save\":\"own\"}"), "commit");
+  const uint8_t want[2] = {1, 2};
+  h_check_bytes("own/a", "w", want, 2);
+  /* root is no exception: the other user's save (lost with its client) was never root's to join */
+  x_close(r0);
+  x_close(r1);
+  x_serving();
+}
+
+Test(perms, checkpoint_modes_default_and_configured_whatever_the_umask) {
+  mode_t old = umask(077);
+  x_start(NULL);
+  umask(old);
+  x_serving(); /* commits serving/check-1 */
+  char p[PATH_MAX], f[PATH_MAX + 64];
+  struct stat st;
+  cr_assert_eq(stat(h_path(p, sizeof p, "serving/check-1"), &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0755, "default folder mode %o under umask 077", st.st_mode & 07777);
+  snprintf(f, sizeof f, "%s/model.safetensors", p);
+  cr_assert_eq(stat(f, &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0644, "default file mode %o under umask 077", st.st_mode & 07777);
+  h_daemon_stop(&H);
+  const char *flags[] = {"--file-mode", "0600", "--dir-mode", "0750", NULL};
+  x_start(flags);
+  x_conn *c = x_connect();
+  x_ok(x_call(c, "{\"op\":\"begin\",\"save\":\"m\",\"dir\":\"modes/a\",\"rank\":0,\"world_size\":1}"), "begin");
+  x_ok(x_call(c, "{\"op\":\"put\",\"save\":\"m\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[1],\"data\":\"AQ==\"}"),
+       "put");
+  x_ok(x_call(c, "{\"op\":\"file\",\"save\":\"m\",\"path\":\"config.json\",\"data\":\"e30=\"}"), "file");
+  x_ok(x_call(c, "{\"op\":\"seal\",\"save\":\"m\"}"), "seal");
+  x_ok(x_call(c, "{\"op\":\"wait\",\"save\":\"m\"}"), "wait");
+  cr_assert_eq(stat(h_path(p, sizeof p, "modes/a"), &st), 0);
+  cr_assert_eq(st.st_mode & 07777, 0750, "configured folder mode %o", st.st_mode & 07777);
+  const char *files[] = {"model.safetensors", "config.json"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(f, sizeof f, "%s/%s", p, files[i]);
+    cr_assert_eq(stat(f, &st), 0);
+    cr_assert_eq(st.st_mode & 07777, 0600, "%s has mode %o", files[i], st.st_mode & 07777);
+  }
+  x_close(c);
+}
+
+/* A symlink inside the root, pointing inside the root, is still never followed. */
+Test(perms, symlink_planted_inside_the_root_is_refused) {
+  x_start(NULL);
+  char p[PATH_MAX], q[PATH_MAX];
+  cr_assert_eq(mkdir(h_path(p, sizeof p, "real"), 0755), 0);
+  cr_assert_eq(symlink("real", h_path(p, sizeof p, "alias")), 0);
+  cr_assert_eq(symlink(h_path(q, sizeof q, "real"), h_path(p, sizeof p, "abs")), 0);
+  x_conn *c = x_connect();
+  const char *dirs[] = {"alias/ck", "alias", "abs/ck", "abs"};
+  for (int i = 0; i < 4; i++) {
+    for (int ow = 0; ow < 2; ow++) {
+      json_t *r = x_callf(c, "{\"op\":\"begin\",\"save\":\"sl\",\"dir\":\"%s\",\"rank\":0,\"world_size\":1%s}", dirs[i],
+                          ow ? ",\"overwrite\":true" : "");
+      x_err(r, "bad_path", "symlink", dirs[i]);
+    }
+  }
+  cr_assert_eq(h_dir_count(h_path(p, sizeof p, "real")), 0, "something was written through the symlink");
+  struct stat st;
+  cr_assert_eq(lstat(h_path(p, sizeof p, "alias"), &st), 0);
+  cr_assert(S_ISLNK(st.st_mode), "the planted symlink was replaced");
+  /* the real folder itself is fine */
+  x_ok(x_call(c, "{\"op\":\"begin\",\"save\":\"sl\",\"dir\":\"real/ck\",\"rank\":0,\"world_size\":1}"), "real/ck");
+  x_ok(x_call(c, "{\"op\":\"put\",\"save\":\"sl\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[1],\"data\":\"AQ==\"}"),
+       "put");
+  x_ok(x_call(c, "{\"op\":\"seal\",\"save\":\"sl\"}"), "seal");
+  x_ok(x_call(c, "{\"op\":\"wait\",\"save\":\"sl\"}"), "wait");
+  h_verify_ok("real/ck");
+  x_close(c);
+  x_serving();
+}

@@ -1,0 +1,231 @@
+/* The leader's planner: file owners, replica choice, forwarding, shared mode, and errors naming tensors and nodes. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster_plan.h"
+
+/* A row split of a [rows, cols] F32 tensor: one slice of `n` rows starting at `r0`. */
+static void rows(sd_cmanifest *m, const char *name, uint64_t R, uint64_t C, uint64_t r0, uint64_t n, uint32_t node,
+                 uint32_t rank, uint64_t id, int64_t index) {
+  uint64_t shape[2] = {R, C}, start[2] = {r0, 0}, count[2] = {n, C};
+  sd_error err = {0};
+  cr_assert_eq(sd_cmanifest_slice(m, name, SD_DT_F32, 2, shape, index, node, rank, id, start, count, &err), 0, "%s",
+               err.msg);
+}
+
+static sd_plan_opts opts(uint64_t mss) {
+  sd_plan_opts o = {.max_shard_size = mss, .prefix = "model"};
+  return o;
+}
+
+static uint64_t sum(const uint64_t *v, uint32_t n) {
+  uint64_t s = 0;
+  for (uint32_t i = 0; i < n; i++) s += v[i];
+  return s;
+}
+
+/* Every kept byte is written exactly once: local + forwarded == data. */
+static void check_accounting(const sd_cplan *p) {
+  uint64_t data = 0, exp = 0;
+  for (size_t i = 0; i < p->nwrites; i++) data += p->writes[i].len;
+  for (size_t i = 0; i < (size_t)p->nnodes * p->plan.nfiles; i++) exp += p->expect[i];
+  cr_assert_eq(data, p->plan.total_size);
+  cr_assert_eq(exp, data);
+  cr_assert_eq(sum(p->local_bytes, p->nnodes) + sum(p->fwd_bytes, p->nnodes), data);
+  for (size_t f = 0; f < p->plan.nfiles; f++) {
+    uint64_t in = 0;
+    for (uint32_t k = 0; k < p->nnodes; k++) in += p->expect[(size_t)k * p->plan.nfiles + f];
+    cr_assert_eq(in, p->plan.files[f].data_size, "file %zu: %llu bytes planned, data is %llu", f,
+                 (unsigned long long)in, (unsigned long long)p->plan.files[f].data_size);
+  }
+}
+
+Test(cluster_plan, pipeline_layout_writes_every_file_where_it_is_held) {
+  /* 3 nodes, each holding two whole 256-byte tensors in state-dict order; a
+   * shard holds exactly two tensors, so each file's bytes sit on one node. */
+  sd_cmanifest m = {0};
+  for (uint32_t node = 0; node < 3; node++)
+    for (uint32_t j = 0; j < 2; j++) {
+      char name[32];
+      snprintf(name, sizeof name, "layers.%u.w", node * 2 + j);
+      rows(&m, name, 8, 8, 0, 8, node, node * 2 + j, j, node * 2 + j);
+    }
+  sd_cplan p;
+  sd_error err = {0};
+  sd_plan_opts o = opts(512);
+  cr_assert_eq(sd_cplan_build(&m, 3, SD_WRITE_OWNER, &o, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.plan.nfiles, 3);
+  for (uint32_t f = 0; f < 3; f++) cr_assert_eq(p.owner[f], f, "file %u belongs where its layers are", f);
+  cr_assert_eq(sum(p.fwd_bytes, 3), 0, "nothing crosses the network");
+  for (size_t i = 0; i < p.nwrites; i++) cr_assert_eq(p.writes[i].dest, p.writes[i].node);
+  check_accounting(&p);
+  sd_cplan_free(&p);
+  sd_cmanifest_free(&m);
+}
+
+Test(cluster_plan, split_tensors_are_forwarded_to_the_owner) {
+  /* One tensor of 6 x 4 F32 rows split over 3 nodes, 2 rows each; node 1 holds 4 rows of a second one. */
+  sd_cmanifest m = {0};
+  for (uint32_t node = 0; node < 3; node++) rows(&m, "a", 6, 4, 2 * node, 2, node, node, 0, 0);
+  rows(&m, "b", 4, 4, 0, 4, 1, 1, 1, 1);
+  sd_cplan p;
+  sd_error err = {0};
+  sd_plan_opts o = opts(1000);
+  cr_assert_eq(sd_cplan_build(&m, 3, SD_WRITE_OWNER, &o, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.plan.nfiles, 1);
+  cr_assert_eq(p.owner[0], 1, "node 1 holds most of the file (32 + 64 bytes)");
+  cr_assert_eq(p.fwd_bytes[0], 32);
+  cr_assert_eq(p.fwd_bytes[2], 32);
+  cr_assert_eq(p.local_bytes[1], 96);
+  cr_assert_eq(p.expect[1 * 1 + 0], 160);
+  check_accounting(&p);
+  sd_cplan_free(&p);
+  sd_cmanifest_free(&m);
+}
+
+Test(cluster_plan, replicas_prefer_the_writing_node_and_ties_balance) {
+  /* Every node holds all of four equal tensors (pure data parallel). Each
+   * file is a tie; bytes balance; every byte is written where it is. */
+  sd_cmanifest m = {0};
+  for (uint32_t node = 0; node < 3; node++)
+    for (uint32_t j = 0; j < 6; j++) {
+      char name[32];
+      snprintf(name, sizeof name, "t%u", j);
+      rows(&m, name, 4, 4, 0, 4, node, node, j, j);
+    }
+  sd_cplan p;
+  sd_error err = {0};
+  sd_plan_opts o = opts(64);
+  cr_assert_eq(sd_cplan_build(&m, 3, SD_WRITE_OWNER, &o, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.plan.nfiles, 6);
+  cr_assert_eq(p.nwrites, 6, "replicas are written once");
+  for (uint32_t k = 0; k < 3; k++) cr_assert_eq(p.file_bytes[k], 2 * p.plan.files[0].file_size, "node %u", k);
+  cr_assert_eq(sum(p.fwd_bytes, 3), 0);
+  check_accounting(&p);
+  sd_cplan_free(&p);
+  sd_cmanifest_free(&m);
+}
+
+Test(cluster_plan, shared_mode_forwards_nothing) {
+  sd_cmanifest m = {0};
+  for (uint32_t node = 0; node < 3; node++) rows(&m, "a", 6, 4, 2 * node, 2, node, node, 0, 0);
+  /* a replica on nodes 0 and 2: written once, by one of them */
+  rows(&m, "n", 1, 4, 0, 1, 0, 0, 1, 1);
+  rows(&m, "n", 1, 4, 0, 1, 2, 2, 1, 1);
+  sd_cplan p;
+  sd_error err = {0};
+  sd_plan_opts o = opts(1000);
+  cr_assert_eq(sd_cplan_build(&m, 3, SD_WRITE_SHARED, &o, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(sum(p.fwd_bytes, 3), 0);
+  cr_assert_eq(p.nwrites, 4);
+  for (size_t i = 0; i < p.nwrites; i++) cr_assert_eq(p.writes[i].dest, p.writes[i].node);
+  /* one file: each node writes its own rows; the replica goes to the less
+   * loaded of its holders (a tie between 0 and 2: the lower node) */
+  cr_assert_eq(p.expect[0], 32 + 16);
+  cr_assert_eq(p.expect[1], 32);
+  cr_assert_eq(p.expect[2], 32);
+  check_accounting(&p);
+  sd_cplan_free(&p);
+  sd_cmanifest_free(&m);
+}
+
+Test(cluster_plan, disagreements_name_tensor_ranks_and_nodes) {
+  sd_cmanifest m = {0};
+  rows(&m, "w", 4, 4, 0, 2, 0, 0, 0, -1);
+  uint64_t shape[2] = {4, 5}, start[2] = {2, 0}, count[2] = {2, 5};
+  sd_error err = {0};
+  cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_F32, 2, shape, -1, 2, 5, 0, start, count, &err), SHARDD_E_MISMATCH);
+  cr_assert(strstr(err.msg, "tensor 'w': rank 5 (node 2) declares F32 [4, 5], rank 0 (node 0) declared F32 [4, 4]"),
+            "%s", err.msg);
+  uint64_t s4[2] = {4, 4}, c4[2] = {2, 4};
+  cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_BF16, 2, s4, -1, 1, 3, 0, start, c4, &err), SHARDD_E_MISMATCH);
+  rows(&m, "w", 4, 4, 2, 2, 1, 2, 0, 7);
+  cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_F32, 2, s4, 8, 1, 3, 1, start, c4, &err), SHARDD_E_MISMATCH);
+  cr_assert(strstr(err.msg, "index 8"), "%s", err.msg);
+  /* a box outside the shape */
+  uint64_t big[2] = {3, 4};
+  cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_F32, 2, s4, -1, 1, 3, 2, start, big, &err),
+               SHARDD_E_INVALID_ARGUMENT);
+  /* files: same bytes kept once, different bytes conflict */
+  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"{}", 2, 0, &err), 0);
+  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"{}", 2, 4, &err), 0);
+  cr_assert_eq(m.nfiles, 1);
+  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"[]", 2, 4, &err), SHARDD_E_CONFLICT);
+  cr_assert(strstr(err.msg, "rank 4"), "%s", err.msg);
+  sd_cmanifest_free(&m);
+}
+
+Test(cluster_plan, coverage_errors_across_nodes) {
+  sd_cplan p;
+  sd_error err = {0};
+  sd_plan_opts o = opts(0);
+  /* rows 0-1 on node 0, rows 3-3 on node 1: row 2 missing */
+  sd_cmanifest m = {0};
+  rows(&m, "gap", 4, 2, 0, 2, 0, 0, 0, -1);
+  rows(&m, "gap", 4, 2, 3, 1, 1, 1, 0, -1);
+  cr_assert_eq(sd_cplan_build(&m, 2, SD_WRITE_OWNER, &o, &p, &err), SHARDD_E_GAP);
+  cr_assert(strstr(err.msg, "'gap'"), "%s", err.msg);
+  sd_cmanifest_free(&m);
+  /* rows 0-2 and 2-3 overlap */
+  sd_cmanifest m2 = {0};
+  rows(&m2, "ov", 4, 2, 0, 3, 0, 0, 0, -1);
+  rows(&m2, "ov", 4, 2, 2, 2, 1, 1, 0, -1);
+  cr_assert_eq(sd_cplan_build(&m2, 2, SD_WRITE_OWNER, &o, &p, &err), SHARDD_E_OVERLAP);
+  cr_assert(strstr(err.msg, "'ov'"), "%s", err.msg);
+  sd_cmanifest_free(&m2);
+  /* a file named like the index */
+  sd_cmanifest m3 = {0};
+  rows(&m3, "a", 2, 2, 0, 2, 0, 0, 0, 0);
+  rows(&m3, "b", 2, 2, 0, 2, 1, 1, 0, 1);
+  cr_assert_eq(sd_cmanifest_file(&m3, "model.safetensors.index.json", (const uint8_t *)"x", 1, 1, &err), 0);
+  sd_plan_opts small = opts(16);
+  cr_assert_eq(sd_cplan_build(&m3, 2, SD_WRITE_OWNER, &small, &p, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "model.safetensors.index.json"), "%s", err.msg);
+  sd_cmanifest_free(&m3);
+  /* a slice from a node beyond nnodes */
+  sd_cmanifest m4 = {0};
+  rows(&m4, "a", 2, 2, 0, 2, 5, 0, 0, 0);
+  cr_assert_eq(sd_cplan_build(&m4, 2, SD_WRITE_OWNER, &o, &p, &err), SHARDD_E_INVALID_ARGUMENT);
+  sd_cmanifest_free(&m4);
+}
+
+Test(cluster_plan, randomized_layouts_write_every_byte_once) {
+  srand(4);
+  for (int iter = 0; iter < 200; iter++) {
+    uint32_t nnodes = 2 + (uint32_t)(rand() % 4);
+    sd_cmanifest m = {0};
+    int nt = 1 + rand() % 12;
+    uint64_t id[8] = {0};
+    for (int t = 0; t < nt; t++) {
+      char name[32];
+      snprintf(name, sizeof name, "t.%d", t);
+      uint64_t R = 1 + (uint64_t)(rand() % 9), C = 1 + (uint64_t)(rand() % 5);
+      int replicas = 1 + rand() % 3;
+      /* cut the rows into pieces; each piece held by `replicas` random nodes */
+      uint64_t r0 = 0;
+      while (r0 < R) {
+        uint64_t n = 1 + (uint64_t)(rand() % (int)(R - r0));
+        for (int k = 0; k < replicas; k++) {
+          uint32_t node = (uint32_t)(rand() % (int)nnodes);
+          rows(&m, name, R, C, r0, n, node, node, id[node]++, t);
+        }
+        r0 += n;
+      }
+    }
+    sd_cplan p;
+    sd_error err = {0};
+    sd_plan_opts o = opts(1 + (uint64_t)(rand() % 400));
+    sd_write_mode mode = rand() % 2 ? SD_WRITE_SHARED : SD_WRITE_OWNER;
+    cr_assert_eq(sd_cplan_build(&m, nnodes, mode, &o, &p, &err), 0, "iter %d: %s", iter, err.msg);
+    check_accounting(&p);
+    for (size_t i = 0; i < p.nwrites; i++) {
+      const sd_cwrite *w = &p.writes[i];
+      if (mode == SD_WRITE_OWNER) cr_assert_eq(w->dest, p.owner[w->file]);
+      else cr_assert_eq(w->dest, w->node);
+    }
+    sd_cplan_free(&p);
+    sd_cmanifest_free(&m);
+  }
+}

@@ -1,0 +1,139 @@
+/* Peer authentication: HMAC proofs against an independent vector, role separation, token files, addresses. */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "peer.h"
+
+static const uint8_t TOKEN[] = "correct horse battery staple 42";
+#define TLEN (sizeof TOKEN - 1)
+
+static void nonces(uint8_t a[32], uint8_t b[32]) {
+  for (int i = 0; i < 32; i++) {
+    a[i] = (uint8_t)i;
+    b[i] = (uint8_t)(100 + i);
+  }
+}
+
+/* Computed with Python's hmac module over "shardd-peer-v1" || role || own || peer. */
+Test(peer_auth, proof_matches_an_independent_hmac) {
+  uint8_t a[32], b[32], mac[32];
+  char hex[65];
+  nonces(a, b);
+  cr_assert_eq(sd_peer_proof(TOKEN, TLEN, "connector", a, b, mac), 0);
+  sd_peer_hex(mac, 32, hex);
+  cr_assert_str_eq(hex, "58dc366b640d65b0b2108f8df8159bfd9844878f29e4b642a4345d907fe98828");
+  cr_assert_eq(sd_peer_proof(TOKEN, TLEN, "acceptor", b, a, mac), 0);
+  sd_peer_hex(mac, 32, hex);
+  cr_assert_str_eq(hex, "60b0a71bdf8c32b10f76fa30f31cbdc7018fc99d070eedff72219370f527e94c");
+}
+
+Test(peer_auth, check_accepts_only_the_right_proof) {
+  uint8_t a[32], b[32], mac[32];
+  char hex[65];
+  nonces(a, b);
+  /* The connector (nonce a) proves to the acceptor (nonce b). */
+  sd_peer_proof(TOKEN, TLEN, "connector", a, b, mac);
+  sd_peer_hex(mac, 32, hex);
+  cr_assert(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, hex));
+  /* Upper-case hex is the same proof. */
+  char up[65];
+  for (int i = 0; i < 65; i++) up[i] = (char)(hex[i] >= 'a' && hex[i] <= 'f' ? hex[i] - 32 : hex[i]);
+  cr_assert(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, up));
+  /* Reflected as the acceptor's proof, swapped nonces, another token: all refused. */
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "acceptor", a, b, hex));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", b, a, hex));
+  static const uint8_t other[] = "correct horse battery staple 43";
+  cr_assert_not(sd_peer_proof_check(other, sizeof other - 1, "connector", a, b, hex));
+  /* One flipped bit, a short proof, garbage, nothing. */
+  hex[10] = hex[10] == '0' ? '1' : '0';
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, hex));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, "abcd"));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b,
+                                    "zz" "dc366b640d65b0b2108f8df8159bfd9844878f29e4b642a4345d907fe98828"));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, NULL));
+}
+
+Test(peer_auth, nonces_are_fresh) {
+  uint8_t x[32], y[32];
+  cr_assert_eq(sd_peer_random(x, sizeof x), 0);
+  cr_assert_eq(sd_peer_random(y, sizeof y), 0);
+  cr_assert_neq(memcmp(x, y, sizeof x), 0);
+}
+
+Test(peer_auth, hex_round_trip) {
+  uint8_t in[5] = {0, 0x7f, 0x80, 0xab, 0xff}, out[5];
+  char hex[11];
+  sd_peer_hex(in, 5, hex);
+  cr_assert_str_eq(hex, "007f80abff");
+  cr_assert_eq(sd_peer_unhex(hex, out, 5), 0);
+  cr_assert_eq(memcmp(in, out, 5), 0);
+  cr_assert_eq(sd_peer_unhex("007f80abf", out, 5), -1);
+  cr_assert_eq(sd_peer_unhex("007f80abfg", out, 5), -1);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Token files
+ * ------------------------------------------------------------------------ */
+static char *token_file(const char *content, mode_t mode) {
+  static char path[64];
+  snprintf(path, sizeof path, "/tmp/shardd-token-XXXXXX");
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  cr_assert_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+  fchmod(fd, mode);
+  close(fd);
+  return path;
+}
+
+Test(peer_auth, token_file_rules) {
+  uint8_t *tok = NULL;
+  size_t len = 0;
+  sd_error err = {0};
+  char *p = token_file("0123456789abcdef0123\n\n", 0600);
+  cr_assert_eq(sd_peer_token_load(p, &tok, &len, &err), 0, "%s", err.msg);
+  cr_assert_eq(len, 20, "trailing new lines are not part of the secret");
+  cr_assert_eq(memcmp(tok, "0123456789abcdef0123", 20), 0);
+  free(tok);
+  unlink(p);
+
+  p = token_file("0123456789abcdef0123\n", 0640);
+  cr_assert_eq(sd_peer_token_load(p, &tok, &len, &err), SHARDD_E_PERMISSION);
+  cr_assert(strstr(err.msg, "chmod 600"), "%s", err.msg);
+  unlink(p);
+
+  p = token_file("short\n", 0600);
+  cr_assert_eq(sd_peer_token_load(p, &tok, &len, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "16 to 4096 bytes"), "%s", err.msg);
+  unlink(p);
+
+  cr_assert_eq(sd_peer_token_load("/nonexistent/token", &tok, &len, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "/nonexistent/token"), "%s", err.msg);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Addresses
+ * ------------------------------------------------------------------------ */
+Test(peer_auth, addresses) {
+  char host[SD_PEER_ADDR_MAX];
+  unsigned port = 0;
+  sd_error err = {0};
+  cr_assert_eq(sd_peer_addr_split("127.0.0.1:7077", host, sizeof host, &port, &err), 0);
+  cr_assert_str_eq(host, "127.0.0.1");
+  cr_assert_eq(port, 7077);
+  cr_assert_eq(sd_peer_addr_split("node-3.cluster:0", host, sizeof host, &port, &err), 0);
+  cr_assert_str_eq(host, "node-3.cluster");
+  cr_assert_eq(port, 0);
+  cr_assert_eq(sd_peer_addr_split("[::1]:65535", host, sizeof host, &port, &err), 0);
+  cr_assert_str_eq(host, "::1");
+  cr_assert_eq(port, 65535);
+  const char *bad[] = {"", "host", "host:", ":80", "host:65536", "host:-1", "host:+1", "::1:80", "[::1]80",
+                       "host:8x"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert_eq(sd_peer_addr_split(bad[i], host, sizeof host, &port, &err), SHARDD_E_INVALID_ARGUMENT, "'%s'",
+                 bad[i]);
+}

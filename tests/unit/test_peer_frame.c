@@ -1,0 +1,151 @@
+/* Peer frames: round trips split at every byte, several frames per read, and hostile lengths and headers. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "peer.h"
+
+typedef struct {
+  int n;
+  json_t *hdr[8];
+  uint8_t *payload[8];
+  size_t plen[8];
+} got;
+
+static int collect(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
+  got *g = ud;
+  cr_assert_lt(g->n, 8);
+  g->hdr[g->n] = hdr;
+  g->payload[g->n] = payload;
+  g->plen[g->n] = plen;
+  g->n++;
+  return 0;
+}
+
+static void got_free(got *g) {
+  for (int i = 0; i < g->n; i++) {
+    json_decref(g->hdr[i]);
+    free(g->payload[i]);
+  }
+}
+
+static uint8_t *two_frames(size_t *len) {
+  size_t a = 0, b = 0;
+  uint8_t data[300];
+  for (int i = 0; i < 300; i++) data[i] = (uint8_t)(i * 7);
+  uint8_t *f1 = sd_frame_encode(json_pack("{s:s,s:i}", "t", "data", "k", 1), data, sizeof data, &a);
+  uint8_t *f2 = sd_frame_encode(json_pack("{s:s}", "t", "ping"), NULL, 0, &b);
+  uint8_t *all = malloc(a + b);
+  memcpy(all, f1, a);
+  memcpy(all + a, f2, b);
+  free(f1);
+  free(f2);
+  *len = a + b;
+  return all;
+}
+
+static void check_two(const got *g) {
+  cr_assert_eq(g->n, 2);
+  cr_assert_str_eq(json_string_value(json_object_get(g->hdr[0], "t")), "data");
+  cr_assert_eq(json_integer_value(json_object_get(g->hdr[0], "len")), 300);
+  cr_assert_eq(g->plen[0], 300);
+  for (int i = 0; i < 300; i++) cr_assert_eq(g->payload[0][i], (uint8_t)(i * 7));
+  cr_assert_str_eq(json_string_value(json_object_get(g->hdr[1], "t")), "ping");
+  cr_assert_eq(g->plen[1], 0);
+  cr_assert_null(g->payload[1]);
+}
+
+Test(peer_frame, round_trip_in_one_read) {
+  size_t len;
+  uint8_t *buf = two_frames(&len);
+  sd_frame_reader r;
+  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
+  got g = {0};
+  sd_error err = {0};
+  cr_assert_eq(sd_frame_feed(&r, buf, len, collect, &g, &err), 0, "%s", err.msg);
+  check_two(&g);
+  got_free(&g);
+  sd_frame_reader_free(&r);
+  free(buf);
+}
+
+Test(peer_frame, round_trip_split_at_every_byte) {
+  size_t len;
+  uint8_t *buf = two_frames(&len);
+  for (size_t cut = 0; cut <= len; cut++) {
+    sd_frame_reader r;
+    sd_frame_reader_init(&r, 1 << 20, 1 << 20);
+    got g = {0};
+    sd_error err = {0};
+    cr_assert_eq(sd_frame_feed(&r, buf, cut, collect, &g, &err), 0);
+    cr_assert_eq(sd_frame_feed(&r, buf + cut, len - cut, collect, &g, &err), 0);
+    check_two(&g);
+    got_free(&g);
+    sd_frame_reader_free(&r);
+  }
+  /* And one byte at a time. */
+  sd_frame_reader r;
+  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
+  got g = {0};
+  sd_error err = {0};
+  for (size_t i = 0; i < len; i++) cr_assert_eq(sd_frame_feed(&r, buf + i, 1, collect, &g, &err), 0);
+  check_two(&g);
+  got_free(&g);
+  sd_frame_reader_free(&r);
+  free(buf);
+}
+
+Test(peer_frame, gathered_payload) {
+  struct iovec iov[3] = {{"ab", 2}, {"", 0}, {"cde", 3}};
+  size_t len = 0;
+  uint8_t *f = sd_frame_encodev(json_pack("{s:s}", "t", "data"), iov, 3, &len);
+  sd_frame_reader r;
+  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
+  got g = {0};
+  sd_error err = {0};
+  cr_assert_eq(sd_frame_feed(&r, f, len, collect, &g, &err), 0);
+  cr_assert_eq(g.n, 1);
+  cr_assert_eq(g.plen[0], 5);
+  cr_assert_eq(memcmp(g.payload[0], "abcde", 5), 0);
+  got_free(&g);
+  sd_frame_reader_free(&r);
+  free(f);
+}
+
+static int feed_raw(const void *buf, size_t n, size_t hmax, size_t pmax, sd_error *err) {
+  sd_frame_reader r;
+  sd_frame_reader_init(&r, hmax, pmax);
+  got g = {0};
+  int rc = sd_frame_feed(&r, buf, n, collect, &g, err);
+  got_free(&g);
+  sd_frame_reader_free(&r);
+  return rc;
+}
+
+Test(peer_frame, hostile_frames) {
+  sd_error err = {0};
+  /* A header length over the limit is refused before anything is allocated. */
+  uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff};
+  cr_assert_eq(feed_raw(huge, 4, 65536, 0, &err), SHARDD_E_PROTOCOL);
+  cr_assert(strstr(err.msg, "4294967295"), "%s", err.msg);
+  uint8_t zero[4] = {0, 0, 0, 0};
+  cr_assert_eq(feed_raw(zero, 4, 65536, 0, &err), SHARDD_E_PROTOCOL);
+  /* Not JSON, not an object, duplicate keys. */
+  const char *bodies[] = {"nope", "[1,2]", "{\"t\":\"a\",\"t\":\"b\"}", "{\"len\":-1}", "{\"len\":\"x\"}"};
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+    uint8_t buf[64];
+    size_t bl = strlen(bodies[i]);
+    buf[0] = buf[1] = buf[2] = 0;
+    buf[3] = (uint8_t)bl;
+    memcpy(buf + 4, bodies[i], bl);
+    cr_assert_eq(feed_raw(buf, 4 + bl, 65536, 1024, &err), SHARDD_E_PROTOCOL, "'%s' accepted", bodies[i]);
+  }
+  /* A payload over the limit (before authentication the limit is 0). */
+  uint8_t buf[64];
+  const char *h = "{\"len\":10}";
+  buf[0] = buf[1] = buf[2] = 0;
+  buf[3] = (uint8_t)strlen(h);
+  memcpy(buf + 4, h, strlen(h));
+  cr_assert_eq(feed_raw(buf, 4 + strlen(h), 65536, 0, &err), SHARDD_E_PROTOCOL);
+  cr_assert(strstr(err.msg, "over the limit"), "%s", err.msg);
+}

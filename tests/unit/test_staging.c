@@ -1,0 +1,582 @@
+/* The staged direct-I/O writer: aligned stretches, odd sizes and tails, tiny and huge writes, bounded staging, buffered fallback, shrunken shared memory. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "publish_int.h"
+
+/* ------------------------------------------------------------------------ *
+ * Fixture: a root in a fresh folder, a loop, a writer made by each test
+ * ------------------------------------------------------------------------ */
+static char base[64];
+static char root[256];
+static char mnt[256];           /* a file system a test mounted */
+static int root_fd = -1;
+static uv_loop_t loop;
+static sd_writer *w;
+
+static void open_root(const char *path) {
+  sd_error err;
+  if (root_fd >= 0) close(root_fd);
+  snprintf(root, sizeof root, "%s", path);
+  cr_assert_eq(sd_root_open(root, &root_fd, &err), 0, "%s", err.msg);
+}
+
+static void setup(void) {
+  strcpy(base, "/var/tmp/sd-staging-XXXXXX");
+  cr_assert_not_null(mkdtemp(base));
+  char r[512];
+  snprintf(r, sizeof r, "%s/root", base);
+  open_root(r);
+  cr_assert_eq(uv_loop_init(&loop), 0);
+}
+
+static void make_writer(uint64_t staging, uint32_t chunk, int buffered) {
+  sd_writer_opts o = {.queue_depth = 32, .staging_bytes = staging, .chunk_bytes = chunk,
+                      .buffered = buffered};
+  sd_error err;
+  cr_assert_eq(sd_writer_init_opts(&w, &loop, &o, &err), 0, "%s", err.msg);
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+static void closed_cb(void *ud) {
+  *(int *)ud = 1;
+}
+
+static void teardown(void) {
+  if (w) {
+    int closed = 0;
+    sd_writer_close(w, closed_cb, &closed);
+    while (!closed && uv_run(&loop, UV_RUN_ONCE)) {}
+    cr_expect(closed, "the writer closes");
+    w = NULL;
+  }
+  uv_run(&loop, UV_RUN_DEFAULT);
+  cr_expect_eq(uv_loop_close(&loop), 0, "no handle left open");
+  if (root_fd >= 0) close(root_fd);
+  root_fd = -1;
+  if (mnt[0]) umount2(mnt, MNT_DETACH);
+  mnt[0] = '\0';
+  nftw(base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ------------------------------------------------------------------------ *
+ * A checkpoint made by hand: files with a header and data written by ops
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  int done, released, released_after_done, code;
+  char msg[SD_ERRMSG_MAX];
+  uint64_t written, total;
+} outcome;
+
+static void on_released(sd_publish *p, void *ud) {
+  (void)p;
+  outcome *o = ud;
+  o->released++;
+  if (o->done) o->released_after_done = 1;
+}
+
+static void on_done(sd_publish *p, void *ud, const sd_error *err, const char *path) {
+  (void)path;
+  outcome *o = ud;
+  o->done++;
+  o->code = err ? err->code : 0;
+  snprintf(o->msg, sizeof o->msg, "%s", err ? err->msg : "");
+  o->written = sd_publish_bytes_written(p);
+  o->total = sd_publish_bytes_total(p);
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dULL;
+static uint64_t rnd(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return rng;
+}
+
+typedef struct {
+  sd_plan plan;
+  uint8_t **want;          /* each file's bytes */
+  uint8_t *src;            /* where the ops read from (one buffer for all) */
+  sd_write_op *ops;
+  size_t nops, cap;
+} ckpt;
+
+static void add_op(ckpt *c, uint32_t f, uint64_t off, uint64_t len, const uint8_t *src,
+                   uint32_t flags) {
+  if (c->nops == c->cap) {
+    c->cap = c->cap ? 2 * c->cap : 256;
+    c->ops = realloc(c->ops, c->cap * sizeof *c->ops);
+    cr_assert_not_null(c->ops);
+  }
+  c->ops[c->nops++] = (sd_write_op){f, off, src, len, flags};
+}
+
+/* Files of 4096-byte headers plus data_sizes[i] bytes. When src is NULL,
+ * a private buffer holds the data; otherwise src (at least the sum of the
+ * data sizes) does, and is filled here. Data is cut into pieces of
+ * 1..max_piece bytes (whole when 0) and the ops are shuffled. */
+static void ckpt_init(ckpt *c, size_t nfiles, const uint64_t *data_sizes, uint64_t max_piece,
+                      uint8_t *src, uint32_t flags) {
+  memset(c, 0, sizeof *c);
+  uint64_t total = 0;
+  for (size_t i = 0; i < nfiles; i++) total += data_sizes[i];
+  c->src = src ? src : malloc(total + 1);
+  cr_assert_not_null(c->src);
+  sd_plan *p = &c->plan;
+  p->nfiles = nfiles;
+  p->files = calloc(nfiles, sizeof *p->files);
+  c->want = calloc(nfiles, sizeof *c->want);
+  uint64_t at = 0;
+  for (size_t i = 0; i < nfiles; i++) {
+    sd_plan_file *pf = &p->files[i];
+    char name[64];
+    snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, nfiles);
+    pf->name = strdup(name);
+    pf->header_size = 4096;
+    pf->data_size = data_sizes[i];
+    pf->file_size = pf->header_size + pf->data_size;
+    pf->header = malloc(pf->header_size);
+    for (uint64_t b = 0; b < pf->header_size; b++) pf->header[b] = (char)('A' + (b * 7 + i) % 26);
+    c->want[i] = malloc(pf->file_size + 1);
+    memcpy(c->want[i], pf->header, pf->header_size);
+    for (uint64_t b = 0; b < pf->data_size; b++) {
+      uint8_t v = (uint8_t)(rnd() | 1); /* never 0: a byte left unwritten shows */
+      c->want[i][pf->header_size + b] = v;
+      c->src[at + b] = v;
+    }
+    for (uint64_t off = 0; off < pf->data_size;) {
+      uint64_t len = max_piece ? 1 + rnd() % max_piece : pf->data_size;
+      if (len > pf->data_size - off) len = pf->data_size - off;
+      add_op(c, (uint32_t)i, pf->header_size + off, len, c->src + at + off, flags);
+      off += len;
+    }
+    at += pf->data_size;
+  }
+  for (size_t i = c->nops; i > 1; i--) {
+    size_t j = rnd() % i;
+    sd_write_op t = c->ops[i - 1];
+    c->ops[i - 1] = c->ops[j];
+    c->ops[j] = t;
+  }
+  p->needs_index = nfiles > 1;
+  p->index_name = strdup("model.safetensors.index.json");
+}
+
+static void ckpt_free(ckpt *c, int own_src) {
+  for (size_t i = 0; i < c->plan.nfiles; i++) {
+    free(c->plan.files[i].name);
+    free(c->plan.files[i].header);
+    free(c->want[i]);
+  }
+  free(c->plan.files);
+  free(c->plan.index_name);
+  free(c->want);
+  free(c->ops);
+  if (own_src) free(c->src);
+}
+
+static const char index_json[] = "{\"metadata\": {}}\n";
+
+static sd_publish_req req_for(ckpt *c, const char *rel, outcome *o) {
+  return (sd_publish_req){
+      .root_fd = root_fd,
+      .root_path = root,
+      .rel_dir = rel,
+      .plan = &c->plan,
+      .ops = c->ops,
+      .nops = c->nops,
+      .index_json = c->plan.needs_index ? index_json : NULL,
+      .index_len = c->plan.needs_index ? strlen(index_json) : 0,
+      .tag = rel,
+      .on_released = on_released,
+      .on_done = on_done,
+      .ud = o,
+  };
+}
+
+static void run_until(const outcome *o) {
+  while (!o->done && uv_run(&loop, UV_RUN_ONCE)) {}
+  cr_assert_eq(o->done, 1, "on_done is called exactly once");
+}
+
+static void expect_bytes(const char *rel, const char *name, const uint8_t *want, uint64_t len) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s/%s", root, rel, name);
+  int fd = open(path, O_RDONLY);
+  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
+  struct stat st;
+  fstat(fd, &st);
+  cr_expect_eq((uint64_t)st.st_size, len, "%s: %lld bytes, want %llu (no padding left)", name,
+               (long long)st.st_size, (unsigned long long)len);
+  uint8_t *b = malloc(len + 1);
+  uint64_t got = 0;
+  ssize_t n;
+  while (got < len && (n = read(fd, b + got, len - got)) > 0) got += (uint64_t)n;
+  close(fd);
+  cr_assert_eq(got, len, "%s: short read", name);
+  if (memcmp(b, want, len)) {
+    uint64_t i = 0;
+    while (b[i] == want[i]) i++;
+    cr_expect_fail("%s: first wrong byte at offset %llu", name, (unsigned long long)i);
+  }
+  free(b);
+}
+
+static void expect_ckpt(const char *rel, const ckpt *c) {
+  for (size_t i = 0; i < c->plan.nfiles; i++)
+    expect_bytes(rel, c->plan.files[i].name, c->want[i], c->plan.files[i].file_size);
+  if (c->plan.needs_index)
+    expect_bytes(rel, c->plan.index_name, (const uint8_t *)index_json, strlen(index_json));
+}
+
+static void publish_ok(ckpt *c, const char *rel) {
+  outcome o = {0};
+  sd_publish_req r = req_for(c, rel, &o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
+  run_until(&o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  cr_expect_eq(o.released, 1, "released once");
+  cr_expect_eq(o.released_after_done, 0, "released before the end");
+  cr_expect_eq(o.written, o.total, "bytes written %llu of %llu", (unsigned long long)o.written,
+               (unsigned long long)o.total);
+  expect_ckpt(rel, c);
+}
+
+/* Whether this file system takes O_DIRECT at all. */
+static int fs_takes_direct(const char *dir) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/.probe", dir);
+  int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd >= 0) close(fd);
+  unlink(p);
+  return fd >= 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * The stretches (pure)
+ * ------------------------------------------------------------------------ */
+Test(staging, stretches_are_aligned_and_cover_every_file_once) {
+  sd_fill_file files[] = {{NULL, 0, 10000}, {NULL, 0, 0}, {NULL, 0, 8192}, {NULL, 0, 1}};
+  sd_write_op ops[] = {
+      {0, 0, (const uint8_t *)"", 0, 0},       {0, 100, (const uint8_t *)"", 9000, 0},
+      {0, 9100, (const uint8_t *)"", 900, 0},  {2, 4000, (const uint8_t *)"", 4192, 0},
+      {3, 0, (const uint8_t *)"", 1, 0},
+  };
+  sd_fill f = {.files = files, .nfiles = 4, .ops = ops, .nops = 5};
+  sd_chunk c;
+  struct { uint32_t file; uint64_t off; uint32_t len; size_t cursor; } want[] = {
+      {0, 0, 4096, 1}, {0, 4096, 4096, 1}, {0, 8192, 1808, 1}, {2, 0, 4096, 3},
+      {2, 4096, 4096, 3}, {3, 0, 1, 4}};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+    memset(&c, 0, sizeof c);
+    cr_assert_eq(sd_fill_next(&f, 4096, &c), 1, "stretch %zu", i);
+    cr_expect_eq(c.file, want[i].file, "stretch %zu: file %u", i, c.file);
+    cr_expect_eq(c.off, want[i].off, "stretch %zu: off %llu", i, (unsigned long long)c.off);
+    cr_expect_eq(c.len, want[i].len, "stretch %zu: len %u", i, c.len);
+    cr_expect_eq(c.cursor, want[i].cursor, "stretch %zu: first write %zu", i, c.cursor);
+  }
+  cr_expect_eq(sd_fill_next(&f, 4096, &c), 0, "nothing more");
+}
+
+Test(staging, a_stretch_gets_head_data_zeros_and_padding) {
+  uint8_t head[10], d1[5], d2[3000];
+  memset(head, 'h', sizeof head);
+  memset(d1, '1', sizeof d1);
+  memset(d2, '2', sizeof d2);
+  sd_fill_file files[] = {{head, sizeof head, 6000}};
+  /* a gap at [15, 20), d2 crossing the 4096 boundary, nothing after 3020 */
+  sd_write_op ops[] = {{0, 10, d1, 5, 0}, {0, 20, d2, 3000, 0}};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 2};
+  uint8_t *buf = aligned_alloc(4096, 4096);
+  sd_chunk c = {.buf = buf, .cap = 4096};
+  memset(buf, 0xab, 4096);
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 1);
+  sd_fill_copy(&f, &c);
+  cr_expect_eq(c.fault, 0);
+  cr_expect_eq(c.src_bytes, 5 + 3000);
+  for (int i = 0; i < 4096; i++) {
+    uint8_t want = i < 10 ? 'h' : i < 15 ? '1' : i < 20 ? 0 : i < 3020 ? '2' : 0;
+    if (buf[i] != want) {
+      cr_expect_fail("byte %d is %#x, want %#x", i, buf[i], want);
+      break;
+    }
+  }
+  /* the file's last stretch: 1904 bytes, zeros up to the block's end */
+  memset(buf, 0xab, 4096);
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 1);
+  cr_expect_eq(c.off, 4096);
+  cr_expect_eq(c.len, 6000 - 4096);
+  sd_fill_copy(&f, &c);
+  for (int i = 0; i < 4096; i++)
+    if (buf[i] != 0) {
+      cr_expect_fail("byte %d of the tail is %#x, want 0", i, buf[i]);
+      break;
+    }
+  free(buf);
+}
+
+/* ------------------------------------------------------------------------ *
+ * On disk
+ * ------------------------------------------------------------------------ */
+Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = teardown, .timeout = 60) {
+  make_writer(256 << 10, 64 << 10, 0);
+  /* data sizes around the block and chunk edges */
+  uint64_t sizes[] = {1, 4095, 4096, 4097, (64 << 10) - 4096, (64 << 10) - 4095, (64 << 10) + 1,
+                      3 * (64 << 10) + 777, 12345};
+  size_t n = sizeof sizes / sizeof *sizes;
+  ckpt c;
+  ckpt_init(&c, n, sizes, 5000, NULL, 0);
+  publish_ok(&c, "odd");
+  sd_writer_stats st;
+  sd_writer_get_stats(w, &st);
+  if (fs_takes_direct(base)) {
+    cr_expect_gt(st.writes_direct, 0, "O_DIRECT was used");
+    cr_expect_eq(st.writes_buffered, 0, "and nothing fell back: %llu",
+                 (unsigned long long)st.writes_buffered);
+  }
+  cr_expect_leq(st.staging_peak, 256 << 10, "staging stayed within its size");
+  ckpt_free(&c, 1);
+}
+
+Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = teardown, .timeout = 60) {
+  make_writer(1 << 20, 256 << 10, 0);
+  uint64_t sizes[] = {100000, 7, 50001};
+  ckpt c;
+  ckpt_init(&c, 3, sizes, 16, NULL, 0); /* ~17,000 writes of 1..16 bytes */
+  cr_assert_gt(c.nops, 10000);
+  publish_ok(&c, "tiny");
+  sd_writer_stats st;
+  sd_writer_get_stats(w, &st);
+  /* one write per file (each fits a chunk) plus the index */
+  cr_expect_eq(st.writes_direct + st.writes_buffered, 4, "%llu data writes",
+               (unsigned long long)(st.writes_direct + st.writes_buffered));
+  ckpt_free(&c, 1);
+}
+
+Test(staging, a_tensor_larger_than_the_staging, .init = setup, .fini = teardown, .timeout = 60) {
+  make_writer(128 << 10, 32 << 10, 0); /* 4 chunks of 32 KiB */
+  uint64_t sizes[] = {(3u << 20) + 13};
+  ckpt c;
+  ckpt_init(&c, 1, sizes, 0, NULL, 0); /* one write of 3 MiB */
+  cr_assert_eq(c.nops, 1);
+  publish_ok(&c, "big");
+  sd_writer_stats st;
+  sd_writer_get_stats(w, &st);
+  cr_expect_leq(st.staging_peak, 128 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
+  cr_expect_geq(st.writes_direct + st.writes_buffered, (3u << 20) / (32 << 10));
+  ckpt_free(&c, 1);
+}
+
+Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = teardown, .timeout = 120) {
+  make_writer(32 << 10, 16 << 10, 0); /* two chunks of 16 KiB for everyone */
+  enum { N = 5 };
+  ckpt c[N];
+  outcome o[N];
+  char rel[N][16];
+  sd_publish *p[N];
+  for (int i = 0; i < N; i++) {
+    uint64_t sizes[] = {200000 + 1000 * (uint64_t)i, 77777};
+    ckpt_init(&c[i], 2, sizes, 3000, NULL, 0);
+    memset(&o[i], 0, sizeof o[i]);
+    snprintf(rel[i], sizeof rel[i], "s%d", i);
+    sd_publish_req r = req_for(&c[i], rel[i], &o[i]);
+    sd_error err;
+    cr_assert_eq(sd_publish_start(w, &r, &p[i], &err), 0, "%s", err.msg);
+  }
+  /* Round-robin: by the time the first save ends, every other has progressed. */
+  int first = -1;
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < N; i++) left += !o[i].done;
+    if (!left) break;
+    for (int i = 0; i < N && first < 0; i++)
+      if (o[i].done) {
+        first = i;
+        for (int k = 0; k < N; k++)
+          if (!o[k].done) cr_expect_gt(sd_publish_bytes_written(p[k]), 0, "save %d waited for save %d", k, i);
+      }
+    if (!uv_run(&loop, UV_RUN_ONCE)) {
+      for (int i = 0; i < N; i++) cr_assert(o[i].done, "save %d never ended", i);
+    }
+  }
+  sd_writer_stats st;
+  sd_writer_get_stats(w, &st);
+  cr_expect_leq(st.staging_peak, 32 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
+  for (int i = 0; i < N; i++) {
+    cr_expect_eq(o[i].code, 0, "%s", o[i].msg);
+    expect_ckpt(rel[i], &c[i]);
+    ckpt_free(&c[i], 1);
+  }
+}
+
+Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .fini = teardown,
+     .timeout = 60) {
+  snprintf(mnt, sizeof mnt, "%s/ramfs", base);
+  cr_assert_eq(mkdir(mnt, 0755), 0);
+  if (mount("ramfs", mnt, "ramfs", 0, NULL) < 0) {
+    int e = errno;
+    mnt[0] = '\0';
+    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+  }
+  char r[512];
+  snprintf(r, sizeof r, "%s/root", mnt);
+  open_root(r);
+  cr_assert_eq(fs_takes_direct(root), 0, "ramfs refuses O_DIRECT");
+  make_writer(256 << 10, 64 << 10, 0);
+  uint64_t sizes[] = {4097, 200001};
+  ckpt c;
+  ckpt_init(&c, 2, sizes, 999, NULL, 0);
+  publish_ok(&c, "ram");
+  sd_writer_stats st;
+  sd_writer_get_stats(w, &st);
+  cr_expect_eq(st.writes_direct, 0);
+  cr_expect_gt(st.writes_buffered, 0);
+  ckpt_free(&c, 1);
+}
+
+Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = teardown, .timeout = 60) {
+  snprintf(mnt, sizeof mnt, "%s/tmpfs", base);
+  cr_assert_eq(mkdir(mnt, 0755), 0);
+  if (mount("tmpfs", mnt, "tmpfs", 0, "size=16m") < 0) {
+    int e = errno;
+    mnt[0] = '\0';
+    cr_skip_test("cannot mount a tmpfs (%s): needs root", strerror(e));
+  }
+  char r[512];
+  snprintf(r, sizeof r, "%s/root", mnt);
+  open_root(r);
+  uint64_t sizes[] = {1, 300000 + 5};
+  ckpt c;
+  ckpt_init(&c, 2, sizes, 40000, NULL, 0);
+  make_writer(256 << 10, 64 << 10, 0);
+  publish_ok(&c, "tmp"); /* direct or not, whatever this kernel's tmpfs says */
+  int closed = 0;
+  sd_writer_close(w, closed_cb, &closed);
+  while (!closed && uv_run(&loop, UV_RUN_ONCE)) {}
+  make_writer(256 << 10, 64 << 10, 1);
+  publish_ok(&c, "forced");
+  sd_writer_stats st;
+  sd_writer_get_stats(w, &st);
+  cr_expect_eq(st.writes_direct, 0, "told never to use O_DIRECT");
+  ckpt_free(&c, 1);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Shared memory
+ * ------------------------------------------------------------------------ */
+static uint8_t *shared_segment(size_t len, int *fd) {
+  *fd = memfd_create("sd-staging-test", MFD_CLOEXEC);
+  cr_assert_geq(*fd, 0);
+  cr_assert_eq(ftruncate(*fd, (off_t)len), 0);
+  uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  cr_assert_neq(m, MAP_FAILED);
+  return m;
+}
+
+/* Resident kB of the mapping that starts at addr (/proc/self/smaps). */
+static long mapping_rss_kb(const void *addr) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  char line[512];
+  int in = 0;
+  long kb = -1;
+  unsigned long want = (unsigned long)addr;
+  while (f && fgets(line, sizeof line, f)) {
+    unsigned long a, b;
+    if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+      in = a == want;
+      continue;
+    }
+    if (in && sscanf(line, "Rss: %ld kB", &kb) == 1) break;
+  }
+  if (f) fclose(f);
+  return kb;
+}
+
+Test(staging, shared_pages_are_dropped_once_copied, .init = setup, .fini = teardown, .timeout = 60) {
+  make_writer(1 << 20, 256 << 10, 0);
+  size_t len = 16u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  uint64_t sizes[] = {len / 2, len / 2};
+  ckpt c;
+  ckpt_init(&c, 2, sizes, 100000, m, SD_WOP_SHARED);
+  cr_assert_gt(mapping_rss_kb(m), 8000, "the test filled the segment through the mapping");
+  publish_ok(&c, "shm");
+  long kb = mapping_rss_kb(m);
+  cr_expect_geq(kb, 0);
+  cr_expect_lt(kb, 1024, "%ld kB of the 16 MiB segment still mapped", kb);
+  /* dropping the mapping's pages never loses the data */
+  for (size_t i = 0; i < c.plan.nfiles; i++)
+    cr_expect(!memcmp(m + i * (len / 2), c.want[i] + 4096, len / 2));
+  ckpt_free(&c, 0);
+  munmap(m, len);
+  close(fd);
+}
+
+Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, .fini = teardown,
+     .timeout = 60) {
+  make_writer(512 << 10, 128 << 10, 0);
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  uint64_t sizes[] = {len};
+  ckpt c;
+  ckpt_init(&c, 1, sizes, 300000, m, SD_WOP_SHARED);
+  /* the client shrinks its segment after attach: the tail is gone */
+  cr_assert_eq(ftruncate(fd, (off_t)(len / 2)), 0);
+  outcome o = {0};
+  sd_publish_req r = req_for(&c, "shrunk", &o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
+  run_until(&o);
+  cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
+  cr_expect_not_null(strstr(o.msg, "shrunk/model-00001-of-00001.safetensors"), "%s", o.msg);
+  cr_expect_not_null(strstr(o.msg, "SIGBUS"), "%s", o.msg);
+  struct stat st;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/shrunk", root);
+  cr_expect_neq(stat(dir, &st), 0, "nothing published");
+
+  /* the guard is disarmed again: the same writer carries on */
+  uint64_t small[] = {5000};
+  ckpt ok;
+  ckpt_init(&ok, 1, small, 100, NULL, 0);
+  publish_ok(&ok, "after");
+  ckpt_free(&ok, 1);
+
+  /* and a fault outside a guarded copy still kills, as it should */
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    volatile uint8_t x = m[len - 1];
+    (void)x;
+    _exit(0);
+  }
+  int status;
+  cr_assert_eq(waitpid(pid, &status, 0), pid);
+  cr_expect(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS, "status %#x", status);
+  ckpt_free(&c, 0);
+  munmap(m, len);
+  close(fd);
+}
