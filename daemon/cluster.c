@@ -50,7 +50,7 @@ int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err) {
   return sd_cleanup_stale_owned(root_fd, tag, err);
 }
 
-char *cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
+char *sd_cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
   const char *slash = strrchr(dir, '/');
   const char *base = slash ? slash + 1 : dir;
   char b[100], s[70], out[SD_PEER_NAME_MAX + 32 + 100 + 70 + 48];
@@ -61,7 +61,7 @@ char *cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
   return strdup(out);
 }
 
-char *cl_final_path(sd_cluster *cl, const char *dir) {
+char *sd_cl_final_path(sd_cluster *cl, const char *dir) {
   const char *root = cl->d->cfg->root;
   size_t rl = strlen(root);
   while (rl > 1 && root[rl - 1] == '/') rl--;
@@ -71,7 +71,7 @@ char *cl_final_path(sd_cluster *cl, const char *dir) {
   return p;
 }
 
-void cl_random_id(char out[17]) {
+void sd_cl_random_id(char out[17]) {
   uint8_t b[8];
   if (sd_peer_random(b, sizeof b) != 0) {
     /* Uniqueness, not secrecy, is what these ids need. */
@@ -81,7 +81,7 @@ void cl_random_id(char out[17]) {
   sd_peer_hex(b, sizeof b, out);
 }
 
-sd_csave *cl_find_csave(sd_cluster *cl, const char *save_id) {
+sd_csave *sd_cl_find_csave(sd_cluster *cl, const char *save_id) {
   sd_save *s = save_id ? sd_save_find(cl->d, save_id) : NULL;
   return s ? s->cl : NULL;
 }
@@ -92,28 +92,28 @@ sd_csave *cl_find_csave(sd_cluster *cl, const char *save_id) {
 static void drain_local(uv_idle_t *h) {
   sd_cluster *cl = h->data;
   /* Only what is queued now: handlers may queue more for the next turn. */
-  lmsg *m = cl->lq;
+  sd_lmsg *m = cl->lq;
   cl->lq = NULL;
   cl->lqtail = &cl->lq;
   uv_idle_stop(&cl->lq_idle);
   cl->lq_active = 0;
   while (m) {
-    lmsg *next = m->next;
+    sd_lmsg *next = m->next;
     if (cl->shutting) {
       json_decref(m->hdr);
       free(m->payload);
     } else if (m->to_lead) {
-      lead_on_msg(cl, NULL, m->hdr, m->payload, m->plen);
+      sd_lead_on_msg(cl, NULL, m->hdr, m->payload, m->plen);
     } else {
-      node_on_leader_msg(cl, NULL, m->hdr, m->payload, m->plen);
+      sd_node_on_leader_msg(cl, NULL, m->hdr, m->payload, m->plen);
     }
     free(m);
     m = next;
   }
 }
 
-void cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen) {
-  lmsg *m = calloc(1, sizeof *m);
+void sd_cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen) {
+  sd_lmsg *m = calloc(1, sizeof *m);
   uint8_t *copy = plen ? malloc(plen) : NULL;
   if (!m || (plen && !copy)) {
     free(m);
@@ -143,11 +143,11 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
   const char *t = json_string_value(json_object_get(hdr, "t"));
   if (!t) t = "";
   if (!strcmp(t, "data")) {
-    node_on_data(cl, p, hdr, payload, plen);
+    sd_node_on_data(cl, p, hdr, payload, plen);
     return;
   }
   if (!strcmp(t, "ack")) {
-    node_on_ack(cl, p, hdr);
+    sd_node_on_ack(cl, p, hdr);
     json_decref(hdr);
     free(payload);
     return;
@@ -160,11 +160,11 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
       free(payload);
       return;
     }
-    lead_on_msg(cl, p, hdr, payload, plen);
+    sd_lead_on_msg(cl, p, hdr, payload, plen);
     return;
   }
   if (!strcmp(t, "assign") || !strcmp(t, "commit") || !strcmp(t, "abort")) {
-    node_on_leader_msg(cl, p, hdr, payload, plen);
+    sd_node_on_leader_msg(cl, p, hdr, payload, plen);
     return;
   }
   /* Newer peers may send more kinds; ignoring them keeps versions compatible. */
@@ -177,8 +177,8 @@ static void on_lost(sd_peer_net *net, sd_peer *p, int code, const char *why) {
   sd_cluster *cl = sd_peer_net_ud(net);
   if (cl->shutting) return;
   sd_log_info("peer connection %s %s ended: %s", sd_peer_is_outgoing(p) ? "to" : "from", sd_peer_addr(p), why);
-  lead_peer_lost(cl, p, code, why);
-  node_peer_lost(cl, p, code, why);
+  sd_lead_peer_lost(cl, p, code, why);
+  sd_node_peer_lost(cl, p, code, why);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -232,27 +232,27 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
   return 0;
 }
 
-void cl_maybe_free(sd_cluster *cl) {
+void sd_cl_maybe_free(sd_cluster *cl) {
   if (cl->shutting && cl->idle_closed && !cl->leads) free(cl);
 }
 
-static void failed_free(cfailed *f);
+static void failed_free(sd_cfailed *f);
 
 static void on_idle_closed(uv_handle_t *h) {
   sd_cluster *cl = h->data;
   cl->idle_closed = 1;
-  cl_maybe_free(cl);
+  sd_cl_maybe_free(cl);
 }
 
 void sd_cluster_shutdown(sd_daemon *d) {
   sd_cluster *cl = d->cluster;
   if (!cl || cl->shutting) return;
-  lead_shutdown(cl);
+  sd_lead_shutdown(cl);
   cl->shutting = 1;
   sd_peer_net_close(cl->net);
   sd_cring_close(cl->ring);
-  for (lmsg *m = cl->lq; m;) {
-    lmsg *next = m->next;
+  for (sd_lmsg *m = cl->lq; m;) {
+    sd_lmsg *next = m->next;
     json_decref(m->hdr);
     free(m->payload);
     free(m);
@@ -260,7 +260,7 @@ void sd_cluster_shutdown(sd_daemon *d) {
   }
   cl->lq = NULL;
   while (cl->failed) {
-    cfailed *f = cl->failed;
+    sd_cfailed *f = cl->failed;
     cl->failed = f->next;
     failed_free(f);
   }
@@ -320,16 +320,16 @@ int sd_cluster_parse_begin(const json_t *req, sd_begin_args *a, sd_error *err) {
  * late (it had not: it gets the failure instead of waiting for ranks that
  * already gave up).
  * ------------------------------------------------------------------------ */
-static void failed_free(cfailed *f) {
+static void failed_free(sd_cfailed *f) {
   free(f->id);
   free(f->began);
   free(f);
 }
 
-static cfailed **failed_find(sd_cluster *cl, const char *id) {
+static sd_cfailed **failed_find(sd_cluster *cl, const char *id) {
   uint64_t now = uv_now(cl->d->loop);
-  for (cfailed **pp = &cl->failed; *pp;) {
-    cfailed *f = *pp;
+  for (sd_cfailed **pp = &cl->failed; *pp;) {
+    sd_cfailed *f = *pp;
     if (now >= f->until) {
       *pp = f->next;
       failed_free(f);
@@ -341,14 +341,14 @@ static cfailed **failed_find(sd_cluster *cl, const char *id) {
   return NULL;
 }
 
-void cl_remember_failure(sd_cluster *cl, const sd_save *save) {
-  cfailed **old = failed_find(cl, save->id);
+void sd_cl_remember_failure(sd_cluster *cl, const sd_save *save) {
+  sd_cfailed **old = failed_find(cl, save->id);
   if (old) {
-    cfailed *f = *old;
+    sd_cfailed *f = *old;
     *old = f->next;
     failed_free(f);
   }
-  cfailed *f = calloc(1, sizeof *f);
+  sd_cfailed *f = calloc(1, sizeof *f);
   if (!f) return;
   f->id = strdup(save->id);
   f->began = calloc(save->world_size, 1);
@@ -373,9 +373,9 @@ int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
   if (a->world_size < a->nnodes)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "save '%s': world_size %u is smaller than nnodes %u", a->save,
                    a->world_size, a->nnodes);
-  cfailed **pp = failed_find(cl, a->save);
+  sd_cfailed **pp = failed_find(cl, a->save);
   if (pp) {
-    cfailed *f = *pp;
+    sd_cfailed *f = *pp;
     if (a->rank < f->world_size && !f->began[a->rank]) {
       *err = f->err;
       return err->code;
@@ -383,7 +383,7 @@ int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
     *pp = f->next; /* a retry: the old attempt is forgotten */
     failed_free(f);
   }
-  return node_begin(save, a, err);
+  return sd_node_begin(save, a, err);
 }
 
 static const char *mode_name(int m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
@@ -416,10 +416,10 @@ int sd_cluster_begin_check(const sd_save *save, const sd_begin_args *a, sd_error
 /* ------------------------------------------------------------------------ *
  * Hooks from save.c
  * ------------------------------------------------------------------------ */
-void sd_cluster_sealed(sd_save *save) { node_sealed(save->cl); }
-int sd_cluster_fail(sd_save *save) { return node_fail(save->cl); }
+void sd_cluster_sealed(sd_save *save) { sd_node_sealed(save->cl); }
+int sd_cluster_fail(sd_save *save) { return sd_node_fail(save->cl); }
 void sd_cluster_save_free(sd_save *save) {
-  node_free(save->cl);
+  sd_node_free(save->cl);
   save->cl = NULL;
 }
 
@@ -454,7 +454,7 @@ void sd_cluster_status(sd_daemon *d, json_t *m) {
   json_object_set_new(p, "node", sd_msg_string_lossy(cl->node));
   json_object_set_new(p, "listen", sd_msg_string_lossy(sd_peer_net_listen_addr(cl->net)));
   json_object_set_new(p, "connections", json_integer(sd_peer_net_count(cl->net)));
-  json_object_set_new(p, "saves_leading", json_integer(lead_active(cl)));
+  json_object_set_new(p, "saves_leading", json_integer(sd_lead_active(cl)));
   json_object_set_new(p, "saves_led", json_integer((json_int_t)cl->saves_led));
   json_object_set_new(p, "bytes_local", json_integer((json_int_t)cl->bytes_local));
   json_object_set_new(p, "bytes_forwarded", json_integer((json_int_t)cl->bytes_fwd));

@@ -26,22 +26,22 @@
 struct sd_lead;
 
 /* A multi-node save that failed here: its id answers late ranks for a while. */
-typedef struct cfailed {
-  struct cfailed *next;
+typedef struct sd_cfailed {
+  struct sd_cfailed *next;
   char *id;
   uint8_t *began;          /* per rank: it was part of the failed attempt */
   uint32_t world_size;
   sd_error err;
   uint64_t until;          /* loop time in ms */
-} cfailed;
+} sd_cfailed;
 
-typedef struct lmsg {
+typedef struct sd_lmsg {
   json_t *hdr;
   uint8_t *payload;
   size_t plen;
   int to_lead;             /* 1: node 0's participant to this daemon's leader; 0: the reverse */
-  struct lmsg *next;
-} lmsg;
+  struct sd_lmsg *next;
+} sd_lmsg;
 
 struct sd_cluster {
   sd_daemon *d;
@@ -50,8 +50,8 @@ struct sd_cluster {
   char node[SD_PEER_NAME_MAX + 1];
   char tmp_tag[SD_PEER_NAME_MAX + 32]; /* ".shardd-tmp-@NODE@": what this node's temporary folders start with */
   struct sd_lead *leads;   /* saves this daemon leads, and recently failed ones */
-  cfailed *failed;         /* multi-node saves that failed on this node, recently */
-  lmsg *lq, **lqtail;      /* messages between this daemon's participant and leader */
+  sd_cfailed *failed;         /* multi-node saves that failed on this node, recently */
+  sd_lmsg *lq, **lqtail;      /* messages between this daemon's participant and leader */
   uv_idle_t lq_idle;
   int lq_active;
   int shutting, idle_closed;
@@ -66,7 +66,7 @@ struct sd_cluster {
 typedef struct {
   sd_save_tensor *t;
   sd_slice *sl;
-} cslice_ref;
+} sd_cslice_ref;
 
 typedef struct {
   uint32_t f;              /* the plan's file index */
@@ -75,34 +75,34 @@ typedef struct {
   uint64_t size, hdr_len, data;  /* header bytes and data bytes this node writes into it */
   uint64_t done;           /* of hdr_len + data */
   int sync;                /* 0 not yet, 1 queued, 2 durable */
-} cfile;
+} sd_cfile;
 
 typedef struct {
   uint32_t lf;             /* into files[] */
   uint64_t off;
   const uint8_t *src;
   uint64_t len;
-} lop;
+} sd_lop;
 
 typedef struct {
   uint32_t f;              /* the plan's file index, as the receiver knows it */
   uint64_t off;
   const uint8_t *src;
   uint64_t len;
-} fop;
+} sd_fop;
 
 typedef struct {
   uint32_t node;
   char addr[SD_PEER_ADDR_MAX];
   char name[SD_PEER_NAME_MAX + 1];
   sd_peer *peer;
-  fop *runs;
+  sd_fop *runs;
   size_t nruns, cap, next;
   uint64_t next_off;       /* progress inside runs[next] */
   uint64_t total, sent, acked;
-} cdest;
+} sd_cdest;
 
-typedef struct rbuf {
+typedef struct sd_rbuf {
   struct sd_csave *cs;
   uint64_t peer_id;        /* acks go back on the connection it came from */
   uint32_t from;
@@ -110,10 +110,10 @@ typedef struct rbuf {
   uint8_t *data;
   size_t len;
   unsigned refs;
-  struct rbuf *next;
-} rbuf;
+  struct sd_rbuf *next;
+} sd_rbuf;
 
-typedef enum { CP_OPEN, CP_WRITING, CP_DONE_SENT } cphase;
+typedef enum { SD_CP_OPEN, SD_CP_WRITING, SD_CP_DONE_SENT } sd_cphase;
 
 typedef struct sd_csave {
   sd_save *save;
@@ -126,23 +126,23 @@ typedef struct sd_csave {
   char cid[17];            /* the leader's id for this attempt, from assign */
   sd_peer *link;           /* to the leader; NULL when this daemon leads */
   uint8_t *reported;       /* per rank: its slices went to the leader */
-  cslice_ref *slices;      /* slice ids, in the order they were reported */
+  sd_cslice_ref *slices;      /* slice ids, in the order they were reported */
   size_t nslices, scap;
-  cphase phase;
+  sd_cphase phase;
 
   /* the assignment */
   char *tmp;
   int parent_fd, tmp_fd;
   uint32_t plan_files;
   int32_t *fmap;           /* plan file -> files[] or -1 */
-  cfile *files;
+  sd_cfile *files;
   size_t nfiles;
   uint8_t *hdrs;
-  lop *ops;
+  sd_lop *ops;
   size_t nops, op_next, ops_done;
-  cdest *dests;
+  sd_cdest *dests;
   size_t ndests;
-  rbuf *pending;           /* data that came before our assignment */
+  sd_rbuf *pending;           /* data that came before our assignment */
   unsigned io;             /* ring requests and frame copies in flight */
   unsigned copies;         /* frames being filled from shared memory in the thread pool */
   uint64_t recv_expect;    /* bytes other nodes will send us */
@@ -150,6 +150,7 @@ typedef struct sd_csave {
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
   uint64_t r_files, r_tensors, r_bytes;
   int failing, from_leader, leader_lost, released, done_sent;
+  int stalled;             /* the assignment could not be taken up: waiting for the leader's verdict */
 } sd_csave;
 
 /* ------------------------------------------------------------------------ *
@@ -157,40 +158,57 @@ typedef struct sd_csave {
  * ------------------------------------------------------------------------ */
 /* Node k's participant on this daemon, or the leader on this daemon: queued
  * and delivered from the loop, never re-entering the sender. */
-void cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen);
+void sd_cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen);
 /* Random 64-bit id as 16 hex digits. */
-void cl_random_id(char out[17]);
+void sd_cl_random_id(char out[17]);
 /* The name of a new temporary folder for dir, carrying this node's tag. */
-char *cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id);
-sd_csave *cl_find_csave(sd_cluster *cl, const char *save_id);
+char *sd_cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id);
+sd_csave *sd_cl_find_csave(sd_cluster *cl, const char *save_id);
 /* A multi-node save failed here: late ranks of it will get its error. */
-void cl_remember_failure(sd_cluster *cl, const sd_save *save);
+void sd_cl_remember_failure(sd_cluster *cl, const sd_save *save);
 /* After shutdown: frees cl once its handle is closed and no leader job remains. */
-void cl_maybe_free(sd_cluster *cl);
+void sd_cl_maybe_free(sd_cluster *cl);
 /* ROOT/dir as an absolute path (malloc'd). */
-char *cl_final_path(sd_cluster *cl, const char *dir);
+char *sd_cl_final_path(sd_cluster *cl, const char *dir);
 
 /* ------------------------------------------------------------------------ *
  * cluster_node.c: the participant
  * ------------------------------------------------------------------------ */
-int node_begin(sd_save *save, const sd_begin_args *a, sd_error *err);
-void node_sealed(sd_csave *cs);
-int node_fail(sd_csave *cs);
-void node_free(sd_csave *cs);
+int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err);
+void sd_node_sealed(sd_csave *cs);
+int sd_node_fail(sd_csave *cs);
+void sd_node_free(sd_csave *cs);
 /* Messages from the leader (p NULL: this daemon's own leader). */
-void node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
-void node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
-void node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr);
+void sd_node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
+void sd_node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
+void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr);
 /* A connection went away: fail every save that needed it. */
-void node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
+void sd_node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
+
+/* Fails the save from inside (an I/O reference is held around the call);
+ * returns 1 when that freed cs: the caller must not touch it again. */
+int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Every write of a failed save has stopped: close, clean up, finish it (frees cs). */
+void sd_node_finish_failed(sd_csave *cs);
+void sd_node_to_leader(sd_csave *cs, json_t *m);
+sd_cdest *sd_node_dest(sd_csave *cs, uint32_t node);
+
+/* ------------------------------------------------------------------------ *
+ * cluster_xfer.c: the participant's bytes
+ * ------------------------------------------------------------------------ */
+int sd_xfer_submit_header(sd_csave *cs, uint32_t lf, const uint8_t *src, uint64_t len);
+/* Issues what the window and the ring allow, fsyncs finished files, reports done. */
+void sd_xfer_progress(sd_csave *cs);
+/* A data frame for this save: checked, then written in place. */
+void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb);
 
 /* ------------------------------------------------------------------------ *
  * cluster_lead.c: the leader
  * ------------------------------------------------------------------------ */
 /* p NULL: from this daemon's own participant (node 0). Takes hdr and payload. */
-void lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
-void lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
-void lead_shutdown(sd_cluster *cl);
-unsigned lead_active(const sd_cluster *cl);
+void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
+void sd_lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
+void sd_lead_shutdown(sd_cluster *cl);
+unsigned sd_lead_active(const sd_cluster *cl);
 
 #endif

@@ -110,7 +110,7 @@ static sd_lead *find_lead(sd_cluster *cl, const char *id) {
   return NULL;
 }
 
-unsigned lead_active(const sd_cluster *cl) {
+unsigned sd_lead_active(const sd_cluster *cl) {
   unsigned n = 0;
   for (const sd_lead *L = cl->leads; L; L = L->next) n += L->state != L_FAILED;
   return n;
@@ -130,7 +130,7 @@ static void to_node(sd_lead *L, uint32_t k, json_t *m, const void *payload, size
   json_object_set_new(m, "tok", json_string(n->tok));
   json_object_set_new(m, "cid", json_string(L->cid));
   if (n->local)
-    cl_local_send(L->cl, 0, m, payload, plen);
+    sd_cl_local_send(L->cl, 0, m, payload, plen);
   else
     sd_peer_send(n->link, m, payload, plen);
 }
@@ -432,7 +432,7 @@ static void fs_done(uv_work_t *req, int status) {
     release_plan(L);
     if (cl->shutting) {
       lead_free(L);
-      cl_maybe_free(cl);
+      sd_cl_maybe_free(cl);
     }
     return;
   }
@@ -443,7 +443,7 @@ static void fs_done(uv_work_t *req, int status) {
   }
   if (kind == JOB_PREPARE) after_prepare(L);
   else if (kind == JOB_FINISH) commit(L);
-  cl_maybe_free(cl);
+  sd_cl_maybe_free(cl);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -505,7 +505,7 @@ static sd_lead *lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *er
     return NULL;
   }
   for (uint32_t r = 0; r < ws; r++) L->rank_node[r] = -1;
-  cl_random_id(L->cid);
+  sd_cl_random_id(L->cid);
   L->state = L_COLLECT;
   L->next = cl->leads;
   cl->leads = L;
@@ -647,7 +647,7 @@ static void plan_now(sd_lead *L) {
     return;
   }
   L->planned = 1;
-  L->tmp = cl_tmp_name(L->cl, L->dir, L->id);
+  L->tmp = sd_cl_tmp_name(L->cl, L->dir, L->id);
   if (!L->tmp) {
     lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
     return;
@@ -791,7 +791,7 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   }
 }
 
-void lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, size_t plen) {
+void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, size_t plen) {
   (void)plen;
   free(payload);
   const char *t = json_string_value(json_object_get(h, "t"));
@@ -837,7 +837,7 @@ void lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, size_t
 /* ------------------------------------------------------------------------ *
  * Lost nodes, shutdown
  * ------------------------------------------------------------------------ */
-void lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
+void sd_lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
   (void)why;
   for (sd_lead *L = cl->leads, *next; L; L = next) {
     next = L->next;
@@ -854,7 +854,7 @@ void lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
   }
 }
 
-void lead_shutdown(sd_cluster *cl) {
+void sd_lead_shutdown(sd_cluster *cl) {
   for (sd_lead *L = cl->leads, *next; L; L = next) {
     next = L->next;
     if (L->state != L_FAILED)

@@ -1,4 +1,4 @@
-/* A node's part of a multi-node save: report slices, write assigned files, forward and receive bytes, report, commit. */
+/* A node's part of a multi-node save: join, report slices, take the assignment, commit or fail; bytes in cluster_xfer.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -13,18 +13,6 @@
 #include "sd_base64.h"
 #include "sd_msg.h"
 
-enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
-
-typedef struct {
-  sd_csave *cs;
-  int kind;
-  uint32_t lf;
-  uint64_t len;
-  rbuf *rb;
-} cio;
-
-static void progress(sd_csave *cs);
-static void finish_failed(sd_csave *cs);
 
 static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
 
@@ -32,8 +20,7 @@ static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "sh
  * Failing from inside: the save must outlive the call, so an I/O reference
  * is held around it; the caller then checks whether it was the last.
  * ------------------------------------------------------------------------ */
-static int fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail_held(sd_csave *cs, int code, const char *fmt, ...) {
+int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) {
   sd_error e;
   va_list ap;
   va_start(ap, fmt);
@@ -43,7 +30,7 @@ static int fail_held(sd_csave *cs, int code, const char *fmt, ...) {
   sd_save_fail_err(cs->save, &e);
   cs->io--;
   if (cs->io == 0) {
-    finish_failed(cs); /* frees cs */
+    sd_node_finish_failed(cs); /* frees cs */
     return 1;
   }
   return 0;
@@ -52,13 +39,13 @@ static int fail_held(sd_csave *cs, int code, const char *fmt, ...) {
 /* ------------------------------------------------------------------------ *
  * To the leader
  * ------------------------------------------------------------------------ */
-static void to_leader(sd_csave *cs, json_t *m) {
+void sd_node_to_leader(sd_csave *cs, json_t *m) {
   if (!m) return;
   json_object_set_new(m, "save", json_string(cs->save->id));
   json_object_set_new(m, "tok", json_string(cs->tok));
   json_object_set_new(m, "node", json_integer(cs->node_rank));
   if (cs->is_leader)
-    cl_local_send(cs->cl, 1, m, NULL, 0);
+    sd_cl_local_send(cs->cl, 1, m, NULL, 0);
   else if (cs->link)
     sd_peer_send(cs->link, m, NULL, 0); /* a closing link fails the save from on_lost */
   else
@@ -68,7 +55,7 @@ static void to_leader(sd_csave *cs, json_t *m) {
 /* ------------------------------------------------------------------------ *
  * begin: join the leader
  * ------------------------------------------------------------------------ */
-int node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
+int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
   sd_cluster *cl = save->d->cluster;
   if (strlen(a->leader) >= SD_PEER_ADDR_MAX)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'leader' is too long");
@@ -87,7 +74,7 @@ int node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
     free(cs);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory for save '%s'", a->save);
   }
-  cl_random_id(cs->tok);
+  sd_cl_random_id(cs->tok);
   if (!cs->is_leader) {
     cs->link = sd_peer_connect(cl->net, cs->leader, err);
     if (!cs->link) {
@@ -104,7 +91,7 @@ int node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
                         "world_size", (int)save->world_size, "dir", save->dir, "prefix", save->prefix,
                         "max_shard_size", (json_int_t)save->max_shard_size, "overwrite", save->overwrite,
                         "write_mode", mode_str(cs->mode), "leader", cs->leader, "metadata", md);
-  to_leader(cs, j);
+  sd_node_to_leader(cs, j);
   sd_log_debug("save '%s': node %u of %u, leader %s%s", save->id, cs->node_rank, cs->nnodes, cs->leader,
                cs->is_leader ? " (this daemon)" : "");
   return 0;
@@ -119,14 +106,14 @@ static json_t *u64_array(const uint64_t *v, uint32_t n) {
   return a;
 }
 
-void node_sealed(sd_csave *cs) {
+void sd_node_sealed(sd_csave *cs) {
   sd_save *save = cs->save;
   uint8_t *fresh = calloc(save->world_size, 1);
   json_t *ranks = json_array();
   if (!fresh || !ranks) {
     free(fresh);
     json_decref(ranks);
-    fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
+    sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
     return;
   }
   size_t nfresh = 0;
@@ -151,7 +138,7 @@ void node_sealed(sd_csave *cs) {
       if (!fresh[s->rank]) continue;
       if (cs->nslices == cs->scap) {
         size_t ncap = cs->scap ? cs->scap * 2 : 256;
-        cslice_ref *n = realloc(cs->slices, ncap * sizeof *n);
+        sd_cslice_ref *n = realloc(cs->slices, ncap * sizeof *n);
         if (!n) {
           oom = 1;
           break;
@@ -160,7 +147,7 @@ void node_sealed(sd_csave *cs) {
         cs->scap = ncap;
       }
       uint64_t id = cs->nslices;
-      cs->slices[cs->nslices++] = (cslice_ref){t, s};
+      cs->slices[cs->nslices++] = (sd_cslice_ref){t, s};
       if (!sl) sl = json_array();
       /* [id, rank, start..., count...] */
       json_t *e = json_array();
@@ -198,10 +185,10 @@ void node_sealed(sd_csave *cs) {
     json_decref(ranks);
     json_decref(tensors);
     json_decref(files);
-    fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
+    sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
     return;
   }
-  to_leader(cs, json_pack("{s:s,s:o,s:o,s:o}", "t", "manifest", "ranks", ranks, "tensors", tensors, "files", files));
+  sd_node_to_leader(cs, json_pack("{s:s,s:o,s:o,s:o}", "t", "manifest", "ranks", ranks, "tensors", tensors, "files", files));
 }
 
 /* ------------------------------------------------------------------------ *
@@ -256,7 +243,7 @@ static void remove_orphan_tmp(sd_csave *cs) {
   sd_log_info("save '%s': the leader was lost; removing its temporary folder %s", cs->save->id, cs->tmp);
 }
 
-static void finish_failed(sd_csave *cs) {
+void sd_node_finish_failed(sd_csave *cs) {
   close_files(cs);
   remove_orphan_tmp(cs);
   sd_save *save = cs->save;
@@ -264,15 +251,15 @@ static void finish_failed(sd_csave *cs) {
   sd_save_finish(save, &e, NULL);
 }
 
-int node_fail(sd_csave *cs) {
+int sd_node_fail(sd_csave *cs) {
   if (cs->failing) return cs->io > 0;
   cs->failing = 1;
   sd_save *save = cs->save;
   if (!cs->from_leader)
-    to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", sd_err_name(save->err.code), "message",
+    sd_node_to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", sd_err_name(save->err.code), "message",
                             save->err.msg));
-  for (rbuf *r = cs->pending; r;) {
-    rbuf *n = r->next;
+  for (sd_rbuf *r = cs->pending; r;) {
+    sd_rbuf *n = r->next;
     json_decref(r->hdr);
     free(r->data);
     free(r);
@@ -290,9 +277,9 @@ int node_fail(sd_csave *cs) {
   return 0;
 }
 
-void node_free(sd_csave *cs) {
+void sd_node_free(sd_csave *cs) {
   if (!cs) return;
-  if (cs->save->err.code && !cs->cl->shutting) cl_remember_failure(cs->cl, cs->save);
+  if (cs->save->err.code && !cs->cl->shutting) sd_cl_remember_failure(cs->cl, cs->save);
   if (cs->io) sd_log_error("save '%s': freed with %u writes in flight", cs->save->id, cs->io);
   close_files(cs);
   if (cs->parent_fd >= 0) close(cs->parent_fd);
@@ -300,8 +287,8 @@ void node_free(sd_csave *cs) {
   free(cs->files);
   for (size_t i = 0; i < cs->ndests; i++) free(cs->dests[i].runs);
   free(cs->dests);
-  for (rbuf *r = cs->pending; r;) {
-    rbuf *n = r->next;
+  for (sd_rbuf *r = cs->pending; r;) {
+    sd_rbuf *n = r->next;
     json_decref(r->hdr);
     free(r->data);
     free(r);
@@ -317,370 +304,6 @@ void node_free(sd_csave *cs) {
 }
 
 /* ------------------------------------------------------------------------ *
- * Writing through the ring
- * ------------------------------------------------------------------------ */
-static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, rbuf *rb);
-
-static void send_ack(sd_csave *cs, rbuf *rb) {
-  sd_peer *p = sd_peer_find(cs->cl->net, rb->peer_id);
-  if (!p) return; /* the sender is gone; its save fails through the leader */
-  json_t *a = json_pack("{s:s,s:s,s:s,s:i,s:I}", "t", "ack", "save", cs->save->id, "cid", cs->cid, "node",
-                        (int)cs->node_rank, "n", (json_int_t)rb->len);
-  sd_peer_send(p, a, NULL, 0);
-}
-
-static void rbuf_put(sd_csave *cs, rbuf *rb, int ack) {
-  if (--rb->refs > 0) return;
-  if (ack) send_ack(cs, rb);
-  json_decref(rb->hdr);
-  free(rb->data);
-  free(rb);
-}
-
-static void on_io(void *ud, int res) {
-  cio *c = ud;
-  sd_csave *cs = c->cs;
-  sd_cluster *cl = cs->cl;
-  cs->io--;
-  if (res < 0 && !cs->failing) {
-    const cfile *f = &cs->files[c->lf];
-    int code = res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
-    const char *what = c->kind == IO_SYNC ? "fsync" : "write";
-    if (c->rb) rbuf_put(cs, c->rb, 0);
-    free(c);
-    fail_held(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
-              what, strerror(-res));
-    return;
-  }
-  if (cs->failing) {
-    if (c->rb) rbuf_put(cs, c->rb, 0);
-    free(c);
-    if (cs->io == 0) finish_failed(cs);
-    return;
-  }
-  cfile *f = &cs->files[c->lf];
-  switch (c->kind) {
-    case IO_SYNC:
-      f->sync = 2;
-      close(f->fd);
-      f->fd = -1;
-      break;
-    case IO_RECV:
-      f->done += c->len;
-      cs->bytes_written += c->len;
-      cs->bytes_recv += c->len;
-      cl->bytes_recv += c->len;
-      rbuf_put(cs, c->rb, 1);
-      break;
-    case IO_LOCAL:
-      cs->ops_done++;
-      cs->bytes_local += c->len;
-      cl->bytes_local += c->len;
-      /* fall through */
-    default:
-      f->done += c->len;
-      cs->bytes_written += c->len;
-      break;
-  }
-  free(c);
-  progress(cs);
-}
-
-static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, rbuf *rb) {
-  cio *c = calloc(1, sizeof *c);
-  if (!c) return -ENOMEM;
-  c->cs = cs;
-  c->kind = kind;
-  c->lf = lf;
-  c->len = len;
-  c->rb = rb;
-  int fd = cs->files[lf].fd;
-  int rc = kind == IO_SYNC ? sd_cring_fsync(cs->cl->ring, fd, on_io, c)
-                           : sd_cring_write(cs->cl->ring, fd, src, len, off, on_io, c);
-  if (rc < 0) {
-    free(c);
-    return rc;
-  }
-  cs->io++;
-  if (rb) rb->refs++;
-  return 0;
-}
-
-/* ------------------------------------------------------------------------ *
- * Forwarding: frames of runs, a window of unacknowledged bytes per
- * destination. The bytes are copied out of shared memory in the thread
- * pool: a page fault there (memory pressure) must not stall the loop that
- * answers heartbeats.
- * ------------------------------------------------------------------------ */
-typedef struct {
-  uv_work_t req;
-  sd_csave *cs;
-  uint32_t dest;
-  uint8_t *frame;
-  size_t len, at;
-  int n;
-  struct iovec iov[SD_FWD_RUNS];
-} fcopy;
-
-static void copy_work(uv_work_t *req) {
-  fcopy *j = req->data;
-  size_t at = j->at;
-  for (int i = 0; i < j->n; i++) {
-    memcpy(j->frame + at, j->iov[i].iov_base, j->iov[i].iov_len);
-    at += j->iov[i].iov_len;
-  }
-}
-
-static cdest *dest_of(sd_csave *cs, uint32_t node);
-
-static void copy_done(uv_work_t *req, int status) {
-  fcopy *j = req->data;
-  sd_csave *cs = j->cs;
-  cs->io--;
-  cs->copies--;
-  cdest *d = dest_of(cs, j->dest);
-  if (!cs->failing && status == 0 && d && d->peer)
-    sd_peer_send_frame(d->peer, j->frame, j->len); /* a closing peer fails the save from on_lost */
-  else
-    free(j->frame);
-  free(j);
-  if (cs->failing) {
-    if (cs->io == 0) finish_failed(cs);
-    return;
-  }
-  progress(cs);
-}
-
-/* 1 when the save failed (and may be gone): the caller must not touch cs. */
-static int pump_dest(sd_csave *cs, cdest *d) {
-  while (d->peer && d->next < d->nruns) {
-    uint64_t inflight = d->sent - d->acked, avail = SD_FWD_WINDOW - inflight, left = d->total - d->sent;
-    if (inflight >= SD_FWD_WINDOW || (avail < SD_FWD_FRAME && avail < left)) return 0;
-    uint64_t budget = avail < SD_FWD_FRAME ? avail : SD_FWD_FRAME;
-    struct iovec iov[SD_FWD_RUNS];
-    json_t *runs = json_array();
-    int n = 0;
-    uint64_t total = 0;
-    while (d->next < d->nruns && n < SD_FWD_RUNS && total < budget) {
-      const fop *r = &d->runs[d->next];
-      uint64_t k = r->len - d->next_off;
-      if (k > budget - total) k = budget - total;
-      json_t *e = json_array();
-      json_array_append_new(e, json_integer(r->f));
-      json_array_append_new(e, json_integer((json_int_t)(r->off + d->next_off)));
-      json_array_append_new(e, json_integer((json_int_t)k));
-      json_array_append_new(runs, e);
-      iov[n].iov_base = (void *)(r->src + d->next_off);
-      iov[n].iov_len = k;
-      n++;
-      total += k;
-      d->next_off += k;
-      if (d->next_off == r->len) {
-        d->next++;
-        d->next_off = 0;
-      }
-    }
-    json_t *h = json_pack("{s:s,s:s,s:s,s:i,s:o}", "t", "data", "save", cs->save->id, "cid", cs->cid, "node",
-                          (int)cs->node_rank, "runs", runs);
-    fcopy *j = h ? calloc(1, sizeof *j) : NULL;
-    if (j) j->frame = sd_frame_alloc(h, total, &j->at, &j->len);
-    json_decref(h);
-    if (!j || !j->frame) {
-      if (j) free(j);
-      fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory forwarding to node %u", cs->save->id, d->node);
-      return 1;
-    }
-    j->cs = cs;
-    j->dest = d->node;
-    j->n = n;
-    memcpy(j->iov, iov, (size_t)n * sizeof *iov);
-    j->req.data = j;
-    if (uv_queue_work(cs->cl->d->loop, &j->req, copy_work, copy_done) != 0) {
-      free(j->frame);
-      free(j);
-      fail_held(cs, SHARDD_E_INTERNAL, "save '%s': cannot queue a copy for node %u", cs->save->id, d->node);
-      return 1;
-    }
-    cs->io++;
-    cs->copies++;
-    d->sent += total;
-    cs->bytes_fwd += total;
-    cs->cl->bytes_fwd += total;
-  }
-  return 0;
-}
-
-static void pump_local(sd_csave *cs) {
-  while (cs->op_next < cs->nops && cs->io < SD_NODE_INFLIGHT) {
-    const lop *o = &cs->ops[cs->op_next];
-    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL) != 0) return;
-    cs->op_next++;
-  }
-}
-
-static void send_done(sd_csave *cs) {
-  json_t *files = json_array();
-  for (size_t i = 0; i < cs->nfiles; i++) {
-    json_t *e = json_array();
-    json_array_append_new(e, json_integer(cs->files[i].f));
-    json_array_append_new(e, json_integer((json_int_t)cs->files[i].done));
-    json_array_append_new(files, e);
-  }
-  cs->done_sent = 1;
-  cs->phase = CP_DONE_SENT;
-  sd_log_debug("save '%s': node %u wrote its files (%llu own bytes here, %llu forwarded, %llu received)",
-               cs->save->id, cs->node_rank, (unsigned long long)cs->bytes_local, (unsigned long long)cs->bytes_fwd,
-               (unsigned long long)cs->bytes_recv);
-  to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files, "local",
-                          (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd, "received",
-                          (json_int_t)cs->bytes_recv));
-}
-
-static void progress(sd_csave *cs) {
-  if (cs->failing || cs->phase != CP_WRITING) return;
-  pump_local(cs);
-  int sent_all = 1, acked_all = 1;
-  for (size_t i = 0; i < cs->ndests; i++) {
-    if (pump_dest(cs, &cs->dests[i])) return;
-    if (cs->dests[i].next < cs->dests[i].nruns) sent_all = 0;
-    if (cs->dests[i].acked < cs->dests[i].total) acked_all = 0;
-  }
-  /* Shared memory is read by local writes and by copying into frames. */
-  if (!cs->released && sent_all && cs->copies == 0 && cs->op_next == cs->nops && cs->ops_done == cs->nops) {
-    cs->released = 1;
-    sd_save_released(cs->save);
-  }
-  int durable = 1;
-  for (size_t i = 0; i < cs->nfiles; i++) {
-    cfile *f = &cs->files[i];
-    if (f->sync == 0 && f->done == f->hdr_len + f->data) {
-      if (submit(cs, IO_SYNC, (uint32_t)i, NULL, 0, 0, NULL) == 0) f->sync = 1;
-    }
-    if (f->sync != 2) durable = 0;
-  }
-  if (durable && acked_all && cs->io == 0) send_done(cs);
-}
-
-/* ------------------------------------------------------------------------ *
- * Receiving forwarded bytes
- * ------------------------------------------------------------------------ */
-/* Checks every run of a data frame against our files, then writes them in place. */
-static void recv_apply(sd_csave *cs, rbuf *rb) {
-  json_t *runs = json_object_get(rb->hdr, "runs");
-  const char *cid = json_string_value(json_object_get(rb->hdr, "cid"));
-  if (!cid || strcmp(cid, cs->cid) != 0) {
-    sd_log_debug("save '%s': dropping data for another attempt", cs->save->id);
-    json_decref(rb->hdr);
-    free(rb->data);
-    free(rb);
-    return;
-  }
-  size_t n = json_is_array(runs) ? json_array_size(runs) : 0;
-  uint64_t pos = 0;
-  const char *bad = NULL;
-  for (size_t i = 0; i < n && !bad; i++) {
-    json_t *e = json_array_get(runs, i);
-    json_t *jf = json_array_get(e, 0), *jo = json_array_get(e, 1), *jl = json_array_get(e, 2);
-    if (json_array_size(e) != 3 || !json_is_integer(jf) || !json_is_integer(jo) || !json_is_integer(jl)) {
-      bad = "a malformed run";
-      break;
-    }
-    json_int_t f = json_integer_value(jf), off = json_integer_value(jo), len = json_integer_value(jl);
-    if (f < 0 || (uint64_t)f >= cs->plan_files || cs->fmap[f] < 0) bad = "bytes for a file this node does not write";
-    else if (off < 0 || len <= 0 || (uint64_t)len > rb->len - pos) bad = "runs longer than the payload";
-    else {
-      cfile *cf = &cs->files[cs->fmap[f]];
-      if ((uint64_t)off < cf->hdr_len || (uint64_t)off > cf->size || (uint64_t)len > cf->size - (uint64_t)off)
-        bad = "bytes outside a file's data";
-    }
-    pos += (uint64_t)len;
-  }
-  if (!bad && pos != rb->len) bad = "runs that do not add up to the payload";
-  if (!bad && rb->len > cs->recv_expect) bad = "more bytes than the plan sends here";
-  if (bad) {
-    uint32_t from = rb->from;
-    json_decref(rb->hdr);
-    free(rb->data);
-    free(rb);
-    fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': node %u sent %s", cs->save->id, from, bad);
-    return;
-  }
-  cs->recv_expect -= rb->len;
-  rb->refs = 1; /* ours, until every run is queued */
-  pos = 0;
-  for (size_t i = 0; i < n; i++) {
-    json_t *e = json_array_get(runs, i);
-    uint32_t f = (uint32_t)json_integer_value(json_array_get(e, 0));
-    uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 1));
-    uint64_t len = (uint64_t)json_integer_value(json_array_get(e, 2));
-    if (submit(cs, IO_RECV, (uint32_t)cs->fmap[f], rb->data + pos, len, off, rb) != 0) {
-      rbuf_put(cs, rb, 0);
-      fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory queueing received bytes", cs->save->id);
-      return;
-    }
-    pos += len;
-  }
-  rbuf_put(cs, rb, 1);
-}
-
-void node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
-  const char *id = json_string_value(json_object_get(hdr, "save"));
-  sd_csave *cs = cl_find_csave(cl, id);
-  json_t *jn = json_object_get(hdr, "node");
-  if (!cs || cs->failing || !json_is_integer(jn) || json_integer_value(jn) < 0 ||
-      json_integer_value(jn) >= (json_int_t)cs->nnodes || sd_peer_is_outgoing(p)) {
-    json_decref(hdr);
-    free(payload);
-    return;
-  }
-  rbuf *rb = calloc(1, sizeof *rb);
-  if (!rb) {
-    json_decref(hdr);
-    free(payload);
-    fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory receiving bytes", cs->save->id);
-    return;
-  }
-  rb->cs = cs;
-  rb->peer_id = sd_peer_id(p);
-  rb->from = (uint32_t)json_integer_value(jn);
-  rb->hdr = hdr;
-  rb->data = payload;
-  rb->len = plen;
-  if (cs->phase == CP_OPEN) {
-    /* The sender got its assignment before we got ours: hold it; the
-     * sender's window bounds how much can pile up. */
-    rbuf **pp = &cs->pending;
-    while (*pp) pp = &(*pp)->next;
-    *pp = rb;
-    return;
-  }
-  recv_apply(cs, rb);
-}
-
-void node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
-  const char *id = json_string_value(json_object_get(hdr, "save"));
-  const char *cid = json_string_value(json_object_get(hdr, "cid"));
-  sd_csave *cs = cl_find_csave(cl, id);
-  json_t *jn = json_object_get(hdr, "node"), *jb = json_object_get(hdr, "n");
-  if (!cs || cs->failing || cs->phase != CP_WRITING || !cid || strcmp(cid, cs->cid) != 0 || !json_is_integer(jn) ||
-      !json_is_integer(jb))
-    return;
-  for (size_t i = 0; i < cs->ndests; i++) {
-    cdest *d = &cs->dests[i];
-    if (d->node != (uint64_t)json_integer_value(jn) || d->peer != p) continue;
-    json_int_t n = json_integer_value(jb);
-    if (n < 0 || (uint64_t)n > d->sent - d->acked) {
-      fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': node %u acknowledged bytes it was never sent", cs->save->id,
-                d->node);
-      return;
-    }
-    d->acked += (uint64_t)n;
-    progress(cs);
-    return;
-  }
-}
-
-/* ------------------------------------------------------------------------ *
  * The assignment: which files this node writes, and where each of its slices goes
  * ------------------------------------------------------------------------ */
 typedef struct {
@@ -692,7 +315,7 @@ typedef struct {
   int oom, bad;
 } runctx;
 
-static cdest *dest_of(sd_csave *cs, uint32_t node) {
+sd_cdest *sd_node_dest(sd_csave *cs, uint32_t node) {
   for (size_t i = 0; i < cs->ndests; i++)
     if (cs->dests[i].node == node) return &cs->dests[i];
   return NULL;
@@ -708,20 +331,20 @@ static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
   }
   if (c->dest == cs->node_rank) {
     if (cs->nops % 1024 == 0) {
-      lop *n = realloc(cs->ops, (cs->nops + 1024) * sizeof *n);
+      sd_lop *n = realloc(cs->ops, (cs->nops + 1024) * sizeof *n);
       if (!n) {
         c->oom = 1;
         return -1;
       }
       cs->ops = n;
     }
-    cs->ops[cs->nops++] = (lop){.lf = c->lf, .off = dst, .src = c->src + src, .len = len};
+    cs->ops[cs->nops++] = (sd_lop){.lf = c->lf, .off = dst, .src = c->src + src, .len = len};
     return 0;
   }
-  cdest *d = dest_of(cs, c->dest);
+  sd_cdest *d = sd_node_dest(cs, c->dest);
   if (d->nruns == d->cap) {
     size_t ncap = d->cap ? d->cap * 2 : 256;
-    fop *n = realloc(d->runs, ncap * sizeof *n);
+    sd_fop *n = realloc(d->runs, ncap * sizeof *n);
     if (!n) {
       c->oom = 1;
       return -1;
@@ -731,14 +354,14 @@ static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
   }
   /* Adjacent runs of one file merge into one. */
   if (d->nruns > 0) {
-    fop *last = &d->runs[d->nruns - 1];
+    sd_fop *last = &d->runs[d->nruns - 1];
     if (last->f == c->f && last->off + last->len == dst && last->src + last->len == c->src + src) {
       last->len += len;
       d->total += len;
       return 0;
     }
   }
-  d->runs[d->nruns++] = (fop){.f = c->f, .off = dst, .src = c->src + src, .len = len};
+  d->runs[d->nruns++] = (sd_fop){.f = c->f, .off = dst, .src = c->src + src, .len = len};
   d->total += len;
   return 0;
 }
@@ -748,6 +371,10 @@ static int json_u64(json_t *v, uint64_t *out) {
   *out = (uint64_t)json_integer_value(v);
   return 0;
 }
+
+/* The leader's folder (or a file in it) is not there: only a failed save
+ * removes it, so this is a consequence, not the cause. */
+#define GONE 1
 
 /* Opens the temporary folder the leader made and the files this node writes. */
 static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_t wn) {
@@ -762,7 +389,7 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
   cs->tmp_fd = sd_openat_beneath(cs->parent_fd, cs->tmp, O_RDONLY | O_DIRECTORY, 0);
   if (cs->tmp_fd < 0) {
     snprintf(why, wn, "cannot open the temporary folder %s beside '%s': %s", cs->tmp, save->dir, strerror(-cs->tmp_fd));
-    return SHARDD_E_IO;
+    return cs->tmp_fd == -ENOENT ? GONE : SHARDD_E_IO;
   }
   size_t n = json_array_size(files);
   cs->files = calloc(n ? n : 1, sizeof *cs->files);
@@ -770,7 +397,7 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
   uint64_t hoff = 0;
   for (size_t i = 0; i < n; i++) {
     json_t *o = json_array_get(files, i);
-    cfile *f = &cs->files[cs->nfiles];
+    sd_cfile *f = &cs->files[cs->nfiles];
     f->fd = -1;
     uint64_t fi = 0;
     const char *name = json_string_value(json_object_get(o, "name"));
@@ -788,7 +415,7 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
     f->fd = sd_openat_beneath(cs->tmp_fd, name, O_WRONLY, 0);
     if (f->fd < 0) {
       snprintf(why, wn, "cannot open %s/%s: %s", save->dir, name, strerror(-f->fd));
-      return -f->fd == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+      return f->fd == -ENOENT ? GONE : -f->fd == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
     }
     hoff += f->hdr_len;
   }
@@ -796,7 +423,6 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
 }
 
 static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen, char *why, size_t wn) {
-  sd_save *save = cs->save;
   const char *cid = json_string_value(json_object_get(h, "cid"));
   const char *tmp = json_string_value(json_object_get(h, "tmp"));
   json_t *files = json_object_get(h, "files"), *writes = json_object_get(h, "writes"),
@@ -821,8 +447,8 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
   /* Headers first: they sit in the payload in the order of the file list. */
   uint64_t hoff = 0;
   for (size_t i = 0; i < cs->nfiles; i++) {
-    cfile *f = &cs->files[i];
-    if (f->hdr_len && submit(cs, IO_HDR, (uint32_t)i, cs->hdrs + hoff, f->hdr_len, 0, NULL) != 0)
+    sd_cfile *f = &cs->files[i];
+    if (f->hdr_len && sd_xfer_submit_header(cs, (uint32_t)i, cs->hdrs + hoff, f->hdr_len) != 0)
       return SHARDD_E_NO_MEMORY;
     hoff += f->hdr_len;
   }
@@ -853,11 +479,11 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
       local_total += len;
     } else {
       c.size = UINT64_MAX; /* the receiver checks its own files */
-      if (!dest_of(cs, (uint32_t)dest)) {
-        cdest *nd = realloc(cs->dests, (cs->ndests + 1) * sizeof *nd);
+      if (!sd_node_dest(cs, (uint32_t)dest)) {
+        sd_cdest *nd = realloc(cs->dests, (cs->ndests + 1) * sizeof *nd);
         if (!nd) return SHARDD_E_NO_MEMORY;
         cs->dests = nd;
-        cdest *d = &cs->dests[cs->ndests++];
+        sd_cdest *d = &cs->dests[cs->ndests++];
         memset(d, 0, sizeof *d);
         d->node = (uint32_t)dest;
         char key[16];
@@ -890,36 +516,44 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
     return SHARDD_E_PROTOCOL;
   }
   cs->recv_expect = data_total - local_total;
-  (void)save;
   return 0;
 }
 
 static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
   sd_save *save = cs->save;
-  if (cs->phase != CP_OPEN) {
+  if (cs->phase != SD_CP_OPEN) {
     free(payload);
-    fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': a second assignment from the leader", save->id);
+    sd_node_fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': a second assignment from the leader", save->id);
     return;
   }
   char why[SD_ERRMSG_MAX] = "";
-  cs->phase = CP_WRITING;
+  cs->phase = SD_CP_WRITING;
   save->state = SD_SAVE_WRITING;
   save->t_write = uv_hrtime();
   cs->io++; /* hold: nothing may finish the save while we set it up */
   int rc = take_assignment(cs, h, payload, plen, why, sizeof why);
   cs->io--;
+  if (rc == GONE) {
+    /* Tell the leader and let it decide: it has failed the save already
+     * (its abort carries the cause), or it is lost (so is the link), or,
+     * if someone else removed the folder, it fails the save with this. */
+    cs->stalled = 1;
+    sd_log_info("save '%s': %s; waiting for the leader's word", save->id, why);
+    sd_node_to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", "io_error", "message", why));
+    return;
+  }
   if (rc) {
     if (rc == SHARDD_E_NO_MEMORY) snprintf(why, sizeof why, "out of memory");
-    fail_held(cs, rc == SHARDD_E_PROTOCOL ? SHARDD_E_INTERNAL : rc, "save '%s', node %u ('%s'): %s", save->id,
+    sd_node_fail_held(cs, rc == SHARDD_E_PROTOCOL ? SHARDD_E_INTERNAL : rc, "save '%s', node %u ('%s'): %s", save->id,
               cs->node_rank, cs->cl->node, why);
     return;
   }
   for (size_t i = 0; i < cs->ndests; i++) {
     sd_error e = {0};
-    cdest *d = &cs->dests[i];
+    sd_cdest *d = &cs->dests[i];
     d->peer = d->node == 0 && cs->link ? cs->link : sd_peer_connect(cs->cl->net, d->addr, &e);
     if (!d->peer) {
-      fail_held(cs, SHARDD_E_PEER_LOST, "save '%s': cannot reach node %u (%s): %s", save->id, d->node, d->addr, e.msg);
+      sd_node_fail_held(cs, SHARDD_E_PEER_LOST, "save '%s': cannot reach node %u (%s): %s", save->id, d->node, d->addr, e.msg);
       return;
     }
   }
@@ -928,34 +562,34 @@ static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
   sd_log_debug("save '%s': node %u writes %zu files (%zu local writes), forwards %llu bytes to %zu nodes, expects %llu",
                save->id, cs->node_rank, cs->nfiles, cs->nops, (unsigned long long)fwd, cs->ndests,
                (unsigned long long)cs->recv_expect);
-  rbuf *pend = cs->pending;
+  sd_rbuf *pend = cs->pending;
   cs->pending = NULL;
   while (pend && !cs->failing) {
-    rbuf *next = pend->next;
+    sd_rbuf *next = pend->next;
     cs->io++;
-    recv_apply(cs, pend);
+    sd_xfer_recv_apply(cs, pend);
     cs->io--;
     pend = next;
     if (cs->failing && cs->io == 0) {
       while (pend) {
-        rbuf *n = pend->next;
+        sd_rbuf *n = pend->next;
         json_decref(pend->hdr);
         free(pend->data);
         free(pend);
         pend = n;
       }
-      finish_failed(cs);
+      sd_node_finish_failed(cs);
       return;
     }
   }
   while (pend) {
-    rbuf *n = pend->next;
+    sd_rbuf *n = pend->next;
     json_decref(pend->hdr);
     free(pend->data);
     free(pend);
     pend = n;
   }
-  progress(cs);
+  sd_xfer_progress(cs);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -963,15 +597,15 @@ static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
  * ------------------------------------------------------------------------ */
 static void on_commit(sd_csave *cs, json_t *h) {
   sd_save *save = cs->save;
-  if (cs->phase != CP_DONE_SENT) {
-    fail_held(cs, SHARDD_E_INTERNAL, "save '%s': the leader committed before this node reported", save->id);
+  if (cs->phase != SD_CP_DONE_SENT) {
+    sd_node_fail_held(cs, SHARDD_E_INTERNAL, "save '%s': the leader committed before this node reported", save->id);
     return;
   }
   uint64_t v;
   if (!json_u64(json_object_get(h, "files"), &v)) cs->r_files = v;
   if (!json_u64(json_object_get(h, "tensors"), &v)) cs->r_tensors = v;
   if (!json_u64(json_object_get(h, "bytes"), &v)) cs->r_bytes = v;
-  char *path = cl_final_path(cs->cl, save->dir);
+  char *path = sd_cl_final_path(cs->cl, save->dir);
   close_files(cs);
   sd_log_info("save '%s' committed by the leader; node %u wrote %llu bytes of its own here, forwarded %llu, "
               "received %llu", save->id, cs->node_rank, (unsigned long long)cs->bytes_local,
@@ -980,11 +614,11 @@ static void on_commit(sd_csave *cs, json_t *h) {
   free(path);
 }
 
-void node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
+void sd_node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
   const char *t = json_string_value(json_object_get(hdr, "t"));
   const char *id = json_string_value(json_object_get(hdr, "save"));
   const char *tok = json_string_value(json_object_get(hdr, "tok"));
-  sd_csave *cs = cl_find_csave(cl, id);
+  sd_csave *cs = sd_cl_find_csave(cl, id);
   if (!cs || !t || !tok || strcmp(tok, cs->tok) != 0 || (p ? cs->link != p : !cs->is_leader) || cs->failing) {
     sd_log_debug("dropping '%s' for save '%s': not for a save of ours in flight", t ? t : "?", id ? id : "?");
     json_decref(hdr);
@@ -1012,7 +646,7 @@ void node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payloa
 /* ------------------------------------------------------------------------ *
  * Lost connections
  * ------------------------------------------------------------------------ */
-void node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
+void sd_node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
   sd_daemon *d = cl->d;
   size_t n = 0;
   for (sd_save *s = d->saves; s; s = s->next) n++;
@@ -1027,7 +661,7 @@ void node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
     if (hit) ids[k++] = strdup(s->id);
   }
   for (size_t i = 0; i < k; i++) {
-    sd_csave *cs = ids[i] ? cl_find_csave(cl, ids[i]) : NULL;
+    sd_csave *cs = ids[i] ? sd_cl_find_csave(cl, ids[i]) : NULL;
     if (!cs) {
       free(ids[i]);
       continue;

@@ -506,6 +506,13 @@ static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   (void)suggested;
   sd_peer *p = h->data;
+  /* The rest of a large payload is read straight into place. */
+  size_t room = 0;
+  uint8_t *direct = p->state == P_READY ? sd_frame_direct(&p->rd, &room) : NULL;
+  if (direct && room >= (64u << 10)) {
+    *buf = uv_buf_init((char *)direct, (unsigned)(room > (1u << 30) ? 1u << 30 : room));
+    return;
+  }
   /* One buffer for every connection: the loop reads one socket at a time
    * and each read is consumed before the next alloc. */
   *buf = uv_buf_init((char *)p->net->rbuf, READ_BUF);

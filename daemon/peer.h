@@ -69,6 +69,10 @@ typedef struct {
 
 typedef int (*sd_frame_cb)(void *ud, json_t *hdr, uint8_t *payload, size_t plen);
 void sd_frame_reader_init(sd_frame_reader *r, size_t header_max, size_t payload_max);
+/* While a payload arrives: where its next bytes go and how many are still
+ * missing, so a socket read can land there directly (sd_frame_feed then
+ * skips the copy); NULL otherwise. */
+uint8_t *sd_frame_direct(sd_frame_reader *r, size_t *room);
 void sd_frame_reader_free(sd_frame_reader *r);
 /* Feeds bytes; calls cb for each whole frame (cb owns hdr and payload).
  * A non-zero cb return stops and is returned. A malformed frame (length

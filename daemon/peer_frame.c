@@ -11,6 +11,12 @@ void sd_frame_reader_init(sd_frame_reader *r, size_t header_max, size_t payload_
   r->payload_max = payload_max;
 }
 
+uint8_t *sd_frame_direct(sd_frame_reader *r, size_t *room) {
+  if (r->stage != 2 || !r->payload || r->have >= r->plen) return NULL;
+  *room = (size_t)(r->plen - r->have);
+  return r->payload + r->have;
+}
+
 void sd_frame_reader_free(sd_frame_reader *r) {
   free(r->hdr);
   free(r->payload);
@@ -72,7 +78,7 @@ int sd_frame_feed(sd_frame_reader *r, const uint8_t *buf, size_t n, sd_frame_cb 
     size_t want = r->stage == 0 ? 4 - r->have : r->stage == 1 ? r->hlen - r->have : (size_t)(r->plen - r->have);
     size_t k = want < n ? want : n;
     uint8_t *dst = r->stage == 0 ? r->lenbuf : r->stage == 1 ? (uint8_t *)r->hdr : r->payload;
-    memcpy(dst + r->have, buf, k);
+    if (dst + r->have != buf) memcpy(dst + r->have, buf, k); /* else read in place */
     r->have += k;
     buf += k;
     n -= k;

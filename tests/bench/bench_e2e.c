@@ -1,11 +1,11 @@
 /* Benchmark: the same checkpoint written durably by (a) a raw O_DIRECT writer, (b) one serial writer, (c) shardd with 4 ranks. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -37,6 +37,7 @@ typedef struct {
   double gib;
   const char *parent, *shardd, *rank_bin, *phases;
   uint64_t max_shard_size;  /* 0: about a quarter of the model, so several files */
+  double timeout_s;         /* ranks still running after this are killed: a hang guard */
   int keep;
 } options;
 
@@ -54,7 +55,9 @@ static void usage(FILE *f) {
           "  --rank-bin PATH      example rank (default $SHARDD_EXAMPLE_RANK, else next to this build)\n"
           "  --phases LIST        any of a, b, c (default abc)\n"
           "  --max-shard-size N   bytes per shard file (default: a quarter of the model)\n"
-          "  --keep               keep the work folder\n");
+          "  --timeout S          kill the ranks if they run longer than S seconds (default 3600;\n"
+          "                       a busy 2-core machine needs minutes just to generate 4 GiB)\n"
+          "  --keep               keep the work folder (kept anyway when a phase fails)\n");
 }
 
 /* ------------------------------------------------------------------------ *
@@ -297,7 +300,7 @@ static int phase_serial(const char *work, const sd_e2e_model *m, phase *ph, char
 }
 
 typedef struct {
-  int rank, exit_ok;
+  int rank, exit_ok, signal;
   uint64_t bytes;
   double blocked, memcpy_s, setup, begin, puts, seal, wait, cpu;
   char state[32], error[256];
@@ -411,7 +414,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
     rc = -1;
   }
   /* Reap ranks as they finish; meanwhile sample the daemon's memory. */
-  double deadline = t0 + 600 + (double)m->tensor_bytes / 20e6;
+  double deadline = t0 + o->timeout_s;
   while (left > 0) {
     struct pollfd p[NRANKS];
     for (int r = 0; r < NRANKS; r++) p[r] = (struct pollfd){.fd = end[r] == 0 ? pfds[r] : -1, .events = POLLIN};
@@ -427,11 +430,12 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
       left--;
       close(pfds[r]);
       s->r[r].exit_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      s->r[r].signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
       s->r[r].cpu = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
                     (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
     }
     if (left > 0 && sd_e2e_now() > deadline) {
-      fprintf(stderr, "bench_e2e: ranks still running after %.0f s; killing them\n", deadline - t0);
+      fprintf(stderr, "bench_e2e: ranks still running after %.1f s; killing them\n", deadline - t0);
       for (int r = 0; r < NRANKS; r++)
         if (pids[r] > 0 && end[r] == 0) kill(pids[r], SIGKILL);
       deadline = 1e300;
@@ -455,6 +459,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
     if (pipes[r] >= 0) close(pipes[r]);
     s->r[r].rank = r;
     parse_rank(buf, &s->r[r]);
+    if (s->r[r].signal) sd_e2e_fmt(s->r[r].state, sizeof s->r[r].state, "signal %d", s->r[r].signal);
     if (!s->r[r].exit_ok || strcmp(s->r[r].state, "committed") != 0) rc = -1;
     /* Every wait returns at the commit: begin-to-commit is longest for the
      * rank that began first, so the longest is the save's whole window. */
@@ -608,12 +613,13 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
  * main
  * ------------------------------------------------------------------------ */
 int main(int argc, char **argv) {
-  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abc"};
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abc", .timeout_s = 3600};
   static const struct option lo[] = {
       {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
       {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
       {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
+      {"timeout", required_argument, 0, 't'},
       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   int ch;
   char *end;
@@ -633,6 +639,13 @@ int main(int argc, char **argv) {
       case 'p': o.phases = optarg; break;
       case 'm': o.max_shard_size = strtoull(optarg, &end, 10); if (*end) { usage(stderr); return 2; } break;
       case 'k': o.keep = 1; break;
+      case 't':
+        o.timeout_s = strtod(optarg, &end);
+        if (*end || !(o.timeout_s > 0)) {
+          fprintf(stderr, "bench_e2e: --timeout wants a positive number of seconds, not '%s'\n", optarg);
+          return 2;
+        }
+        break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;
     }

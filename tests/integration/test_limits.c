@@ -83,7 +83,17 @@ Test(limits, connections_over_max_connections_are_refused) {
   cr_assert(in, "no connection accepted after one closed");
   x_close(c[1]);
   x_close(c[2]);
-  nap(100); /* let the daemon see the closes, so the check below has a free slot */
+  /* once the daemon has seen those closes, the check below has free slots */
+  int idle = 0;
+  for (int tries = 0; tries < 3000 && !idle; tries++) {
+    x_conn *n = x_connect();
+    json_t *r = x_call(n, "{\"op\":\"status\"}");
+    idle = json_integer_value(json_object_get(r, "clients")) == 1;
+    json_decref(r);
+    x_close(n);
+    if (!idle) nap(10);
+  }
+  cr_assert(idle, "closed connections still count against max_connections");
   x_serving();
 }
 

@@ -714,3 +714,24 @@ Test(peers, one_node_saves_still_work_beside_peers) {
   h_check_script(&s);
   h_shared_free(s.sh);
 }
+
+/* On a shared root a restarting daemon removes only its own temporary
+ * folders: the others may belong to saves other nodes have in flight. */
+Test(peers, restart_cleans_only_this_nodes_temporary_folders) {
+  h_daemon_stop(&N[0].d);
+  const char *names[] = {".shardd-tmp-@node0@-a-s-1-1", ".shardd-tmp-@node1@-a-s-2-1", "sub/.shardd-tmp-@node0@-b-s-1-2",
+                         ".shardd-tmp-plain-1-1"};
+  char p[PATH_MAX], f[PATH_MAX + 16];
+  mkdir(h_path(p, sizeof p, ""), 0755);
+  mkdir(h_path(p, sizeof p, "sub"), 0755);
+  for (size_t i = 0; i < 4; i++) {
+    cr_assert_eq(mkdir(h_path(p, sizeof p, names[i]), 0755), 0, "%s: %s", p, strerror(errno));
+    snprintf(f, sizeof f, "%s/x", p);
+    close(open(f, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+  }
+  start_node(0, token_path);
+  cr_assert_not(h_exists(h_path(p, sizeof p, names[0])), "node0's own stale folder survived");
+  cr_assert_not(h_exists(h_path(p, sizeof p, names[2])), "node0's own stale folder below the root survived");
+  cr_assert(h_exists(h_path(p, sizeof p, names[1])), "node1's folder (maybe in flight) was removed");
+  cr_assert(h_exists(h_path(p, sizeof p, names[3])), "a folder of unknown owner was removed");
+}

@@ -1,0 +1,385 @@
+/* A node's part of a multi-node save, the bytes: writes through the ring, forwarding in windows, receiving in place. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cluster_int.h"
+#include "log.h"
+
+enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
+
+typedef struct {
+  sd_csave *cs;
+  int kind;
+  uint32_t lf;
+  uint64_t len;
+  sd_rbuf *rb;
+} cio;
+
+/* ------------------------------------------------------------------------ *
+ * Writing through the ring
+ * ------------------------------------------------------------------------ */
+static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb);
+
+static void send_ack(sd_csave *cs, sd_rbuf *rb) {
+  sd_peer *p = sd_peer_find(cs->cl->net, rb->peer_id);
+  if (!p) return; /* the sender is gone; its save fails through the leader */
+  json_t *a = json_pack("{s:s,s:s,s:s,s:i,s:I}", "t", "ack", "save", cs->save->id, "cid", cs->cid, "node",
+                        (int)cs->node_rank, "n", (json_int_t)rb->len);
+  sd_peer_send(p, a, NULL, 0);
+}
+
+static void rbuf_put(sd_csave *cs, sd_rbuf *rb, int ack) {
+  if (--rb->refs > 0) return;
+  if (ack) send_ack(cs, rb);
+  json_decref(rb->hdr);
+  free(rb->data);
+  free(rb);
+}
+
+static void on_io(void *ud, int res) {
+  cio *c = ud;
+  sd_csave *cs = c->cs;
+  sd_cluster *cl = cs->cl;
+  cs->io--;
+  if (res < 0 && !cs->failing) {
+    const sd_cfile *f = &cs->files[c->lf];
+    int code = res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+    const char *what = c->kind == IO_SYNC ? "fsync" : "write";
+    if (c->rb) rbuf_put(cs, c->rb, 0);
+    free(c);
+    sd_node_fail_held(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
+              what, strerror(-res));
+    return;
+  }
+  if (cs->failing) {
+    if (c->rb) rbuf_put(cs, c->rb, 0);
+    free(c);
+    if (cs->io == 0) sd_node_finish_failed(cs);
+    return;
+  }
+  sd_cfile *f = &cs->files[c->lf];
+  switch (c->kind) {
+    case IO_SYNC:
+      f->sync = 2;
+      close(f->fd);
+      f->fd = -1;
+      break;
+    case IO_RECV:
+      f->done += c->len;
+      cs->bytes_written += c->len;
+      cs->bytes_recv += c->len;
+      cl->bytes_recv += c->len;
+      rbuf_put(cs, c->rb, 1);
+      break;
+    case IO_LOCAL:
+      cs->ops_done++;
+      cs->bytes_local += c->len;
+      cl->bytes_local += c->len;
+      /* fall through */
+    default:
+      f->done += c->len;
+      cs->bytes_written += c->len;
+      break;
+  }
+  free(c);
+  sd_xfer_progress(cs);
+}
+
+static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb) {
+  cio *c = calloc(1, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->cs = cs;
+  c->kind = kind;
+  c->lf = lf;
+  c->len = len;
+  c->rb = rb;
+  int fd = cs->files[lf].fd;
+  int rc = kind == IO_SYNC ? sd_cring_fsync(cs->cl->ring, fd, on_io, c)
+                           : sd_cring_write(cs->cl->ring, fd, src, len, off, on_io, c);
+  if (rc < 0) {
+    free(c);
+    return rc;
+  }
+  cs->io++;
+  if (rb) rb->refs++;
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Forwarding: frames of runs, a window of unacknowledged bytes per
+ * destination. The bytes are copied out of shared memory in the thread
+ * pool: a page fault there (memory pressure) must not stall the loop that
+ * answers heartbeats.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uv_work_t req;
+  sd_csave *cs;
+  uint32_t dest;
+  uint8_t *frame;
+  size_t len, at;
+  int n;
+  struct iovec iov[SD_FWD_RUNS];
+} fcopy;
+
+static void copy_work(uv_work_t *req) {
+  fcopy *j = req->data;
+  size_t at = j->at;
+  for (int i = 0; i < j->n; i++) {
+    memcpy(j->frame + at, j->iov[i].iov_base, j->iov[i].iov_len);
+    at += j->iov[i].iov_len;
+  }
+}
+
+static void copy_done(uv_work_t *req, int status) {
+  fcopy *j = req->data;
+  sd_csave *cs = j->cs;
+  cs->io--;
+  cs->copies--;
+  sd_cdest *d = sd_node_dest(cs, j->dest);
+  if (!cs->failing && status == 0 && d && d->peer)
+    sd_peer_send_frame(d->peer, j->frame, j->len); /* a closing peer fails the save from on_lost */
+  else
+    free(j->frame);
+  free(j);
+  if (cs->failing) {
+    if (cs->io == 0) sd_node_finish_failed(cs);
+    return;
+  }
+  sd_xfer_progress(cs);
+}
+
+/* 1 when the save failed (and may be gone): the caller must not touch cs. */
+static int pump_dest(sd_csave *cs, sd_cdest *d) {
+  while (d->peer && d->next < d->nruns) {
+    uint64_t inflight = d->sent - d->acked, avail = SD_FWD_WINDOW - inflight, left = d->total - d->sent;
+    if (inflight >= SD_FWD_WINDOW || (avail < SD_FWD_FRAME && avail < left)) return 0;
+    uint64_t budget = avail < SD_FWD_FRAME ? avail : SD_FWD_FRAME;
+    struct iovec iov[SD_FWD_RUNS];
+    json_t *runs = json_array();
+    int n = 0;
+    uint64_t total = 0;
+    while (d->next < d->nruns && n < SD_FWD_RUNS && total < budget) {
+      const sd_fop *r = &d->runs[d->next];
+      uint64_t k = r->len - d->next_off;
+      if (k > budget - total) k = budget - total;
+      json_t *e = json_array();
+      json_array_append_new(e, json_integer(r->f));
+      json_array_append_new(e, json_integer((json_int_t)(r->off + d->next_off)));
+      json_array_append_new(e, json_integer((json_int_t)k));
+      json_array_append_new(runs, e);
+      iov[n].iov_base = (void *)(r->src + d->next_off);
+      iov[n].iov_len = k;
+      n++;
+      total += k;
+      d->next_off += k;
+      if (d->next_off == r->len) {
+        d->next++;
+        d->next_off = 0;
+      }
+    }
+    json_t *h = json_pack("{s:s,s:s,s:s,s:i,s:o}", "t", "data", "save", cs->save->id, "cid", cs->cid, "node",
+                          (int)cs->node_rank, "runs", runs);
+    fcopy *j = h ? calloc(1, sizeof *j) : NULL;
+    if (j) j->frame = sd_frame_alloc(h, total, &j->at, &j->len);
+    json_decref(h);
+    if (!j || !j->frame) {
+      if (j) free(j);
+      sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory forwarding to node %u", cs->save->id, d->node);
+      return 1;
+    }
+    j->cs = cs;
+    j->dest = d->node;
+    j->n = n;
+    memcpy(j->iov, iov, (size_t)n * sizeof *iov);
+    j->req.data = j;
+    if (uv_queue_work(cs->cl->d->loop, &j->req, copy_work, copy_done) != 0) {
+      free(j->frame);
+      free(j);
+      sd_node_fail_held(cs, SHARDD_E_INTERNAL, "save '%s': cannot queue a copy for node %u", cs->save->id, d->node);
+      return 1;
+    }
+    cs->io++;
+    cs->copies++;
+    d->sent += total;
+    cs->bytes_fwd += total;
+    cs->cl->bytes_fwd += total;
+  }
+  return 0;
+}
+
+static void pump_local(sd_csave *cs) {
+  while (cs->op_next < cs->nops && cs->io < SD_NODE_INFLIGHT) {
+    const sd_lop *o = &cs->ops[cs->op_next];
+    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL) != 0) return;
+    cs->op_next++;
+  }
+}
+
+static void send_done(sd_csave *cs) {
+  json_t *files = json_array();
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    json_t *e = json_array();
+    json_array_append_new(e, json_integer(cs->files[i].f));
+    json_array_append_new(e, json_integer((json_int_t)cs->files[i].done));
+    json_array_append_new(files, e);
+  }
+  cs->done_sent = 1;
+  cs->phase = SD_CP_DONE_SENT;
+  sd_log_debug("save '%s': node %u wrote its files (%llu own bytes here, %llu forwarded, %llu received)",
+               cs->save->id, cs->node_rank, (unsigned long long)cs->bytes_local, (unsigned long long)cs->bytes_fwd,
+               (unsigned long long)cs->bytes_recv);
+  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files, "local",
+                          (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd, "received",
+                          (json_int_t)cs->bytes_recv));
+}
+
+void sd_xfer_progress(sd_csave *cs) {
+  if (cs->failing || cs->stalled || cs->phase != SD_CP_WRITING) return;
+  pump_local(cs);
+  int sent_all = 1, acked_all = 1;
+  for (size_t i = 0; i < cs->ndests; i++) {
+    if (pump_dest(cs, &cs->dests[i])) return;
+    if (cs->dests[i].next < cs->dests[i].nruns) sent_all = 0;
+    if (cs->dests[i].acked < cs->dests[i].total) acked_all = 0;
+  }
+  /* Shared memory is read by local writes and by copying into frames. */
+  if (!cs->released && sent_all && cs->copies == 0 && cs->op_next == cs->nops && cs->ops_done == cs->nops) {
+    cs->released = 1;
+    sd_save_released(cs->save);
+  }
+  int durable = 1;
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    sd_cfile *f = &cs->files[i];
+    if (f->sync == 0 && f->done == f->hdr_len + f->data) {
+      if (submit(cs, IO_SYNC, (uint32_t)i, NULL, 0, 0, NULL) == 0) f->sync = 1;
+    }
+    if (f->sync != 2) durable = 0;
+  }
+  if (durable && acked_all && cs->io == 0) send_done(cs);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Receiving forwarded bytes
+ * ------------------------------------------------------------------------ */
+/* Checks every run of a data frame against our files, then writes them in place. */
+void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb) {
+  json_t *runs = json_object_get(rb->hdr, "runs");
+  const char *cid = json_string_value(json_object_get(rb->hdr, "cid"));
+  if (!cid || strcmp(cid, cs->cid) != 0) {
+    sd_log_debug("save '%s': dropping data for another attempt", cs->save->id);
+    json_decref(rb->hdr);
+    free(rb->data);
+    free(rb);
+    return;
+  }
+  size_t n = json_is_array(runs) ? json_array_size(runs) : 0;
+  uint64_t pos = 0;
+  const char *bad = NULL;
+  for (size_t i = 0; i < n && !bad; i++) {
+    json_t *e = json_array_get(runs, i);
+    json_t *jf = json_array_get(e, 0), *jo = json_array_get(e, 1), *jl = json_array_get(e, 2);
+    if (json_array_size(e) != 3 || !json_is_integer(jf) || !json_is_integer(jo) || !json_is_integer(jl)) {
+      bad = "a malformed run";
+      break;
+    }
+    json_int_t f = json_integer_value(jf), off = json_integer_value(jo), len = json_integer_value(jl);
+    if (f < 0 || (uint64_t)f >= cs->plan_files || cs->fmap[f] < 0) bad = "bytes for a file this node does not write";
+    else if (off < 0 || len <= 0 || (uint64_t)len > rb->len - pos) bad = "runs longer than the payload";
+    else {
+      sd_cfile *cf = &cs->files[cs->fmap[f]];
+      if ((uint64_t)off < cf->hdr_len || (uint64_t)off > cf->size || (uint64_t)len > cf->size - (uint64_t)off)
+        bad = "bytes outside a file's data";
+    }
+    pos += (uint64_t)len;
+  }
+  if (!bad && pos != rb->len) bad = "runs that do not add up to the payload";
+  if (!bad && rb->len > cs->recv_expect) bad = "more bytes than the plan sends here";
+  if (bad) {
+    uint32_t from = rb->from;
+    json_decref(rb->hdr);
+    free(rb->data);
+    free(rb);
+    sd_node_fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': node %u sent %s", cs->save->id, from, bad);
+    return;
+  }
+  cs->recv_expect -= rb->len;
+  rb->refs = 1; /* ours, until every run is queued */
+  pos = 0;
+  for (size_t i = 0; i < n; i++) {
+    json_t *e = json_array_get(runs, i);
+    uint32_t f = (uint32_t)json_integer_value(json_array_get(e, 0));
+    uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 1));
+    uint64_t len = (uint64_t)json_integer_value(json_array_get(e, 2));
+    if (submit(cs, IO_RECV, (uint32_t)cs->fmap[f], rb->data + pos, len, off, rb) != 0) {
+      rbuf_put(cs, rb, 0);
+      sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory queueing received bytes", cs->save->id);
+      return;
+    }
+    pos += len;
+  }
+  rbuf_put(cs, rb, 1);
+}
+
+void sd_node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
+  const char *id = json_string_value(json_object_get(hdr, "save"));
+  sd_csave *cs = sd_cl_find_csave(cl, id);
+  json_t *jn = json_object_get(hdr, "node");
+  if (!cs || cs->failing || cs->stalled || !json_is_integer(jn) || json_integer_value(jn) < 0 ||
+      json_integer_value(jn) >= (json_int_t)cs->nnodes || sd_peer_is_outgoing(p)) {
+    json_decref(hdr);
+    free(payload);
+    return;
+  }
+  sd_rbuf *rb = calloc(1, sizeof *rb);
+  if (!rb) {
+    json_decref(hdr);
+    free(payload);
+    sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory receiving bytes", cs->save->id);
+    return;
+  }
+  rb->cs = cs;
+  rb->peer_id = sd_peer_id(p);
+  rb->from = (uint32_t)json_integer_value(jn);
+  rb->hdr = hdr;
+  rb->data = payload;
+  rb->len = plen;
+  if (cs->phase == SD_CP_OPEN) {
+    /* The sender got its assignment before we got ours: hold it; the
+     * sender's window bounds how much can pile up. */
+    sd_rbuf **pp = &cs->pending;
+    while (*pp) pp = &(*pp)->next;
+    *pp = rb;
+    return;
+  }
+  sd_xfer_recv_apply(cs, rb);
+}
+
+void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
+  const char *id = json_string_value(json_object_get(hdr, "save"));
+  const char *cid = json_string_value(json_object_get(hdr, "cid"));
+  sd_csave *cs = sd_cl_find_csave(cl, id);
+  json_t *jn = json_object_get(hdr, "node"), *jb = json_object_get(hdr, "n");
+  if (!cs || cs->failing || cs->phase != SD_CP_WRITING || !cid || strcmp(cid, cs->cid) != 0 || !json_is_integer(jn) ||
+      !json_is_integer(jb))
+    return;
+  for (size_t i = 0; i < cs->ndests; i++) {
+    sd_cdest *d = &cs->dests[i];
+    if (d->node != (uint64_t)json_integer_value(jn) || d->peer != p) continue;
+    json_int_t n = json_integer_value(jb);
+    if (n < 0 || (uint64_t)n > d->sent - d->acked) {
+      sd_node_fail_held(cs, SHARDD_E_PROTOCOL, "save '%s': node %u acknowledged bytes it was never sent", cs->save->id,
+                d->node);
+      return;
+    }
+    d->acked += (uint64_t)n;
+    sd_xfer_progress(cs);
+    return;
+  }
+}
+
+int sd_xfer_submit_header(sd_csave *cs, uint32_t lf, const uint8_t *src, uint64_t len) {
+  return submit(cs, IO_HDR, lf, src, len, 0, NULL);
+}
