@@ -29,12 +29,19 @@ static void got_free(got *g) {
   }
 }
 
+/* sd_frame_encode borrows the header; these tests build it on the spot. */
+static uint8_t *encode_owned(json_t *hdr, const void *payload, size_t plen, size_t *len) {
+  uint8_t *f = sd_frame_encode(hdr, payload, plen, len);
+  json_decref(hdr);
+  return f;
+}
+
 static uint8_t *two_frames(size_t *len) {
   size_t a = 0, b = 0;
   uint8_t data[300];
   for (int i = 0; i < 300; i++) data[i] = (uint8_t)(i * 7);
-  uint8_t *f1 = sd_frame_encode(json_pack("{s:s,s:i}", "t", "data", "k", 1), data, sizeof data, &a);
-  uint8_t *f2 = sd_frame_encode(json_pack("{s:s}", "t", "ping"), NULL, 0, &b);
+  uint8_t *f1 = encode_owned(json_pack("{s:s,s:i}", "t", "data", "k", 1), data, sizeof data, &a);
+  uint8_t *f2 = encode_owned(json_pack("{s:s}", "t", "ping"), NULL, 0, &b);
   uint8_t *all = malloc(a + b);
   memcpy(all, f1, a);
   memcpy(all + a, f2, b);
@@ -98,7 +105,9 @@ Test(peer_frame, round_trip_split_at_every_byte) {
 Test(peer_frame, gathered_payload) {
   struct iovec iov[3] = {{"ab", 2}, {"", 0}, {"cde", 3}};
   size_t len = 0;
-  uint8_t *f = sd_frame_encodev(json_pack("{s:s}", "t", "data"), iov, 3, &len);
+  json_t *hdr = json_pack("{s:s}", "t", "data");
+  uint8_t *f = sd_frame_encodev(hdr, iov, 3, &len);
+  json_decref(hdr);
   sd_frame_reader r;
   sd_frame_reader_init(&r, 1 << 20, 1 << 20);
   got g = {0};
