@@ -63,9 +63,25 @@ static int op_cmp(const void *a, const void *b) {
   return 0;
 }
 
+/* The writer reads shared memory through the region's descriptor. */
+static int add_span(sd_planned *p, const sd_region *r, size_t *cap) {
+  if (p->nspans && p->spans[p->nspans - 1].base == r->base) return 0;
+  for (size_t i = 0; i < p->nspans; i++)
+    if (p->spans[i].base == r->base) return 0;
+  if (p->nspans == *cap) {
+    size_t ncap = *cap ? *cap * 2 : 8;
+    sd_shm_span *n = realloc(p->spans, ncap * sizeof *n);
+    if (!n) return SHARDD_E_NO_MEMORY;
+    p->spans = n;
+    *cap = ncap;
+  }
+  p->spans[p->nspans++] = (sd_shm_span){r->base, r->size, r->fd};
+  return 0;
+}
+
 static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd_error *err) {
   run_ctx c = {.p = p};
-  size_t k = 0;
+  size_t k = 0, span_cap = 0;
   for (size_t i = 0; i < save->ntensors; i++) {
     const sd_save_tensor *t = save->tensors[i];
     const sd_plan_loc *loc = &p->plan.loc[i];
@@ -78,7 +94,8 @@ static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd
       c.file = loc->file;
       c.src = sl->region ? sl->region->base + sl->offset : sl->data;
       c.shared = sl->region != NULL;
-      int rc = sd_box_runs(t->ndim, t->shape, esize, &b, loc->file_offset, add_run, &c);
+      int rc = sl->region ? add_span(p, sl->region, &span_cap) : 0;
+      if (!rc) rc = sd_box_runs(t->ndim, t->shape, esize, &b, loc->file_offset, add_run, &c);
       if (rc) return sd_fail(err, rc, "out of memory planning the writes of tensor '%s'", t->name);
     }
   }
@@ -170,6 +187,7 @@ void sd_planned_free(sd_planned *p) {
   if (p->have_plan) sd_plan_free(&p->plan);
   free(p->tensors);
   free(p->ops);
+  free(p->spans);
   free(p->index_json);
   free(p->artifacts);
   memset(p, 0, sizeof *p);

@@ -12,6 +12,8 @@ typedef struct sd_planned {
   int have_plan;
   sd_write_op *ops;         /* sorted by file, then offset */
   size_t nops;
+  sd_shm_span *spans;       /* the shm regions the ops read from */
+  size_t nspans;
   char *index_json;
   size_t index_len;
   sd_artifact *artifacts;   /* borrowed from the save */

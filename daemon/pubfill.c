@@ -1,6 +1,9 @@
 /* A publish's bytes cut into aligned staging stretches, and the copy that fills one (run on the copy worker thread). */
+#include <errno.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #include "publish_int.h"
 
@@ -53,20 +56,113 @@ static void runs_add(run *r, unsigned *n, const uint8_t *src, uint64_t len) {
   r[(*n)++] = (run){src, src + len};
 }
 
-/* What the guarded copy has done so far: in memory, not in registers, so
- * it is still true after a fault jumps back into sd_fill_copy. */
+/* ------------------------------------------------------------------------ *
+ * Reading shared sources through their segment's descriptor: the pieces
+ * of one source run (consecutive bytes of one segment, e.g. the rows of an
+ * inner-dimension slice) go into one preadv, scattered to their places in
+ * the chunk. A few runs stay open at once, for interleaved sources.
+ * ------------------------------------------------------------------------ */
+#define IOVS 256
+
+typedef struct {
+  int fd;
+  uint64_t start, next;    /* segment offsets: first byte, one past the last */
+  struct iovec iov[IOVS];
+  int n;
+} pread_run;
+
+/* What the copy has done so far: in memory, not in registers, so it is
+ * still true after a fault jumps back into sd_fill_copy. */
 typedef struct {
   size_t i;                /* the write being copied */
   uint64_t pos;            /* bytes of the stretch before pos are in place */
   uint64_t copied;         /* bytes read from sources */
-  run runs[RUNS];
+  run runs[RUNS];          /* mapping pages to drop */
   unsigned nruns;
+  pread_run pr[RUNS];
+  unsigned npr;
+  const sd_shm_span *span; /* the last span a source was found in */
+  int err;                 /* a read failed: ENODATA for a short one */
+  uint64_t err_off;        /* the file offset it was reading for */
 } copy_state;
+
+static const sd_shm_span *span_of(const sd_fill *f, copy_state *st, const uint8_t *src, uint64_t len) {
+  const sd_shm_span *sp = st->span;
+  if (!sp || src < sp->base || (uint64_t)(src - sp->base) >= sp->len) {
+    size_t lo = 0, hi = f->nspans; /* the last span whose base <= src */
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (f->spans[mid].base <= src) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo == 0) return NULL;
+    sp = &f->spans[lo - 1];
+    if ((uint64_t)(src - sp->base) >= sp->len) return NULL;
+    st->span = sp;
+  }
+  return len <= sp->len - (uint64_t)(src - sp->base) ? sp : NULL;
+}
+
+static void pread_flush(const sd_chunk *c, copy_state *st, pread_run *r) {
+  struct iovec *v = r->iov;
+  int n = r->n;
+  uint64_t off = r->start;
+  while (n > 0 && !st->err) {
+    ssize_t got = preadv(r->fd, v, n > IOV_MAX ? IOV_MAX : n, (off_t)off);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      st->err = got < 0 ? errno : ENODATA;
+      st->err_off = c->off + (uint64_t)((uint8_t *)v->iov_base - c->buf);
+      break;
+    }
+    off += (uint64_t)got;
+    while (n > 0 && (size_t)got >= v->iov_len) {
+      got -= (ssize_t)v->iov_len;
+      v++;
+      n--;
+    }
+    if (n > 0) {
+      v->iov_base = (uint8_t *)v->iov_base + got;
+      v->iov_len -= (size_t)got;
+    }
+  }
+  r->n = 0;
+}
+
+static void pread_add(const sd_chunk *c, copy_state *st, int fd, uint64_t foff, uint8_t *dst, uint64_t len) {
+  pread_run *r = NULL;
+  for (unsigned k = 0; k < st->npr && !r; k++)
+    if (st->pr[k].fd == fd && st->pr[k].next == foff) r = &st->pr[k];
+  if (r) {
+    struct iovec *last = r->n > 0 ? &r->iov[r->n - 1] : NULL;
+    if (last && (uint8_t *)last->iov_base + last->iov_len == dst)
+      last->iov_len += len;
+    else
+      r->iov[r->n++] = (struct iovec){dst, len};
+    r->next += len;
+  } else {
+    if (st->npr == RUNS) {
+      pread_flush(c, st, &st->pr[0]);
+      memmove(st->pr, st->pr + 1, (RUNS - 1) * sizeof *st->pr);
+      st->npr--;
+    }
+    r = &st->pr[st->npr++];
+    r->fd = fd;
+    r->start = foff;
+    r->next = foff + len;
+    r->iov[0] = (struct iovec){dst, len};
+    r->n = 1;
+  }
+  if (r->n == IOVS) {
+    pread_flush(c, st, r);
+    r->start = r->next; /* the run carries on in a fresh batch */
+  }
+}
 
 __attribute__((noinline)) static void copy_ops(const sd_fill *f, sd_chunk *c, copy_state *st) {
   const uint64_t a = c->off, b = c->off + c->len;
   uint8_t *const dst = c->buf;
-  for (; st->i < f->nops; st->i++) {
+  for (; st->i < f->nops && !st->err; st->i++) {
     const sd_write_op *op = &f->ops[st->i];
     if (op->file != c->file || op->file_offset >= b) break;
     if (op->len == 0) continue;
@@ -74,39 +170,50 @@ __attribute__((noinline)) static void copy_ops(const sd_fill *f, sd_chunk *c, co
     uint64_t hi = op->file_offset + op->len < b ? op->file_offset + op->len : b;
     if (lo > st->pos) memset(dst + (st->pos - a), 0, lo - st->pos);
     const uint8_t *src = op->src + (lo - op->file_offset);
-    memcpy(dst + (lo - a), src, hi - lo);
+    const sd_shm_span *sp = (op->flags & SD_WOP_SHARED) ? span_of(f, st, src, hi - lo) : NULL;
+    if (sp) {
+      pread_add(c, st, sp->fd, (uint64_t)(src - sp->base), dst + (lo - a), hi - lo);
+    } else {
+      memcpy(dst + (lo - a), src, hi - lo);
+      if (op->flags & SD_WOP_SHARED) runs_add(st->runs, &st->nruns, src, hi - lo);
+    }
     st->copied += hi - lo;
     st->pos = hi;
-    if (op->flags & SD_WOP_SHARED) runs_add(st->runs, &st->nruns, src, hi - lo);
   }
+  for (unsigned k = 0; k < st->npr; k++) pread_flush(c, st, &st->pr[k]);
 }
 
 void sd_fill_copy(const sd_fill *f, sd_chunk *c) {
   const sd_fill_file *ff = &f->files[c->file];
-  copy_state st = {.i = c->cursor, .pos = c->off};
+  copy_state *st = &(copy_state){.i = c->cursor, .pos = c->off};
   c->src_bytes = 0;
   c->fault = 0;
   if (ff->head_len > c->off) {
     uint64_t e = ff->head_len < c->off + c->len ? ff->head_len : c->off + c->len;
     memcpy(c->buf, ff->head + c->off, e - c->off);
-    st.pos = e;
+    st->pos = e;
   }
   sigjmp_buf jb;
   if (sigsetjmp(jb, 1)) {
-    const sd_write_op *op = &f->ops[((volatile copy_state *)&st)->i];
-    c->fault = 1;
+    const sd_write_op *op = &f->ops[((volatile copy_state *)st)->i];
+    c->fault = EFAULT;
     c->fault_off = op->file_offset > c->off ? op->file_offset : c->off;
     return;
   }
   sd_bus_guard = &jb;
-  copy_ops(f, c, &st);
+  copy_ops(f, c, st);
   sd_bus_guard = NULL;
-  c->src_bytes = st.copied;
+  if (st->err) {
+    c->fault = st->err;
+    c->fault_off = st->err_off;
+    return;
+  }
+  c->src_bytes = st->copied;
   /* Bytes no write covers read back as zeros, and so does the padding of
    * a file's last block. */
   uint64_t end = c->off + sd_align_up(c->len);
   if (end > c->off + c->cap) end = c->off + c->cap;
-  if (st.pos < end) memset(c->buf + (st.pos - c->off), 0, end - st.pos);
-  for (unsigned k = 0; k < st.nruns; k++)
-    sd_shared_drop(st.runs[k].a, (uint64_t)(st.runs[k].b - st.runs[k].a));
+  if (st->pos < end) memset(c->buf + (st->pos - c->off), 0, end - st->pos);
+  for (unsigned k = 0; k < st->nruns; k++)
+    sd_shared_drop(st->runs[k].a, (uint64_t)(st->runs[k].b - st->runs[k].a));
 }

@@ -49,6 +49,7 @@ struct sd_publish {
   sd_fill fill;            /* the bytes of every file, and the staging cursor */
   sd_fill_file *fill_files;
   sd_write_op *own_ops;    /* a sorted copy when the caller's ops were not sorted */
+  sd_shm_span *spans;      /* the request's, sorted by base */
   sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
   int said_buffered;       /* the O_DIRECT fallback was logged */
   uint32_t *ready;         /* files whose bytes are all written, awaiting fsync */
@@ -133,6 +134,7 @@ static void pub_free(sd_publish *p) {
   free(p->names);
   free(p->fill_files);
   free(p->own_ops);
+  free(p->spans);
   free(p->ready);
   free(p);
 }
@@ -347,10 +349,12 @@ static void job_filled(sd_wjob *job, sd_chunk *c) {
   p->ops_left -= c->src_bytes;
   if (c->fault) {
     /* save.c names the client's segment that shrank, when it finds it. */
-    pub_fail(p, SHARDD_E_IO,
-             "%s/%s: reading the bytes for offset %llu faulted (SIGBUS): a client's shared memory "
-             "is shorter than when it was attached",
-             p->rel_dir, p->files[c->file].name, (unsigned long long)c->fault_off);
+    const char *why = c->fault == EFAULT    ? "faulted (SIGBUS): a client's shared memory is shorter than when it was attached"
+                      : c->fault == ENODATA ? "came up short: a client's shared memory is shorter than when it was attached"
+                                            : strerror(c->fault);
+    pub_fail(p, SHARDD_E_IO, "%s/%s: reading the bytes for offset %llu %s%s", p->rel_dir, p->files[c->file].name,
+             (unsigned long long)c->fault_off, c->fault == EFAULT || c->fault == ENODATA ? "" : "from shared memory: ",
+             why);
   }
   if (p->failed) {
     put_chunk(p, c);
@@ -430,6 +434,11 @@ static const sd_wjob_ops pub_ops = {
 /* ------------------------------------------------------------------------ *
  * Start
  * ------------------------------------------------------------------------ */
+static int span_cmp(const void *a, const void *b) {
+  const sd_shm_span *x = a, *y = b;
+  return x->base < y->base ? -1 : x->base > y->base;
+}
+
 static int op_cmp(const void *a, const void *b) {
   const sd_write_op *x = a, *y = b;
   if (x->file != y->file) return x->file < y->file ? -1 : 1;
@@ -554,6 +563,14 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   }
   p->fill.files = ff;
   p->fill.nfiles = nf;
+  if (req->nspans) {
+    if (!(p->spans = malloc(req->nspans * sizeof *p->spans)))
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "publish sources");
+    memcpy(p->spans, req->spans, req->nspans * sizeof *p->spans);
+    qsort(p->spans, req->nspans, sizeof *p->spans, span_cmp);
+    p->fill.spans = p->spans;
+    p->fill.nspans = req->nspans;
+  }
 
   int rc = sorted_ops(p, req, err);
   if (rc) return rc;

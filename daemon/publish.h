@@ -44,12 +44,23 @@ typedef struct {
   uint32_t flags;          /* SD_WOP_* */
 } sd_write_op;
 
-/* src lies in a client's MAP_SHARED mapping: reading it may fault if the
- * client shrinks the segment (caught, the save fails), and once copied its
- * pages are dropped from the daemon's page tables, so the daemon's resident
- * memory stays at its staging size however large the checkpoint. Never set
- * it for private (heap) memory: dropping those pages would zero them. */
+/* src lies in a client's MAP_SHARED mapping. When a span of the request
+ * holds it, its bytes are read with preadv from the segment's descriptor:
+ * none of its pages enters the daemon's page tables, and a segment the
+ * client shrank reads short instead of faulting. Otherwise they are copied
+ * from the mapping under a SIGBUS guard, and the pages read are dropped from
+ * the daemon's page tables. Either way the daemon's resident memory stays at
+ * its staging size however large the checkpoint. Never set it for private
+ * (heap) memory: dropping those pages would zero them. */
 #define SD_WOP_SHARED 1u
+
+/* A client's shared-memory segment: mapped at base, len bytes, readable
+ * through fd. */
+typedef struct {
+  const uint8_t *base;
+  uint64_t len;
+  int fd;
+} sd_shm_span;
 
 typedef struct {
   const char *name;        /* plain file name, checked with sd_path_check_name */
@@ -77,6 +88,8 @@ typedef struct {
   const sd_plan *plan;     /* file names, headers, sizes */
   const sd_write_op *ops;  /* data writes; everything must stay valid until done */
   size_t nops;
+  const sd_shm_span *spans; /* segments SD_WOP_SHARED sources lie in (copied; fds kept open until done) */
+  size_t nspans;
   const sd_artifact *artifacts;
   size_t nartifacts;
   const char *index_json;  /* NULL when plan->needs_index == 0 */

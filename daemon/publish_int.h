@@ -138,6 +138,8 @@ typedef struct {
   size_t nfiles;
   const sd_write_op *ops;  /* sorted by file, then offset, none overlapping */
   size_t nops;
+  const sd_shm_span *spans; /* sorted by base, none overlapping */
+  size_t nspans;
   /* the loop thread's cursor: where the next stretch starts */
   uint32_t file;
   uint64_t off;
@@ -148,10 +150,11 @@ typedef struct {
  * of one file: sets c->file, off, len and cursor and advances. Returns 0
  * once every byte of every file has been handed out. */
 int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c);
-/* Copies the stretch into c->buf: the head, the data writes (a fault in a
- * shared source sets c->fault and fault_off instead of killing the
- * process), zeros for bytes no write covers and up to sd_align_up(len).
- * Sets c->src_bytes. Pages of SD_WOP_SHARED sources are dropped once read. */
+/* Copies the stretch into c->buf: the head, the data writes (shared
+ * sources inside a span with preadv, gathered by source run; others with
+ * memcpy, a fault in a shared one setting c->fault and fault_off instead of
+ * killing the process), zeros for bytes no write covers and up to
+ * sd_align_up(len). Sets c->src_bytes. */
 void sd_fill_copy(const sd_fill *f, sd_chunk *c);
 
 #endif

@@ -427,6 +427,8 @@ static void start_write(sd_save *save) {
       .plan = &p->plan,
       .ops = p->ops,
       .nops = p->nops,
+      .spans = p->spans,
+      .nspans = p->nspans,
       .artifacts = p->artifacts,
       .nartifacts = p->nartifacts,
       .index_json = p->index_json,

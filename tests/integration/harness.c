@@ -209,7 +209,39 @@ void h_setup(void) {
   cr_assert_fail("%s", why);
 }
 
+/* ------------------------------------------------------------------------ *
+ * Segments left by ranks that died
+ * ------------------------------------------------------------------------ */
+static pid_t tracked[512];
+static size_t ntracked;
+
+void h_track_pid(pid_t pid) {
+  if (ntracked < sizeof tracked / sizeof tracked[0]) tracked[ntracked++] = pid;
+}
+
+/* libshardd names arenas "/shardd-PID-N-RANDOM": only ours go. */
+static void unlink_tracked_segments(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  h_track_pid(getpid());
+  for (struct dirent *de; (de = readdir(d));) {
+    long pid;
+    char dash;
+    if (sscanf(de->d_name, "shardd-%ld%c", &pid, &dash) != 2 || dash != '-') continue;
+    for (size_t i = 0; i < ntracked; i++) {
+      if ((long)tracked[i] != pid) continue;
+      char name[300];
+      snprintf(name, sizeof name, "/%s", de->d_name);
+      shm_unlink(name);
+      break;
+    }
+  }
+  closedir(d);
+  ntracked = 0;
+}
+
 void h_teardown(void) {
+  unlink_tracked_segments();
   h_daemon_stop(&H);
   const char *keep = getenv("H_KEEP");
   if (keep && *keep && strcmp(keep, "0") != 0) {
@@ -250,10 +282,12 @@ pid_t h_fork(h_child_fn fn, int idx, void *arg) {
   cr_assert(p >= 0, "fork: %s", strerror(errno));
   if (p == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ntracked = 0;
     fn(idx, arg);
     fflush(NULL);
     _exit(0);
   }
+  h_track_pid(p);
   return p;
 }
 

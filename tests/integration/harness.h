@@ -83,6 +83,11 @@ void h_signal(h_shared *s, int k);
 /* 0, or -1 after H_WAIT_MS (the caller reports it). */
 int h_await(h_shared *s, int k, int n);
 
+/* Remembers a child whose shared-memory segments (/dev/shm/shardd-PID-*)
+ * teardown unlinks: a rank that crashes or is killed leaves them behind.
+ * h_fork tracks its children itself. */
+void h_track_pid(pid_t pid);
+
 typedef void (*h_child_fn)(int idx, void *arg);
 /* Forks a child that runs fn(idx, arg) and _exits 0; it dies with the test. */
 pid_t h_fork(h_child_fn fn, int idx, void *arg);

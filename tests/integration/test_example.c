@@ -61,6 +61,7 @@ static pid_t spawn_rank(const model *m, int rank, const char *out) {
     execv(bin, (char *const *)argv);
     _exit(127);
   }
+  h_track_pid(pid);
   return pid;
 }
 

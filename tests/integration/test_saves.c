@@ -159,6 +159,7 @@ static void interleaved(int rank, void *arg) {
   TRY(r, "seal", shardd_seal(c, "il-a"));
   wait_into(r, c, "il-a", 0);
   wait_into(r, c, "il-b", 1);
+  shardd_arena_destroy(a);
   shardd_close(c);
   r->done = 1;
 }

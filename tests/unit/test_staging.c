@@ -583,3 +583,78 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
   munmap(m, len);
   close(fd);
 }
+
+/* An inner-dimension split: each row of the file is rank 0's part then
+ * rank 1's, each rank's rows packed in its own segment. Read through the
+ * segment's descriptor, so the daemon never maps a page of it. */
+Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = teardown,
+     .timeout = 60) {
+  make_writer(256 << 10, 64 << 10, 0);
+  enum { R = 3000, W = 100 }; /* ~650 pieces per chunk: more than one preadv batch per source */
+  size_t seg = 2 * (size_t)R * W;
+  int fd = memfd_create("sd-rows", MFD_CLOEXEC);
+  cr_assert_geq(fd, 0);
+  uint8_t *bytes = malloc(seg);
+  for (size_t i = 0; i < seg; i++) bytes[i] = (uint8_t)(rnd() | 1);
+  cr_assert_eq(pwrite(fd, bytes, seg, 0), (ssize_t)seg);
+  const uint8_t *m = mmap(NULL, seg, PROT_READ, MAP_SHARED, fd, 0);
+  cr_assert_neq(m, MAP_FAILED);
+
+  ckpt c;
+  uint64_t sizes[] = {seg};
+  ckpt_init(&c, 1, sizes, 0, NULL, 0);
+  c.nops = 0;
+  for (uint64_t r = 0; r < R; r++)
+    for (uint64_t k = 0; k < 2; k++) {
+      uint64_t at = 4096 + r * 2 * W + k * W;
+      add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
+      memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
+    }
+  sd_shm_span span = {m, seg, fd};
+  outcome o = {0};
+  sd_publish_req r = req_for(&c, "rows", &o);
+  r.spans = &span;
+  r.nspans = 1;
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
+  run_until(&o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  cr_expect_eq(o.released, 1);
+  expect_ckpt("rows", &c);
+  cr_expect_eq(mapping_rss_kb(m), 0, "no page of the segment was mapped by the writer");
+  ckpt_free(&c, 1);
+  free(bytes);
+  munmap((void *)m, seg);
+  close(fd);
+}
+
+Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = teardown, .timeout = 60) {
+  make_writer(512 << 10, 128 << 10, 0);
+  size_t len = 2u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  uint64_t sizes[] = {len};
+  ckpt c;
+  ckpt_init(&c, 1, sizes, 50000, m, SD_WOP_SHARED);
+  cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
+  sd_shm_span span = {m, len, fd};
+  outcome o = {0};
+  sd_publish_req r = req_for(&c, "short", &o);
+  r.spans = &span;
+  r.nspans = 1;
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
+  run_until(&o);
+  cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
+  cr_expect_not_null(strstr(o.msg, "short/model-00001-of-00001.safetensors"), "%s", o.msg);
+  cr_expect_not_null(strstr(o.msg, "came up short"), "%s", o.msg);
+  struct stat st;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/short", root);
+  cr_expect_neq(stat(dir, &st), 0, "nothing published");
+  ckpt_free(&c, 0);
+  munmap(m, len);
+  close(fd);
+}
