@@ -291,7 +291,7 @@ static int op_begin(const json_t *req, sd_error *err) {
     rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
     goto out;
   }
-  if (prefix && (strlen(prefix) > SD_PREFIX_MAX || sd_path_check_name(prefix, err) != 0)) {
+  if (prefix && (strlen(prefix) > SD_PREFIX_MAX || sd_prefix_check(prefix, err) != 0)) {
     rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be a plain file name");
     goto out;
   }
