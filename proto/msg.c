@@ -229,8 +229,9 @@ json_t *sd_msg_event(const char *event, const char *save) {
 }
 
 char *sd_msg_dump(const json_t *msg, size_t *len) {
-  /* 12 significant digits: 0.1 goes out as 0.1, not 0.10000000000000001. */
-  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(12);
+  /* 17 significant digits, so every real (a client's "id" above all) reads back
+   * as the same double it came in as; 0.1 goes out as 0.10000000000000001. */
+  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17);
   size_t n = json_dumpb(msg, NULL, 0, flags);
   if (n == 0) return NULL;
   char *s = malloc(n + 2);
