@@ -832,6 +832,8 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
   return request(c, req, NULL);
 }
 
+/* copy: 0 the bytes are in place, 1 copy src there first, 2 they will be
+ * in place later ("deferred", then shardd_ready or shardd_seal). */
 static int put_arena(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
                      uint64_t offset, const void *src, size_t len, int copy) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
@@ -850,7 +852,7 @@ static int put_arena(shardd_client *c, const char *save, const shardd_tensor_des
                  "tensor '%s': %" PRIu64 " bytes at offset %" PRIu64 " lie outside the %zu-byte arena",
                  t->name, nbytes, offset, a->size);
   }
-  if (copy) {
+  if (copy == 1) {
     if (len != nbytes) {
       json_decref(req);
       return cfail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': got %zu bytes, the slice has %" PRIu64,
@@ -860,12 +862,18 @@ static int put_arena(shardd_client *c, const char *save, const shardd_tensor_des
   }
   json_object_set_new(req, "region", json_integer(a->region));
   json_object_set_new(req, "offset", json_integer((json_int_t)offset));
+  if (copy == 2) json_object_set_new(req, "deferred", json_true());
   return request(c, req, NULL);
 }
 
 SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                              shardd_arena *a, uint64_t offset) {
   return put_arena(c, save, t, a, offset, NULL, 0, 0);
+}
+
+SHARDD_EXPORT int shardd_put_deferred(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                                      shardd_arena *a, uint64_t offset) {
+  return put_arena(c, save, t, a, offset, NULL, 0, 2);
 }
 
 SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shardd_tensor_desc *t,
@@ -932,6 +940,19 @@ static int simple_op(shardd_client *c, const char *op, const char *save) {
 }
 
 SHARDD_EXPORT int shardd_seal(shardd_client *c, const char *save) { return simple_op(c, "seal", save); }
+SHARDD_EXPORT int shardd_declared(shardd_client *c, const char *save) { return simple_op(c, "declared", save); }
+
+SHARDD_EXPORT int shardd_ready(shardd_client *c, const char *save, shardd_arena *a, uint64_t upto) {
+  if (!c) return SHARDD_E_INVALID_ARGUMENT;
+  if (!save) return cfail(c, SHARDD_E_INVALID_ARGUMENT, "ready: save id is NULL");
+  if (!a || a->c != c) return cfail(c, SHARDD_E_INVALID_ARGUMENT, "ready: arena is NULL or belongs to another client");
+  if (upto > a->size)
+    return cfail(c, SHARDD_E_OUT_OF_RANGE, "ready: %" PRIu64 " is past the end of the %zu-byte arena", upto, a->size);
+  json_t *req = json_pack("{s:s, s:s, s:I, s:I}", "op", "ready", "save", save, "region", (json_int_t)a->region,
+                          "upto", (json_int_t)upto);
+  if (!req) return cfail(c, SHARDD_E_INVALID_ARGUMENT, "ready: save id is not valid UTF-8");
+  return request(c, req, NULL);
+}
 SHARDD_EXPORT int shardd_abort(shardd_client *c, const char *save) { return simple_op(c, "abort", save); }
 
 static int parse_result(shardd_client *c, const char *save, json_t *r, shardd_result *out) {

@@ -446,6 +446,36 @@ static void print_prometheus(FILE *out, const json_t *st, const json_t *m) {
               num(m, "write_bytes_pending"));
   prom_simple(out, "shardd_io_queue_depth", "gauge", "io_uring queue depth (entries).", num(m, "queue_depth"));
 
+  /* The writer's I/O and staging memory (absent from an older shardd). */
+  if (json_object_get(m, "writes_direct")) {
+    static const char *const modes[2] = {"direct", "buffered"};
+    static const char *const wkeys[2] = {"writes_direct", "writes_buffered"};
+    static const char *const bkeys[2] = {"write_bytes_direct", "write_bytes_buffered"};
+    prom_head(out, "shardd_writes_total", "counter",
+              "Data writes handed to io_uring, by mode (buffered: the file system refused O_DIRECT).");
+    for (int k = 0; k < 2; k++) {
+      fprintf(out, "shardd_writes_total{mode=\"%s\"} ", modes[k]);
+      prom_value(out, num(m, wkeys[k]));
+    }
+    prom_head(out, "shardd_write_bytes_total", "counter",
+              "Bytes the kernel took from data writes, by mode (direct ones include last-block padding).");
+    for (int k = 0; k < 2; k++) {
+      fprintf(out, "shardd_write_bytes_total{mode=\"%s\"} ", modes[k]);
+      prom_value(out, num(m, bkeys[k]));
+    }
+    prom_simple(out, "shardd_registered_buffer_writes_total", "counter",
+                "Data writes from staging buffers registered with io_uring.", num(m, "writes_registered"));
+    prom_simple(out, "shardd_staging_bytes", "gauge", "Staging buffer memory allocated now.",
+                num(m, "staging_bytes"));
+    prom_simple(out, "shardd_staging_peak_bytes", "gauge", "Most staging buffer memory allocated at once.",
+                num(m, "staging_peak_bytes"));
+    prom_simple(out, "shardd_staging_max_bytes", "gauge", "Bound on staging buffer memory (staging_mib).",
+                num(m, "staging_max_bytes"));
+    prom_simple(out, "shardd_staging_registered", "gauge",
+                "1 when staging buffers are registered with io_uring, 0 when plain writes are used.",
+                num(m, "staging_registered"));
+  }
+
   const json_t *h = json_object_get(m, "save_duration_seconds");
   prom_head(out, "shardd_save_duration_seconds", "histogram", "Committed saves, first begin to publish.");
   const json_t *b;

@@ -8,26 +8,15 @@
 /* ------------------------------------------------------------------------ *
  * Manifest: tensors hashed by name, order of first description kept
  * ------------------------------------------------------------------------ */
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ULL;
-  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
-  return h;
+static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_cmanifest *)ctx)->tensors[i]->name; }
+
+static sd_ctensor *find(const sd_cmanifest *m, const char *name) {
+  uint32_t i = sd_nameidx_find(&m->names, name, tensor_name, m);
+  return i == SD_NAMEIDX_NONE ? NULL : m->tensors[i];
 }
 
-static sd_ctensor *find(const sd_cmanifest *m, const char *name, size_t *slot) {
-  if (m->hcap == 0) return NULL;
-  size_t mask = m->hcap - 1;
-  for (size_t i = hash_name(name) & mask;; i = (i + 1) & mask) {
-    uint32_t v = m->hslots[i];
-    if (v == 0) {
-      if (slot) *slot = i;
-      return NULL;
-    }
-    if (strcmp(m->tensors[v - 1]->name, name) == 0) return m->tensors[v - 1];
-  }
-}
-
-static int grow(sd_cmanifest *m) {
+/* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
+static int add(sd_cmanifest *m, sd_ctensor *t) {
   if (m->ntensors + 1 > m->tcap) {
     size_t ncap = m->tcap ? m->tcap * 2 : 64;
     sd_ctensor **nt = realloc(m->tensors, ncap * sizeof *nt);
@@ -35,19 +24,8 @@ static int grow(sd_cmanifest *m) {
     m->tensors = nt;
     m->tcap = ncap;
   }
-  if ((m->ntensors + 1) * 2 > m->hcap) {
-    size_t ncap = m->hcap ? m->hcap * 2 : 128;
-    uint32_t *ns = calloc(ncap, sizeof *ns);
-    if (!ns) return -1;
-    free(m->hslots);
-    m->hslots = ns;
-    m->hcap = ncap;
-    for (size_t t = 0; t < m->ntensors; t++) {
-      size_t i = hash_name(m->tensors[t]->name) & (ncap - 1);
-      while (ns[i]) i = (i + 1) & (ncap - 1);
-      ns[i] = (uint32_t)(t + 1);
-    }
-  }
+  if (sd_nameidx_insert(&m->names, t->name, (uint32_t)m->ntensors, tensor_name, m) != 0) return -1;
+  m->tensors[m->ntensors++] = t;
   return 0;
 }
 
@@ -78,8 +56,7 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (numel > UINT64_MAX / esize)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", name);
 
-  size_t slot = 0;
-  sd_ctensor *t = find(m, name, &slot);
+  sd_ctensor *t = find(m, name);
   if (t) {
     if (t->dtype != dtype || t->ndim != ndim || memcmp(t->shape, shape, ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
@@ -98,7 +75,7 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (!t) {
     t = calloc(1, sizeof *t);
     if (t) t->name = strdup(name);
-    if (!t || !t->name || grow(m) != 0) {
+    if (!t || !t->name || add(m, t) != 0) {
       if (t) free(t->name);
       free(t);
       free(sl);
@@ -110,9 +87,6 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
     t->index = -1;
     t->first_rank = rank;
     t->first_node = node;
-    find(m, name, &slot); /* the table may have been rehashed */
-    m->tensors[m->ntensors++] = t;
-    m->hslots[slot] = (uint32_t)m->ntensors;
   }
   if (t->nslices == t->cap) {
     size_t ncap = t->cap ? t->cap * 2 : 2;
@@ -179,7 +153,7 @@ void sd_cmanifest_free(sd_cmanifest *m) {
     free(m->files[i].data);
   }
   free(m->tensors);
-  free(m->hslots);
+  sd_nameidx_free(&m->names);
   free(m->files);
   memset(m, 0, sizeof *m);
 }

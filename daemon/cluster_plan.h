@@ -7,6 +7,7 @@
 
 #include "sd_error.h"
 #include "sd_format.h"
+#include "sd_nameidx.h"
 
 #define SD_NNODES_MAX 4096
 
@@ -47,8 +48,7 @@ typedef struct {
 typedef struct {
   sd_ctensor **tensors;    /* in order of first description */
   size_t ntensors, tcap;
-  uint32_t *hslots;        /* open addressing: tensor index + 1 */
-  size_t hcap;
+  sd_nameidx names;        /* tensor name -> index into tensors */
   sd_cartifact *files;
   size_t nfiles, fcap;
   uint64_t nslices, bytes;

@@ -34,6 +34,7 @@ static void parse(point *p, const char *var, int want_err) {
     const char *e = end + 1;
     if (!strcmp(e, "EIO")) p->err = EIO;
     else if (!strcmp(e, "ENOSPC")) p->err = ENOSPC;
+    else if (!strcmp(e, "EINVAL")) p->err = EINVAL;
     else p->err = atoi(e);
     if (p->err <= 0) return;
   } else if (*end) {

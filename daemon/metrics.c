@@ -1,4 +1,4 @@
-/* Daemon-wide counters (saves, errors by code, bytes, puts, connections, durations) and their JSON form. */
+/* Daemon-wide counters (saves, errors by code, bytes, puts, connections, durations, the writer's I/O) and their JSON form. */
 #include <string.h>
 #include <uv.h>
 
@@ -95,6 +95,19 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "saves_writing", u64(writing));
   json_object_set_new(o, "write_bytes_pending", u64(pending));
   json_object_set_new(o, "queue_depth", u64(d->cfg ? d->cfg->queue_depth : 0));
+
+  /* The writer's own figures: zeros once it has closed (shutting down). */
+  sd_writer_stats ws = {0};
+  if (d->writer) sd_writer_get_stats(d->writer, &ws);
+  json_object_set_new(o, "writes_direct", u64(ws.writes_direct));
+  json_object_set_new(o, "writes_buffered", u64(ws.writes_buffered));
+  json_object_set_new(o, "writes_registered", u64(ws.writes_fixed_buf));
+  json_object_set_new(o, "write_bytes_direct", u64(ws.bytes_direct));
+  json_object_set_new(o, "write_bytes_buffered", u64(ws.bytes_buffered));
+  json_object_set_new(o, "staging_bytes", u64(ws.staging_bytes));
+  json_object_set_new(o, "staging_peak_bytes", u64(ws.staging_peak));
+  json_object_set_new(o, "staging_max_bytes", u64(ws.staging_max));
+  json_object_set_new(o, "staging_registered", u64(ws.registered != 0));
 
   json_t *buckets = json_array();
   uint64_t cum = 0;

@@ -218,6 +218,11 @@ static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_err
   if (has_data && (has_region || has_offset))
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
                    "tensor '%s': give either 'region' and 'offset' or 'data', not both", a->name);
+  if (sd_msg_bool(req, "deferred", 0, &a->deferred, err) < 0) return err->code;
+  if (a->deferred && has_data)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "tensor '%s': 'deferred' needs 'region' and 'offset' (inline 'data' is in place already)",
+                   a->name);
   if (has_data) {
     size_t got = 0;
     uint8_t *bytes = NULL;
@@ -308,6 +313,42 @@ static json_t *op_seal(sd_session *s, json_t *req, json_t *id) {
   return NULL;
 }
 
+/* ------------------------------------------------------------------------ *
+ * declared, ready: streaming a save while its bytes are still being copied
+ * ------------------------------------------------------------------------ */
+static json_t *op_declared(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  if (find_rank(s, req, &save, &rank, &err) || sd_save_declared(save, rank, &err)) return fail(id, &err);
+  /* Reply first, as for seal: planning may end the save at once. */
+  sd_session_send(s, sd_msg_ok(id));
+  sd_save_maybe_start(save);
+  return NULL;
+}
+
+static json_t *op_ready(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  uint64_t rid = 0, upto = 0;
+  if (find_rank(s, req, &save, &rank, &err) || sd_msg_u64(req, "region", 1, 0, &rid, &err) < 0 ||
+      sd_msg_u64(req, "upto", 1, 0, &upto, &err) < 0)
+    return fail(id, &err);
+  sd_region *r = sd_region_table_get(&s->regions, rid);
+  if (!r) {
+    sd_fail(&err, SHARDD_E_NO_SUCH_REGION, "ready: no region %llu on this connection", (unsigned long long)rid);
+    return fail(id, &err);
+  }
+  if (upto > r->size) {
+    sd_fail(&err, SHARDD_E_OUT_OF_RANGE, "ready: 'upto' %llu is past the end of region %llu ('%s', %llu bytes)",
+            (unsigned long long)upto, (unsigned long long)rid, r->name, (unsigned long long)r->size);
+    return fail(id, &err);
+  }
+  if (sd_save_ready(save, rank, r, upto, &err)) return fail(id, &err);
+  return sd_msg_ok(id);
+}
+
 static json_t *op_wait(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   const char *sid = NULL;
@@ -390,7 +431,7 @@ static const struct {
 } ops[] = {
     {"hello", op_hello}, {"attach", op_attach}, {"detach", op_detach}, {"begin", op_begin},
     {"put", op_put},     {"file", op_file},     {"seal", op_seal},     {"wait", op_wait},
-    {"abort", op_abort}, {"status", op_status},
+    {"abort", op_abort}, {"status", op_status}, {"declared", op_declared}, {"ready", op_ready},
 };
 
 void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {

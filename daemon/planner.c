@@ -1,4 +1,4 @@
-/* Turns a fully sealed save into a write plan: coverage per tensor, shard plan, byte runs, index, artifacts. */
+/* Turns a save every rank has declared into a write plan: coverage per tensor, shard plan, byte runs, index, artifacts. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +38,7 @@ typedef struct {
   uint32_t file;
   const uint8_t *src;
   int shared;               /* src lies in a client's shm mapping */
+  uint32_t slice;
 } run_ctx;
 
 static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
@@ -52,7 +53,7 @@ static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
     c->cap = ncap;
   }
   p->ops[p->nops++] = (sd_write_op){.file = c->file, .file_offset = dst, .src = c->src + src, .len = len,
-                                    .flags = c->shared ? SD_WOP_SHARED : 0};
+                                    .flags = c->shared ? SD_WOP_SHARED : 0, .slice = c->slice};
   return 0;
 }
 
@@ -79,18 +80,56 @@ static int add_span(sd_planned *p, const sd_region *r, size_t *cap) {
   return 0;
 }
 
+/* Streaming: each slice's ops, by a counting sort of their labels, and
+ * the ready flags of the ops whose bytes are already in place. */
+static int index_ops(const sd_save *save, sd_planned *p, size_t nslices) {
+  p->nslices = nslices;
+  p->op_ready = malloc(p->nops ? p->nops : 1);
+  p->slice_first = calloc(nslices + 1, sizeof *p->slice_first);
+  p->slice_ops = malloc((p->nops ? p->nops : 1) * sizeof *p->slice_ops);
+  if (!p->op_ready || !p->slice_first || !p->slice_ops) return SHARDD_E_NO_MEMORY;
+  for (size_t i = 0; i < p->nops; i++) p->slice_first[p->ops[i].slice + 1]++;
+  for (size_t s = 0; s < nslices; s++) p->slice_first[s + 1] += p->slice_first[s];
+  size_t *fill = malloc((nslices ? nslices : 1) * sizeof *fill);
+  if (!fill) return SHARDD_E_NO_MEMORY;
+  memcpy(fill, p->slice_first, nslices * sizeof *fill);
+  for (size_t i = 0; i < p->nops; i++) p->slice_ops[fill[p->ops[i].slice]++] = i;
+  free(fill);
+  for (size_t i = 0; i < save->ntensors; i++) {
+    const sd_save_tensor *t = save->tensors[i];
+    for (size_t j = 0; j < t->nslices; j++) {
+      const sd_slice *sl = t->slices[j];
+      for (size_t k = p->slice_first[sl->id]; k < p->slice_first[sl->id + 1]; k++)
+        p->op_ready[p->slice_ops[k]] = !sl->deferred;
+    }
+  }
+  return 0;
+}
+
+size_t sd_planned_slice_ready(sd_planned *p, const sd_slice *sl) {
+  if (!p->op_ready || sl->id >= p->nslices) return 0;
+  size_t n = 0;
+  for (size_t k = p->slice_first[sl->id]; k < p->slice_first[sl->id + 1]; k++, n++)
+    p->op_ready[p->slice_ops[k]] = 1;
+  return n;
+}
+
 static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd_error *err) {
   run_ctx c = {.p = p};
   size_t k = 0, span_cap = 0;
+  int deferred = 0;
   for (size_t i = 0; i < save->ntensors; i++) {
     const sd_save_tensor *t = save->tensors[i];
     const sd_plan_loc *loc = &p->plan.loc[i];
     unsigned esize = sd_dtype_size(t->dtype);
     for (size_t j = 0; j < t->nslices; j++, k++) {
+      sd_slice *sl = t->slices[j];
+      sl->id = (uint32_t)k;
+      deferred |= sl->deferred;
       if (!keep[k]) continue;
-      const sd_slice *sl = t->slices[j];
       sd_box b;
       box_of(t, sl, &b);
+      c.slice = (uint32_t)k;
       c.file = loc->file;
       c.src = sl->region ? sl->region->base + sl->offset : sl->data;
       c.shared = sl->region != NULL;
@@ -101,6 +140,8 @@ static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd
   }
   /* File order, then offset order: the writer sees sequential runs it can merge. */
   if (p->nops > 1) qsort(p->ops, p->nops, sizeof *p->ops, op_cmp);
+  if (deferred && index_ops(save, p, k) != 0)
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning the writes of save '%s'", save->id);
   return 0;
 }
 
@@ -190,5 +231,8 @@ void sd_planned_free(sd_planned *p) {
   free(p->spans);
   free(p->index_json);
   free(p->artifacts);
+  free(p->op_ready);
+  free(p->slice_first);
+  free(p->slice_ops);
   memset(p, 0, sizeof *p);
 }

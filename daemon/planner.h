@@ -21,11 +21,20 @@ typedef struct sd_planned {
   uint64_t data_bytes;      /* tensor bytes written (replicas once) */
   uint64_t total_bytes;     /* every byte of every file, headers and index included */
   uint64_t nfiles;          /* shards + index + artifacts */
+  /* Streaming (some puts deferred): which ops may be read, and each slice's
+   * ops (slice_ops[slice_first[id] .. slice_first[id + 1]]) to flag when
+   * its bytes arrive. NULL when every byte was in place at planning. */
+  uint8_t *op_ready;
+  size_t *slice_first;
+  size_t *slice_ops;
+  size_t nslices;
 } sd_planned;
 
 /* Errors name the tensor or file (coverage: overlap/gap; collisions with
  * shard names: invalid_argument). */
 int sd_planner_build(const sd_save *save, sd_planned *out, sd_error *err);
 void sd_planned_free(sd_planned *p);
+/* A deferred slice's bytes are in place: flags its ops; returns how many. */
+size_t sd_planned_slice_ready(sd_planned *p, const sd_slice *sl);
 
 #endif

@@ -22,6 +22,15 @@ int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
     if (op->file > f->file || (op->file == f->file && op->file_offset + op->len > f->off)) break;
     f->op++;
   }
+  if (f->ready) {
+    /* Readiness only grows, so the scan resumes where it stopped. */
+    if (f->scan < f->op) f->scan = f->op;
+    for (; f->scan < f->nops; f->scan++) {
+      const sd_write_op *op = &f->ops[f->scan];
+      if (op->file > f->file || (op->file == f->file && op->file_offset >= f->off + len)) break;
+      if (!f->ready[f->scan]) return 0;
+    }
+  }
   c->file = f->file;
   c->off = f->off;
   c->len = (uint32_t)len;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "crashpoint.h"
+#include "log.h"
 #include "publish_int.h"
 
 #define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
@@ -60,6 +61,7 @@ struct sd_publish {
   int released;
 
   pub_phase phase;
+  int hold;                /* sources may still change: do not publish yet */
   int dir_queued, dir_done;
   int renamed, exchanged;
 
@@ -78,7 +80,7 @@ static unsigned long tmp_counter;
  * ------------------------------------------------------------------------ */
 /* Only failures are logged here; the daemon's logger reports the rest. */
 static void plog(const sd_publish *p, const char *msg) {
-  fprintf(stderr, "shardd: publish %s: %s\n", p->tag ? p->tag : "?", msg);
+  sd_log_warn("save '%s': publish: %s", p->tag ? p->tag : "?", msg);
 }
 
 /* The first failure wins: later ones are usually its consequences. */
@@ -206,8 +208,8 @@ static void go_buffered(sd_publish *p, pub_file *pf) {
   pf->direct = 0;
   if (!p->said_buffered) {
     p->said_buffered = 1;
-    fprintf(stderr, "shardd: publish %s: %s/%s: a direct write was refused (EINVAL); writing the rest buffered\n",
-            p->tag, p->rel_dir, pf->name);
+    sd_log_warn("save '%s': writing buffered: %s/%s refused a direct write (%s); the rest goes through the page cache",
+                p->tag, p->rel_dir, pf->name, strerror(EINVAL));
   }
 }
 
@@ -285,13 +287,18 @@ static void write_complete(sd_publish *p, const sd_io *io, int res) {
   uint32_t f = io->tag;
   pub_file *pf = &p->files[f];
   if (res == -EINVAL && pf->direct && !p->failed) {
-    /* Whatever went out stays; the rest goes again through the page cache. */
+    /* Whatever went out stays; the rest goes again through the page cache.
+     * A padded last block may have gone out whole: past c->len is padding. */
     go_buffered(p, pf);
-    c->done += io->done;
-    c->next = p->wq;
-    p->wq = c;
-    if (!c->next) p->wq_tail = &c->next;
-    return;
+    uint64_t done = (uint64_t)c->done + io->done;
+    c->done = done < c->len ? (uint32_t)done : c->len;
+    if (c->done < c->len) {
+      c->next = p->wq;
+      p->wq = c;
+      if (!c->next) p->wq_tail = &c->next;
+      return;
+    }
+    res = (int)c->len;
   }
   put_chunk(p, c);
   if (res < 0) {
@@ -398,7 +405,7 @@ static void job_poll(sd_wjob *job) {
     if (p->job.inflight == 0 && p->job.filling == 0) finish_failed(p);
     return;
   }
-  if (p->phase == PH_WRITE && p->nsynced == p->nfiles && p->job.inflight == 0) {
+  if (p->phase == PH_WRITE && p->nsynced == p->nfiles && p->job.inflight == 0 && !p->hold) {
     p->phase = PH_DIRSYNC;
     p->dir_queued = p->dir_done = 0;
   } else if (p->phase == PH_DIRSYNC && p->dir_done) {
@@ -469,8 +476,10 @@ static int sorted_ops(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   if (sorted) {
     p->fill.ops = req->ops;
     p->fill.nops = req->nops;
+    p->fill.ready = req->op_ready;
     return 0;
   }
+  if (req->op_ready) return sd_fail(err, SHARDD_E_INTERNAL, "publish: streamed writes must come sorted");
   size_t n = 0;
   for (size_t i = 0; i < req->nops; i++) n += req->ops[i].len > 0;
   p->own_ops = malloc((n ? n : 1) * sizeof *p->own_ops);
@@ -603,8 +612,9 @@ static int go_direct(sd_publish *p, pub_file *pf) {
   if (fl < 0 || fcntl(pf->fd, F_SETFL, fl | O_DIRECT) < 0) {
     if (!p->said_buffered) {
       p->said_buffered = 1;
-      fprintf(stderr, "shardd: publish %s: the file system under %s refuses O_DIRECT (%s); writing buffered\n",
-              p->tag, p->rel_dir, strerror(errno));
+      sd_log_warn("save '%s': writing buffered: %s%s%s refuses O_DIRECT (%s)", p->tag, p->root_path,
+                  p->root_path[0] && p->root_path[strlen(p->root_path) - 1] == '/' ? "" : "/", p->rel_dir,
+                  strerror(errno));
     }
     return 0;
   }
@@ -684,6 +694,7 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
   p->on_released = req->on_released;
   p->on_done = req->on_done;
   p->ud = req->ud;
+  p->hold = req->hold;
   p->root_path = dupstr(req->root_path);
   p->rel_dir = dupstr(req->rel_dir);
   p->tag = dupstr(req->tag ? req->tag : "save");
@@ -733,6 +744,15 @@ void sd_publish_cancel(sd_publish *p, int code, const char *why) {
    * remains, and finishing it beats unpublishing a whole checkpoint. */
   if (p->failed || p->renamed) return;
   pub_fail(p, code, "%s", why ? why : sd_err_message(code));
+  sd_writer_kick(p->job.w);
+}
+
+void sd_publish_poke(sd_publish *p) {
+  if (!p->failed) sd_writer_kick(p->job.w);
+}
+
+void sd_publish_unhold(sd_publish *p) {
+  p->hold = 0;
   sd_writer_kick(p->job.w);
 }
 

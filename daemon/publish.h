@@ -42,6 +42,7 @@ typedef struct {
   const uint8_t *src;      /* shm mapping or heap; valid until the done callback */
   uint64_t len;
   uint32_t flags;          /* SD_WOP_* */
+  uint32_t slice;          /* the caller's label (save.c: which slice it copies) */
 } sd_write_op;
 
 /* src lies in a client's MAP_SHARED mapping. When a span of the request
@@ -94,6 +95,11 @@ typedef struct {
   size_t nartifacts;
   const char *index_json;  /* NULL when plan->needs_index == 0 */
   size_t index_len;
+  /* Streaming: ops[i] may be read only once op_ready[i] is set (the caller
+   * sets flags, then calls sd_publish_poke); NULL: every source is ready.
+   * Staging waits for whole stretches, so writes stay large and aligned. */
+  const uint8_t *op_ready;
+  int hold;                /* write and fsync, but publish only after sd_publish_unhold */
   const char *tag;         /* save id, for logs and the temporary folder name */
   sd_publish_released_cb on_released; /* may be NULL */
   sd_publish_done_cb on_done;
@@ -131,6 +137,9 @@ typedef struct {
   uint64_t staging_bytes;    /* staging allocated now */
   uint64_t staging_peak;     /* staging allocated at most */
   uint64_t staging_max;      /* the bound */
+  uint64_t bytes_direct;     /* bytes the kernel took through O_DIRECT (with last-block padding) */
+  uint64_t bytes_buffered;   /* ... through the page cache */
+  int registered;            /* staging buffers are registered with the ring (0: plain writes) */
 } sd_writer_stats;
 
 void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
@@ -139,6 +148,10 @@ void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err);
 /* Fails the publish with code/why; on_done follows asynchronously. */
 void sd_publish_cancel(sd_publish *p, int code, const char *why);
+/* More op_ready flags are set: stage what became ready. */
+void sd_publish_poke(sd_publish *p);
+/* Every source is final: the publish may rename once all is durable. */
+void sd_publish_unhold(sd_publish *p);
 uint64_t sd_publish_bytes_written(const sd_publish *p);
 uint64_t sd_publish_bytes_total(const sd_publish *p);
 

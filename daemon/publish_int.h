@@ -140,15 +140,19 @@ typedef struct {
   size_t nops;
   const sd_shm_span *spans; /* sorted by base, none overlapping */
   size_t nspans;
+  const uint8_t *ready;    /* ops[i] may be read once ready[i] is set; NULL: all may */
   /* the loop thread's cursor: where the next stretch starts */
   uint32_t file;
   uint64_t off;
   size_t op;
+  size_t scan;             /* ops before this one are known ready */
 } sd_fill;
 
 /* Pure: the next stretch, at most cap bytes (a multiple of SD_DIO_ALIGN)
  * of one file: sets c->file, off, len and cursor and advances. Returns 0
- * once every byte of every file has been handed out. */
+ * once every byte of every file has been handed out, or while a write in
+ * the next stretch is not ready (whole stretches only, so a slow source
+ * does not turn into many small writes). */
 int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c);
 /* Copies the stretch into c->buf: the head, the data writes (shared
  * sources inside a span with preadv, gathered by source run; others with

@@ -61,27 +61,15 @@ int sd_save_rank_of(const sd_save *save, const sd_session *s) {
 /* ------------------------------------------------------------------------ *
  * Tensor table: names hashed, order of first put kept
  * ------------------------------------------------------------------------ */
-static uint64_t hash_name(const char *s) {
-  uint64_t h = 1469598103934665603ULL;
-  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
-  return h;
+static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_save *)ctx)->tensors[i]->name; }
+
+static sd_save_tensor *tensor_find(const sd_save *save, const char *name) {
+  uint32_t i = sd_nameidx_find(&save->names, name, tensor_name, save);
+  return i == SD_NAMEIDX_NONE ? NULL : save->tensors[i];
 }
 
-static sd_save_tensor *tensor_find(const sd_save *save, const char *name, size_t *slot) {
-  if (save->hcap == 0) return NULL;
-  size_t mask = save->hcap - 1;
-  for (size_t i = hash_name(name) & mask;; i = (i + 1) & mask) {
-    uint32_t v = save->hslots[i];
-    if (v == 0) {
-      if (slot) *slot = i;
-      return NULL;
-    }
-    if (strcmp(save->tensors[v - 1]->name, name) == 0) return save->tensors[v - 1];
-  }
-}
-
-static int tensor_table_grow(sd_save *save) {
-  if (save->ntensors + 1 <= save->tcap && (save->ntensors + 1) * 2 <= save->hcap) return 0;
+/* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
+static int tensor_table_add(sd_save *save, sd_save_tensor *t) {
   if (save->ntensors + 1 > save->tcap) {
     size_t ncap = save->tcap ? save->tcap * 2 : 64;
     sd_save_tensor **nt = realloc(save->tensors, ncap * sizeof *nt);
@@ -89,19 +77,8 @@ static int tensor_table_grow(sd_save *save) {
     save->tensors = nt;
     save->tcap = ncap;
   }
-  if ((save->ntensors + 1) * 2 > save->hcap) {
-    size_t ncap = save->hcap ? save->hcap * 2 : 128;
-    uint32_t *ns = calloc(ncap, sizeof *ns);
-    if (!ns) return -1;
-    free(save->hslots);
-    save->hslots = ns;
-    save->hcap = ncap;
-    for (size_t t = 0; t < save->ntensors; t++) {
-      size_t i = hash_name(save->tensors[t]->name) & (ncap - 1);
-      while (ns[i]) i = (i + 1) & (ncap - 1);
-      ns[i] = (uint32_t)(t + 1);
-    }
-  }
+  if (sd_nameidx_insert(&save->names, t->name, (uint32_t)save->ntensors, tensor_name, save) != 0) return -1;
+  save->tensors[save->ntensors++] = t;
   return 0;
 }
 
@@ -129,7 +106,7 @@ static void save_free(sd_save *save) {
     free(t);
   }
   free(save->tensors);
-  free(save->hslots);
+  sd_nameidx_free(&save->names);
   for (size_t i = 0; i < save->nfiles; i++) {
     free(save->files[i].name);
     free(save->files[i].data);
@@ -139,6 +116,7 @@ static void save_free(sd_save *save) {
     for (uint32_t r = 0; r < save->world_size; r++) {
       for (size_t k = 0; k < save->ranks[r].nregions; k++) sd_region_unref(save->ranks[r].regions[k]);
       free(save->ranks[r].regions);
+      free(save->ranks[r].pending);
     }
   }
   free(save->ranks);
@@ -418,6 +396,8 @@ static void start_write(sd_save *save) {
   }
   sd_planned *p = save->planned;
   sd_publish_req req = {
+      .op_ready = p->op_ready,
+      .hold = save->nsealed < save->world_size,
       .root_fd = d->root_fd,
       .root_path = d->cfg->root,
       .rel_dir = save->dir,
@@ -465,11 +445,17 @@ static void start_write(sd_save *save) {
 
 void sd_save_maybe_start(sd_save *save) {
   if (save->cl) {
+    /* Peers plan at the leader once every rank sealed: "declared" changes nothing there. */
     if (save->state == SD_SAVE_OPEN && !save->err.code) sd_cluster_sealed(save); /* the leader plans */
     return;
   }
-  if (save->state == SD_SAVE_OPEN && !save->err.code && save->nsealed == save->world_size)
-    start_write(save);
+  if (save->err.code) return;
+  if (save->state == SD_SAVE_OPEN && save->ndeclared == save->world_size) {
+    start_write(save); /* may end the save */
+    return;
+  }
+  if (save->state == SD_SAVE_WRITING && save->pub && save->nsealed == save->world_size)
+    sd_publish_unhold(save->pub);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -614,9 +600,22 @@ static int rank_hold_region(sd_rank *rk, sd_region *r) {
   return 0;
 }
 
+/* Room for one more deferred put, made before anything is recorded. */
+static int rank_reserve_pending(sd_rank *rk) {
+  if (rk->npending < rk->pcap) return 0;
+  size_t ncap = rk->pcap ? rk->pcap * 2 : 16;
+  sd_slice **np = realloc(rk->pending, ncap * sizeof *np);
+  if (!np) return -1;
+  rk->pending = np;
+  rk->pcap = ncap;
+  return 0;
+}
+
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
-  size_t slot = 0;
-  sd_save_tensor *t = tensor_find(save, a->name, &slot);
+  if (save->ranks[rank].declared)
+    return sd_fail(err, SHARDD_E_BAD_STATE, "tensor '%s': rank %u has declared its puts complete in save '%s'",
+                   a->name, rank, save->id);
+  sd_save_tensor *t = tensor_find(save, a->name);
   const sd_config *cfg = save->d->cfg;
   if (cfg && !t && save->ntensors >= cfg->max_tensors)
     return sd_fail(err, SHARDD_E_LIMIT, "save '%s' already has %zu tensors (max_tensors=%llu); tensor '%s' refused",
@@ -644,14 +643,15 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   }
   sd_rank *rk = &save->ranks[rank];
   sd_slice *sl = calloc(1, sizeof *sl + 2 * a->ndim * sizeof(uint64_t));
-  if (!sl || (a->region && rank_hold_region(rk, a->region) != 0)) {
+  if (!sl || (a->region && rank_hold_region(rk, a->region) != 0) ||
+      (a->deferred && rank_reserve_pending(rk) != 0)) {
     free(sl);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
   }
   if (!t) {
     t = calloc(1, sizeof *t);
     if (t) t->name = strdup(a->name);
-    if (!t || !t->name || tensor_table_grow(save) != 0) {
+    if (!t || !t->name || tensor_table_add(save, t) != 0) {
       if (t) free(t->name);
       free(t);
       free(sl);
@@ -662,9 +662,6 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     memcpy(t->shape, a->shape, a->ndim * sizeof(uint64_t));
     t->index = -1;
     t->first_rank = rank;
-    tensor_find(save, a->name, &slot); /* the table may have been rehashed */
-    save->tensors[save->ntensors++] = t;
-    save->hslots[slot] = (uint32_t)save->ntensors;
   }
   if (t->nslices == t->cap) {
     size_t ncap = t->cap ? t->cap * 2 : 2;
@@ -686,6 +683,10 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   memcpy(sl->dims, a->start, a->ndim * sizeof(uint64_t));
   memcpy(sl->dims + a->ndim, a->count, a->ndim * sizeof(uint64_t));
   t->slices[t->nslices++] = sl;
+  if (a->deferred) {
+    sl->deferred = 1;
+    rk->pending[rk->npending++] = sl;
+  }
   save->nslices++;
   rk->bytes += a->len;
   save->bytes_put += a->len;
@@ -694,6 +695,11 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
 
 int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
                  sd_error *err) {
+  if (save->ranks[rank].declared) {
+    free(data);
+    return sd_fail(err, SHARDD_E_BAD_STATE, "file '%s': rank %u has declared its puts complete in save '%s'",
+                   name, rank, save->id);
+  }
   for (size_t i = 0; i < save->nfiles; i++) {
     sd_save_artifact *f = &save->files[i];
     if (strcmp(f->name, name) != 0) continue;
@@ -728,12 +734,59 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
   return 0;
 }
 
+/* Flags the pending puts of rank rk whose bytes lie in region r below upto
+ * (r NULL: all of them), drops them from its list, and pokes the writer
+ * when any of them is planned already. */
+static void pending_settle(sd_save *save, sd_rank *rk, const sd_region *r, uint64_t upto) {
+  size_t keep = 0, flagged = 0;
+  for (size_t i = 0; i < rk->npending; i++) {
+    sd_slice *sl = rk->pending[i];
+    if (r && (sl->region != r || sl->offset + sl->len > upto)) {
+      rk->pending[keep++] = sl;
+      continue;
+    }
+    sl->deferred = 0;
+    if (save->planned) flagged += sd_planned_slice_ready(save->planned, sl);
+  }
+  rk->npending = keep;
+  if (flagged && save->pub) sd_publish_poke(save->pub);
+}
+
+static void rank_declare(sd_save *save, sd_rank *rk) {
+  if (rk->declared) return;
+  rk->declared = 1;
+  save->ndeclared++;
+}
+
+int sd_save_declared(sd_save *save, uint32_t rank, sd_error *err) {
+  if (save->err.code) {
+    *err = save->err;
+    return err->code;
+  }
+  sd_rank *rk = &save->ranks[rank];
+  if (rk->declared)
+    return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u has already declared its puts in save '%s'", rank, save->id);
+  rank_declare(save, rk);
+  return 0;
+}
+
+int sd_save_ready(sd_save *save, uint32_t rank, const sd_region *r, uint64_t upto, sd_error *err) {
+  if (save->err.code) {
+    *err = save->err;
+    return err->code;
+  }
+  pending_settle(save, &save->ranks[rank], r, upto);
+  return 0;
+}
+
 int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err) {
   sd_rank *rk = &save->ranks[rank];
   if (rk->state == SD_RANK_SEALED)
     return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u has already sealed save '%s'", rank, save->id);
   rk->state = SD_RANK_SEALED;
   save->nsealed++;
+  rank_declare(save, rk);
+  pending_settle(save, rk, NULL, 0); /* sealed: every byte is in place */
   return 0;
 }
 
@@ -775,7 +828,7 @@ void sd_save_session_gone(sd_daemon *d, sd_session *s) {
   for (size_t i = 0; i < n; i++) {
     sd_save *save = m[i].save;
     if (!save_alive(d, save)) continue;
-    if (save->ranks[m[i].rank].state == SD_RANK_BEGUN && save->state == SD_SAVE_OPEN)
+    if (save->ranks[m[i].rank].state == SD_RANK_BEGUN && !save->err.code)
       sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", m[i].rank,
                    save->id);
   }
@@ -796,7 +849,7 @@ uint64_t sd_save_bytes_written(const sd_save *save) {
 
 const char *sd_save_state_name(const sd_save *save) {
   switch (save->state) {
-    case SD_SAVE_OPEN: return save->nsealed == save->world_size ? "planning" : "open";
+    case SD_SAVE_OPEN: return save->ndeclared == save->world_size ? "planning" : "open";
     case SD_SAVE_WRITING: return "writing";
     case SD_SAVE_FAILING: return "failing";
   }

@@ -9,6 +9,7 @@
 #include "ops.h"
 #include "region.h"
 #include "sd_format.h"
+#include "sd_nameidx.h"
 
 #define SD_SAVE_ID_MAX 128
 #define SD_WORLD_MAX 65536
@@ -24,6 +25,8 @@ typedef struct sd_slice {
   uint64_t offset;         /* in region */
   uint8_t *data;           /* owned */
   uint64_t len;
+  uint32_t id;             /* position over all the save's slices, set by the planner */
+  int deferred;            /* put with "deferred": the bytes are not in place yet */
   uint64_t dims[];         /* start[ndim], then count[ndim] */
 } sd_slice;
 
@@ -49,10 +52,13 @@ enum { SD_RANK_NONE, SD_RANK_BEGUN, SD_RANK_SEALED };
 
 typedef struct {
   int state;
+  int declared;            /* no more puts or files ("declared", or sealed) */
   struct sd_session *sess; /* NULL once disconnected */
   sd_region **regions;     /* one reference each, held until the save ends */
   size_t nregions, cap;
   uint64_t bytes;
+  sd_slice **pending;      /* deferred puts whose bytes are not ready yet */
+  size_t npending, pcap;
 } sd_rank;
 
 typedef struct sd_waiter {
@@ -76,14 +82,13 @@ typedef struct sd_save {
   int overwrite;
   sd_save_state state;
   sd_rank *ranks;
-  uint32_t nbegun, nsealed;
+  uint32_t nbegun, nsealed, ndeclared;
 
   uid_t owner_uid;          /* who began it: only this uid may join or abort */
   uint64_t nslices;         /* every rank's puts, against max_slices */
   sd_save_tensor **tensors; /* in first-put order */
   size_t ntensors, tcap;
-  uint32_t *hslots;        /* open addressing: tensor index + 1, 0 empty */
-  size_t hcap;
+  sd_nameidx names;        /* tensor name -> index into tensors */
   sd_save_artifact *files;
   size_t nfiles, fcap;
   uint64_t bytes_put;
@@ -134,6 +139,7 @@ typedef struct {
   uint64_t offset;
   uint8_t *data;           /* taken over by the save on success */
   uint64_t len;
+  int deferred;            /* region bytes put in place later ("ready" or seal) */
 } sd_put_args;
 
 int sd_save_id_check(const char *id, sd_error *err);
@@ -149,8 +155,15 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err);
 int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
                  sd_error *err);
 int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err);
-/* Plans and starts the publish once every rank has sealed (call after the
- * seal's reply went out, so replies keep request order). */
+/* Streaming: a rank says it will put nothing more, though bytes of its
+ * deferred puts may still be on their way; once every rank has declared (or
+ * sealed), a one-node save plans and starts writing what is ready. */
+int sd_save_declared(sd_save *save, uint32_t rank, sd_error *err);
+/* The bytes of this rank's deferred puts in region r below `upto` are in place. */
+int sd_save_ready(sd_save *save, uint32_t rank, const sd_region *r, uint64_t upto, sd_error *err);
+/* Plans and starts the publish once every rank has declared or sealed, and
+ * lets it publish once every rank has sealed (call after the reply went out,
+ * so replies keep request order). */
 void sd_save_maybe_start(sd_save *save);
 /* Fails the save for every rank; the first error wins. */
 void sd_save_fail(sd_save *save, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -241,7 +241,8 @@ static void peer_finished(sd_session *s) {
   for (size_t i = 0; i < s->nmembers;) {
     struct sd_save *save = s->members[i].save;
     uint32_t rank = s->members[i].rank;
-    if (save->ranks[rank].state == SD_RANK_BEGUN && save->state == SD_SAVE_OPEN) {
+    /* A streamed save may be writing already; it still needs every seal. */
+    if (save->ranks[rank].state == SD_RANK_BEGUN && !save->err.code) {
       sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", rank, save->id);
       i = 0; /* ending the save edited the list */
       continue;

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "staging.h"
 
 #define SD_FILE_SLOTS 256u
@@ -61,10 +62,9 @@ static int chunk_alloc(sd_staging *s, sd_chunk *c, unsigned idx) {
       /* Pinning counts against RLIMIT_MEMLOCK for unprivileged daemons:
        * carry on with plain writes from the same aligned buffers. */
       s->reg_failed = 1;
-      fprintf(stderr,
-              "shardd: writer: cannot register staging buffers with io_uring (%s; raise "
-              "LimitMEMLOCK/ulimit -l above the staging size): using unregistered buffers\n",
-              strerror(rc < 0 ? -rc : EINVAL));
+      sd_log_warn("writer: cannot register staging buffers with io_uring (%s; raise "
+                  "LimitMEMLOCK/ulimit -l above the staging size): using unregistered buffers",
+                  strerror(rc < 0 ? -rc : EINVAL));
     }
   }
   if (++s->live > s->peak) s->peak = s->live;

@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "publish_int.h"
 
 #define SD_REAP_BATCH 64
@@ -37,6 +38,8 @@ struct sd_writer {
   unsigned qd;
   unsigned inflight;       /* SQEs handed to the ring and not yet reaped */
   sd_io *slots;            /* qd of them; a request holds one until it ends */
+  unsigned char *slot_direct; /* per slot: its write goes through O_DIRECT (byte counts) */
+  int counted_direct;      /* what the job's last sd_writer_count_write said */
   sd_io *free_slots;
   sd_io *retry;            /* short writes to resubmit for the remainder */
   sd_io **retry_tail;
@@ -52,8 +55,8 @@ struct sd_writer {
 };
 
 /* Errors of the writer itself (not of a save) have no one to report to. */
-static void wlog(const char *fmt, const char *what, int e) {
-  fprintf(stderr, fmt, what, strerror(e));
+static void wlog(const char *what, int e) {
+  sd_log_error("writer: %s: %s", what, strerror(e));
 }
 
 /* ------------------------------------------------------------------------ *
@@ -95,7 +98,11 @@ static sd_io *next_request(sd_writer *w) {
     if (!j->exhausted) {
       memset(io, 0, sizeof *io);
       io->buf_index = -1;
+      w->counted_direct = 0;
       if (j->ops->next(j, io)) {
+        /* A write the job did not count resumes a chunk whose direct write
+         * was refused: it goes out buffered. */
+        w->slot_direct[io - w->slots] = io->kind == SD_IO_WRITE && w->counted_direct;
         w->free_slots = w->free_slots->next;
         io->job = j;
         io->next = NULL;
@@ -133,7 +140,7 @@ void sd_writer_pump(sd_writer *w) {
     if (rc == -EAGAIN || rc == -EBUSY)
       sd_writer_kick(w); /* the SQEs stay queued; nothing may complete to retry them */
     else if (rc < 0)
-      wlog("shardd: writer: %s: %s\n", "submit", -rc);
+      wlog("submit", -rc);
   }
   stage(w);
 }
@@ -247,6 +254,7 @@ int sd_writer_buffered(const sd_writer *w) {
 }
 
 void sd_writer_count_write(sd_writer *w, int direct) {
+  w->counted_direct = direct != 0;
   if (direct)
     w->st.writes_direct++;
   else
@@ -258,6 +266,7 @@ void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out) {
   out->staging_bytes = sd_staging_bytes(&w->stg);
   out->staging_peak = (uint64_t)w->stg.peak * w->stg.chunk_bytes;
   out->staging_max = (uint64_t)w->stg.max * w->stg.chunk_bytes;
+  out->registered = w->stg.sparse && !w->stg.reg_failed;
 }
 
 static void reap(sd_writer *w) {
@@ -270,6 +279,10 @@ static void reap(sd_writer *w) {
       w->inflight--;
       sd_wjob *j = io->job;
       if (io->kind == SD_IO_WRITE && res > 0) {
+        if (w->slot_direct[io - w->slots])
+          w->st.bytes_direct += (uint64_t)res;
+        else
+          w->st.bytes_buffered += (uint64_t)res;
         j->ops->progress(j, io, (uint32_t)res);
         io->done += (uint32_t)res;
         if (io->done < io->len) {
@@ -296,7 +309,7 @@ static void on_eventfd(uv_poll_t *h, int status, int events) {
   (void)events;
   sd_writer *w = h->data;
   if (status < 0) {
-    wlog("shardd: writer: %s: %s\n", "eventfd poll", -status);
+    wlog("eventfd poll", -status);
     return;
   }
   uint64_t v;
@@ -371,7 +384,10 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
   sd_writer *w = calloc(1, sizeof *w);
   if (!w) return sd_fail(err, SHARDD_E_NO_MEMORY, "writer");
   w->slots = calloc(queue_depth, sizeof *w->slots);
-  if (!w->slots) {
+  w->slot_direct = calloc(queue_depth, 1);
+  if (!w->slots || !w->slot_direct) {
+    free(w->slots);
+    free(w->slot_direct);
     free(w);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "writer slots");
   }
@@ -388,6 +404,7 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
   if (rc == -EINVAL) rc = io_uring_queue_init(queue_depth, &w->ring, 0);
   if (rc < 0) {
     free(w->slots);
+    free(w->slot_direct);
     free(w);
     return sd_fail(err, SHARDD_E_IO, "io_uring setup failed: %s", strerror(-rc));
   }
@@ -397,6 +414,7 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
     if (w->efd >= 0) close(w->efd);
     io_uring_queue_exit(&w->ring);
     free(w->slots);
+    free(w->slot_direct);
     free(w);
     return sd_fail(err, SHARDD_E_IO, "io_uring eventfd: %s", strerror(e));
   }
@@ -411,6 +429,7 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
     close(w->efd);
     io_uring_queue_exit(&w->ring);
     free(w->slots);
+    free(w->slot_direct);
     free(w);
     return rc;
   }
@@ -439,6 +458,7 @@ static void on_handle_closed(uv_handle_t *h) {
   void (*cb)(void *) = w->close_cb;
   void *ud = w->close_ud;
   free(w->slots);
+  free(w->slot_direct);
   free(w);
   if (cb) cb(ud);
 }

@@ -18,7 +18,7 @@ typedef struct {
   const char *socket, *save, *dir, *dtype, *file;
   int rank, world_size, tp;
   uint64_t hidden, layers, vocab, intermediate, max_shard_size, seed;
-  int no_wait, kill_before_seal;
+  int no_wait, kill_before_seal, start_barrier, stream;
 } opts;
 
 static void usage(FILE *f) {
@@ -40,6 +40,11 @@ static void usage(FILE *f) {
           "  --file NAME           rank 0 also writes a Llama config.json-style file named NAME\n"
           "  --no-wait             seal, then exit without waiting for the commit\n"
           "  --kill-before-seal    put everything, then exit(3) without sealing\n"
+          "  --stream              put every slice deferred, say 'declared', then copy and send\n"
+          "                        'ready' every 64 MiB: the daemon writes while this rank copies\n"
+          "  --start-barrier       once connected and ready, print 'ready' and wait for a line on\n"
+          "                        stdin before 'begin', so ranks start a save together as a\n"
+          "                        trainer's ranks do at a checkpoint step (EOF: exit 1)\n"
           "Prints one JSON line: rank, bytes, blocked_s (begin+puts+seal, copies included),\n"
           "memcpy_s (a plain memcpy of the same bytes), state, files.\n");
 }
@@ -224,6 +229,41 @@ static char *config_json(const opts *o, int dt) {
   return s;
 }
 
+#define STREAM_STEP (64u << 20)
+
+static int send_config(const opts *o, int dt, shardd_client *c, shardd_arena *a, int *status) {
+  char *cfg = config_json(o, dt);
+  if (!cfg) {
+    *status = fail(o, "file", SHARDD_E_NO_MEMORY, c, a);
+    return -1;
+  }
+  int rc = shardd_file(c, o->save, o->file, cfg, strlen(cfg));
+  free(cfg);
+  if (rc) {
+    *status = fail(o, "file", rc, c, a);
+    return -1;
+  }
+  return 0;
+}
+
+/* The trainer's weights: huge pages where the kernel offers them, since
+ * faulting gigabytes in 4 KiB pages costs more than generating them on a
+ * virtual machine. Freed by exit. */
+static uint8_t *model_alloc(size_t n) {
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  madvise(p, n, MADV_HUGEPAGE); /* advice only: fine if refused */
+  return p;
+}
+
+/* Says "ready" on stdout and waits for any line on stdin. */
+static int wait_for_go(void) {
+  char line[64];
+  printf("ready\n");
+  fflush(stdout);
+  return fgets(line, sizeof line, stdin) ? 0 : -1;
+}
+
 /* ------------------------------------------------------------------------ *
  * main
  * ------------------------------------------------------------------------ */
@@ -231,7 +271,7 @@ int main(int argc, char **argv) {
   opts o = {.save = "example", .dir = "example", .dtype = "BF16", .world_size = 1, .tp = 1,
             .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688};
   enum { O_SOCKET = 256, O_SAVE, O_DIR, O_RANK, O_WS, O_TP, O_HIDDEN, O_LAYERS, O_VOCAB, O_INTER,
-         O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_HELP };
+         O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_HELP };
   static const struct option lo[] = {
       {"socket", required_argument, 0, O_SOCKET}, {"save", required_argument, 0, O_SAVE},
       {"dir", required_argument, 0, O_DIR},       {"rank", required_argument, 0, O_RANK},
@@ -241,6 +281,7 @@ int main(int argc, char **argv) {
       {"dtype", required_argument, 0, O_DTYPE},   {"max-shard-size", required_argument, 0, O_MSS},
       {"seed", required_argument, 0, O_SEED},     {"file", required_argument, 0, O_FILE},
       {"no-wait", no_argument, 0, O_NOWAIT},      {"kill-before-seal", no_argument, 0, O_KILL},
+      {"start-barrier", no_argument, 0, O_BARRIER}, {"stream", no_argument, 0, O_STREAM},
       {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
   int ch, bad = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -261,6 +302,8 @@ int main(int argc, char **argv) {
       case O_FILE: o.file = optarg; break;
       case O_NOWAIT: o.no_wait = 1; break;
       case O_KILL: o.kill_before_seal = 1; break;
+      case O_BARRIER: o.start_barrier = 1; break;
+      case O_STREAM: o.stream = 1; break;
       case O_HELP: usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -295,9 +338,9 @@ int main(int argc, char **argv) {
 
   /* The "trainer's" tensors: generated before timing starts, like weights
    * that already sit in host memory. */
-  uint8_t *model = malloc(total);
+  uint8_t *model = model_alloc(total);
   if (!model) {
-    perror("malloc");
+    perror("mmap");
     return 1;
   }
   for (size_t i = 0; i < ss.n; i++) {
@@ -343,6 +386,13 @@ int main(int argc, char **argv) {
     goto done;
   }
   double setup_s = now_s() - t_setup;
+  if (o.start_barrier && wait_for_go() != 0) {
+    fprintf(stderr, "shardd-example-rank %d: stdin closed before the start signal\n", o.rank);
+    shardd_arena_destroy(a);
+    shardd_close(c);
+    status = 1;
+    goto done;
+  }
 
   double blocked = 0, t0 = now_s();
   char ws[16], tps[16];
@@ -364,29 +414,45 @@ int main(int argc, char **argv) {
     shardd_tensor_desc d = {.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
                             .shape = t->shape, .start = whole ? NULL : t->start,
                             .count = whole ? NULL : t->count, .index = t->index};
-    rc = shardd_put_copy(c, o.save, &d, a, t->offset, model + t->offset, (size_t)t->nbytes);
+    rc = o.stream ? shardd_put_deferred(c, o.save, &d, a, t->offset)
+                  : shardd_put_copy(c, o.save, &d, a, t->offset, model + t->offset, (size_t)t->nbytes);
     if (rc) {
       status = fail(&o, "put", rc, c, a);
       goto done;
     }
   }
-  if (o.file && o.rank == 0) {
-    char *cfg = config_json(&o, dt);
-    if (!cfg) {
-      status = fail(&o, "file", SHARDD_E_NO_MEMORY, c, a);
+  if (o.stream) {
+    /* The file goes first: nothing may be added once declared. */
+    if (o.file && o.rank == 0 && send_config(&o, dt, c, a, &status) != 0) goto done;
+    rc = shardd_declared(c, o.save);
+    if (rc) {
+      status = fail(&o, "declared", rc, c, a);
       goto done;
     }
-    rc = shardd_file(c, o.save, o.file, cfg, strlen(cfg));
-    free(cfg);
-    if (rc) {
-      status = fail(&o, "file", rc, c, a);
-      goto done;
+    /* Slices sit in the arena in put order: copy front to back, saying how
+     * far the bytes are ready every STREAM_STEP. */
+    uint8_t *dst = shardd_arena_data(a);
+    uint64_t said = 0;
+    for (size_t i = 0; i < ss.n; i++) {
+      slice *t = &ss.v[i];
+      if (t->skip) continue;
+      memcpy(dst + t->offset, model + t->offset, (size_t)t->nbytes);
+      uint64_t end = t->offset + t->nbytes;
+      if (end - said >= STREAM_STEP) {
+        rc = shardd_ready(c, o.save, a, end);
+        if (rc) {
+          status = fail(&o, "ready", rc, c, a);
+          goto done;
+        }
+        said = end;
+      }
     }
   }
+  if (!o.stream && o.file && o.rank == 0 && send_config(&o, dt, c, a, &status) != 0) goto done;
   if (o.kill_before_seal) {
     /* Die as a crashed trainer would, without leaking the segment. */
     shm_unlink(shardd_arena_name(a));
-    free(model);
+    munmap(model, total);
     free(ss.v);
     exit(3);
   }
@@ -428,7 +494,7 @@ int main(int argc, char **argv) {
   json_str(stdout, res.dir);
   printf("}\n");
 done:
-  free(model);
+  munmap(model, total);
   free(ss.v);
   return status;
 }

@@ -187,6 +187,20 @@ SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const sh
 SHARDD_EXPORT int shardd_file(shardd_client *c, const char *save, const char *path,
                               const void *data, size_t len);
 SHARDD_EXPORT int shardd_seal(shardd_client *c, const char *save);
+
+/* Streaming, so the daemon writes while the rank is still copying:
+ * put every slice deferred (its place in the arena, bytes to come), say
+ * shardd_declared, then copy and call shardd_ready(upto) as the arena fills
+ * from the front; shardd_seal says every byte is in place. Once every rank
+ * has declared, the daemon checks coverage and plans (a gap or overlap
+ * fails the save before any byte is copied) and writes each stretch of a
+ * file as soon as its bytes are ready; it publishes after the last seal. */
+SHARDD_EXPORT int shardd_put_deferred(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                                      shardd_arena *a, uint64_t offset);
+/* This rank puts nothing more (and sends no file) in this save. */
+SHARDD_EXPORT int shardd_declared(shardd_client *c, const char *save);
+/* The bytes of this rank's deferred puts in arena a below offset upto are in place. */
+SHARDD_EXPORT int shardd_ready(shardd_client *c, const char *save, shardd_arena *a, uint64_t upto);
 /* Blocks until the save ends; timeout_ms < 0 waits forever. */
 SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms, shardd_result *out);
 /* Blocks until the daemon says it will never read this rank's shared memory

@@ -39,6 +39,7 @@ typedef struct {
   uint64_t max_shard_size;  /* 0: about a quarter of the model, so several files */
   double timeout_s;         /* ranks still running after this are killed: a hang guard */
   int keep;
+  int classic;              /* ranks put after copying (no streaming) */
 } options;
 
 static void usage(FILE *f) {
@@ -57,7 +58,10 @@ static void usage(FILE *f) {
           "  --max-shard-size N   bytes per shard file (default: a quarter of the model)\n"
           "  --timeout S          kill the ranks if they run longer than S seconds (default 3600;\n"
           "                       a busy 2-core machine needs minutes just to generate 4 GiB)\n"
-          "  --keep               keep the work folder (kept anyway when a phase fails)\n");
+          "  --keep               keep the work folder (kept anyway when a phase fails)\n"
+          "  --classic            (c) ranks copy then put each slice, and the daemon starts at the\n"
+          "                       last seal; default: ranks stream (deferred puts, declared, ready\n"
+          "                       every 64 MiB), so the daemon writes while they copy\n");
 }
 
 /* ------------------------------------------------------------------------ *
@@ -187,9 +191,10 @@ static const char *exe_sibling(const char *rel, char *buf, size_t len) {
 
 static int pidfd_open_(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
 
-static pid_t spawn(char *const argv[], int out_fd, int err_fd) {
+static pid_t spawn_io(char *const argv[], int in_fd, int out_fd, int err_fd) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
+  if (in_fd >= 0) posix_spawn_file_actions_adddup2(&fa, in_fd, STDIN_FILENO);
   if (out_fd >= 0) posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
   if (err_fd >= 0) posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
   pid_t pid;
@@ -200,6 +205,25 @@ static pid_t spawn(char *const argv[], int out_fd, int err_fd) {
     return -1;
   }
   return pid;
+}
+
+static pid_t spawn(char *const argv[], int out_fd, int err_fd) { return spawn_io(argv, -1, out_fd, err_fd); }
+
+/* Reads one line (up to '\n', never past it) from fd within timeout_s;
+ * returns 0 when it is exactly "ready". */
+static int read_ready(int fd, double deadline) {
+  char line[16];
+  size_t n = 0;
+  while (n < sizeof line - 1) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    double left = deadline - sd_e2e_now();
+    if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) <= 0) return -1;
+    if (read(fd, line + n, 1) != 1) return -1;
+    if (line[n] == '\n') break;
+    n++;
+  }
+  line[n] = '\0';
+  return strcmp(line, "ready") == 0 ? 0 : -1;
 }
 
 /* Waits up to timeout_s for pid to exit; returns its wait status or -1. */
@@ -308,6 +332,8 @@ typedef struct {
 
 typedef struct {
   double wall_s, window_s, spread_s;
+  double ready_s;           /* spawn -> every rank generated its tensors and connected */
+  double go_s;              /* start signal -> every rank committed, timed here */
   double daemon_cpu_s;
   double tail_s;            /* last seal -> commit: the daemon's write, fsync and publish */
   uint64_t hwm, peak_anon, peak_shmem, anon_end, shmem_end;
@@ -385,24 +411,30 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
   sd_e2e_fmt(nums[6], 32, "%d", TP);
   pid_t pids[NRANKS] = {0};
   int pipes[NRANKS] = {-1, -1, -1, -1}, pfds[NRANKS] = {-1, -1, -1, -1};
+  int gos[NRANKS] = {-1, -1, -1, -1};
   double end[NRANKS] = {0};
   int left = 0, rc = 0;
 
-  double cpu0 = sd_e2e_proc_cpu(dpid);
-  sync();
-  ph->load_before = sd_e2e_load1();
   double t0 = sd_e2e_now();
   for (int r = 0; r < NRANKS; r++) {
     sd_e2e_fmt(rk[r], sizeof rk[r], "%d", r);
     char *argv[] = {(char *)o->rank_bin, "--socket", (char *)sock, "--save", SAVE_ID, "--dir",
                     CKPT_DIR, "--rank", rk[r], "--world-size", nums[5], "--tp", nums[6],
                     "--hidden", nums[0], "--intermediate", nums[1], "--layers", nums[2],
-                    "--vocab", nums[3], "--dtype", "BF16", "--max-shard-size", nums[4], NULL};
-    int p[2];
+                    "--vocab", nums[3], "--dtype", "BF16", "--max-shard-size", nums[4],
+                    "--start-barrier", o->classic ? NULL : "--stream", NULL};
+    int p[2], g[2];
     if (pipe2(p, O_CLOEXEC) != 0) break;
-    pids[r] = spawn(argv, p[1], -1);
+    if (pipe2(g, O_CLOEXEC) != 0) {
+      close(p[0]);
+      close(p[1]);
+      break;
+    }
+    pids[r] = spawn_io(argv, g[0], p[1], -1);
     close(p[1]);
+    close(g[0]);
     pipes[r] = p[0];
+    gos[r] = g[1];
     if (pids[r] < 0) break;
     pfds[r] = pidfd_open_(pids[r]);
     left++;
@@ -413,8 +445,29 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
       if (pids[r] > 0) kill(pids[r], SIGKILL);
     rc = -1;
   }
-  /* Reap ranks as they finish; meanwhile sample the daemon's memory. */
+  /* Each rank generates its tensors, connects and makes its arena, then
+   * waits: a trainer's ranks reach a checkpoint step together, so the save
+   * is timed from one start signal, not from staggered process start-up. */
   double deadline = t0 + o->timeout_s;
+  for (int r = 0; r < NRANKS && rc == 0; r++)
+    if (read_ready(pipes[r], deadline) != 0) {
+      fprintf(stderr, "bench_e2e: rank %d did not get ready (see its stderr)\n", r);
+      rc = -1;
+    }
+  if (rc != 0)
+    for (int r = 0; r < NRANKS; r++)
+      if (pids[r] > 0) kill(pids[r], SIGKILL);
+  s->ready_s = sd_e2e_now() - t0;
+  sync();
+  double cpu0 = sd_e2e_proc_cpu(dpid);
+  ph->load_before = sd_e2e_load1();
+  double t_go = sd_e2e_now();
+  for (int r = 0; r < NRANKS; r++)
+    if (gos[r] >= 0) {
+      if (write(gos[r], "go\n", 3) != 3) rc = -1;
+      close(gos[r]);
+    }
+  /* Reap ranks as they finish; meanwhile sample the daemon's memory. */
   while (left > 0) {
     struct pollfd p[NRANKS];
     for (int r = 0; r < NRANKS; r++) p[r] = (struct pollfd){.fd = end[r] == 0 ? pfds[r] : -1, .events = POLLIN};
@@ -445,6 +498,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
   double t1 = sd_e2e_now();
   ph->load_after = sd_e2e_load1();
   s->wall_s = t1 - t0;
+  s->go_s = t1 - t_go;
   s->daemon_cpu_s = sd_e2e_proc_cpu(dpid) - cpu0;
   s->hwm = sd_e2e_proc_status(dpid, "VmHWM");
   s->anon_end = sd_e2e_proc_status(dpid, "RssAnon");
@@ -554,33 +608,44 @@ static void row(const char *label, const phase *p) {
          p->bytes ? p->cpu_s / ((double)p->bytes / GIB) : 0, p->load_before, p->load_after);
 }
 
-static void report(const options *o, const sd_e2e_model *m, const phase *a, const phase *b,
-                   const phase *c, const shardd_stats *s) {
+/* The device's speed drifts on a shared virtual disk: (a) runs before and
+ * after the others, and the ratios use the mean of the two. */
+static double raw_gbps(const phase *a, const phase *a2) {
+  double x = gbps(a), y = gbps(a2);
+  return x > 0 && y > 0 ? (x + y) / 2 : x > 0 ? x : y;
+}
+
+static void report(const options *o, const sd_e2e_model *m, const phase *a, const phase *a2,
+                   const phase *b, const phase *c, const shardd_stats *s) {
   printf("\n%-26s %14s %9s %7s %9s %11s\n", "phase", "bytes", "seconds", "GB/s", "CPU s/GiB",
          "load 1m");
   row("(a) raw io_uring writer", a);
   row("(b) serial sync writer", b);
   row("(c) shardd, 4 ranks", c);
+  if (a2->ran) row("(a) raw again, last", a2);
   printf("  GB/s = 1e9 bytes/s; CPU = the writing process ((c): the daemon, io_uring workers included)\n");
   if (a->ran) printf("  (a) %s\n", a->note);
   if (b->ran) printf("  (b) %s\n", b->note);
   if (c->ran) printf("  (c) %s\n", c->note);
+  double ra = raw_gbps(a, a2);
   if (gbps(c) > 0) {
-    printf("\nratios    c/a = %s", gbps(a) > 0 ? "" : "n/a");
-    if (gbps(a) > 0) printf("%.2f", gbps(c) / gbps(a));
+    printf("\nratios    c/a = %s", ra > 0 ? "" : "n/a");
+    if (ra > 0) printf("%.2f", gbps(c) / ra);
+    if (gbps(a) > 0 && gbps(a2) > 0)
+      printf(" (%.2f vs the first raw run, %.2f vs the last)", gbps(c) / gbps(a), gbps(c) / gbps(a2));
     printf("   c/b = %s", gbps(b) > 0 ? "" : "n/a");
     if (gbps(b) > 0) printf("%.2f", gbps(c) / gbps(b));
-    printf("   (c timed from the first rank's begin to every rank's commit)\n");
+    printf("\n          (c timed from the first rank's begin to every rank's commit; a = mean of the\n"
+           "          raw runs before and after, as the virtual disk's speed drifts)\n");
   }
   if (!c->ran) return;
   printf("\nshardd    save window %.3f s (first begin -> all committed; ranks began %.3f s apart)\n",
          s->window_s, s->spread_s);
-  printf("          last seal -> all committed %.3f s = %.3f GB/s (the daemon's write, fsync, publish)\n",
+  printf("          last seal -> all committed %.3f s = %.3f GB/s (what the daemon had left to write, fsync, publish)\n",
          s->tail_s, s->tail_s > 0 ? (double)c->bytes / s->tail_s / 1e9 : 0);
-  printf("          spawn -> all ranks exited %.3f s = %.3f GB/s (includes each rank generating\n"
-         "          its %.2f GiB of tensors, timing a memcpy of them and pre-faulting its arena)\n",
-         s->wall_s, s->wall_s > 0 ? (double)c->bytes / s->wall_s / 1e9 : 0,
-         (double)m->rank_bytes / GIB);
+  printf("          start signal -> all ranks exited %.3f s (timed here; ranks got ready in %.1f s:\n"
+         "          each generated its %.2f GiB of tensors, timed a memcpy of them, pre-faulted its arena)\n",
+         s->go_s, s->ready_s, (double)m->rank_bytes / GIB);
   printf("\n%-6s %13s %10s %10s %8s %9s %9s %9s %8s  %s\n", "rank", "bytes", "blocked_s", "memcpy_s",
          "blk/cpy", "puts_s", "seal_s", "wait_s", "cpu_s", "state");
   double bmax = 0, cmax = 0;
@@ -619,7 +684,7 @@ int main(int argc, char **argv) {
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
       {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
       {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
-      {"timeout", required_argument, 0, 't'},
+      {"timeout", required_argument, 0, 't'},  {"classic", no_argument, 0, 'C'},
       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   int ch;
   char *end;
@@ -639,6 +704,7 @@ int main(int argc, char **argv) {
       case 'p': o.phases = optarg; break;
       case 'm': o.max_shard_size = strtoull(optarg, &end, 10); if (*end) { usage(stderr); return 2; } break;
       case 'k': o.keep = 1; break;
+      case 'C': o.classic = 1; break;
       case 't':
         o.timeout_s = strtod(optarg, &end);
         if (*end || !(o.timeout_s > 0)) {
@@ -683,8 +749,10 @@ int main(int argc, char **argv) {
          "         max shard %" PRIu64 " bytes -> %zu files + index, %" PRIu64 " bytes on disk\n",
          m.hidden, m.intermediate, m.layers, m.vocab, m.n, m.tensor_bytes,
          (double)m.tensor_bytes / GIB, m.max_shard_size, m.nfiles, m.file_bytes);
-  printf("ranks    4 x %s (TP=2 x DP=2), %.2f GiB each\ndaemon   %s\n",
-         o.rank_bin ? o.rank_bin : "-", (double)m.rank_bytes / GIB, o.shardd ? o.shardd : "-");
+  printf("ranks    4 x %s (TP=2 x DP=2), %.2f GiB each, %s\ndaemon   %s\n",
+         o.rank_bin ? o.rank_bin : "-", (double)m.rank_bytes / GIB,
+         o.classic ? "classic (copy, put, seal)" : "streaming (deferred puts, declared, ready)",
+         o.shardd ? o.shardd : "-");
   printf("cache    page cache not dropped (needs root, unreliable): every phase ends with fsync,\n"
          "         sync(2) runs before each, and each phase's output is deleted before the next\n");
   if (do_c && sd_e2e_mem_available() < 9 * m.rank_bytes)
@@ -692,7 +760,7 @@ int main(int argc, char **argv) {
            8.0 * (double)m.rank_bytes / GIB, (double)sd_e2e_mem_available() / GIB);
   fflush(stdout);
 
-  phase a = {0}, b = {0}, c = {0};
+  phase a = {0}, a2 = {0}, b = {0}, c = {0};
   shardd_stats s;
   memset(&s, 0, sizeof s);
   char serial_listing[4096] = "";
@@ -700,7 +768,8 @@ int main(int argc, char **argv) {
   if (do_a) phase_raw(work, &m, &a);
   if (do_b && phase_serial(work, &m, &b, serial_listing, sizeof serial_listing, o.keep) != 0) fail = 1;
   if (do_c && phase_shardd(&o, work, &m, serial_listing, &c, &s) != 0) fail = 1;
-  report(&o, &m, &a, &b, &c, &s);
+  if (do_a && (do_b || do_c)) phase_raw(work, &m, &a2);
+  report(&o, &m, &a, &a2, &b, &c, &s);
 
   /* A failed phase keeps its folder (daemon log, checkpoint) for a look. */
   if (!o.keep && !fail) sd_e2e_rmtree(work);

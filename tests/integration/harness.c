@@ -405,7 +405,7 @@ void h_rank_main(int rank, void *arg) {
   h_result *r = &s->sh->r[rank];
   shardd_client *c = NULL;
   shardd_arena *a = NULL;
-  int rc = shardd_connect(H.sock, &c), asked = 0;
+  int rc = shardd_connect(H.sock, &c), asked = 0, streamed = 0;
   uint64_t *off = NULL;
   if (rc) {
     h_result_fail(r, "connect", rc, NULL);
@@ -443,7 +443,10 @@ void h_rank_main(int rank, void *arg) {
                             .start = p->boxed ? p->start : NULL, .count = p->boxed ? p->count : NULL,
                             .index = p->has_index ? p->index : -1};
     uint64_t n = put_nbytes(p);
-    if (p->how == H_ARENA) {
+    if (p->how == H_DEFERRED) {
+      rc = shardd_put_deferred(c, o.save, &d, a, off[i]);
+      streamed = 1;
+    } else if (p->how == H_ARENA) {
       put_bytes(p, s->seed, (uint8_t *)shardd_arena_data(a) + off[i]);
       rc = shardd_put(c, o.save, &d, a, off[i]);
     } else {
@@ -465,6 +468,24 @@ void h_rank_main(int rank, void *arg) {
     if (rc) {
       h_result_fail(r, "file", rc, c);
       goto failed;
+    }
+  }
+  if (streamed) {
+    rc = shardd_declared(c, o.save);
+    if (rc) {
+      h_result_fail(r, "declared", rc, c);
+      goto failed;
+    }
+    if (s->hook) s->hook(s, rank, H_AT_DECLARED, c);
+    for (size_t i = 0; i < s->nputs; i++) {
+      const h_put *p = &s->puts[i];
+      if (!rank_puts(p, rank) || p->how != H_DEFERRED) continue;
+      put_bytes(p, s->seed, (uint8_t *)shardd_arena_data(a) + off[i]);
+      rc = s->no_ready ? 0 : shardd_ready(c, o.save, a, off[i] + put_nbytes(p));
+      if (rc) {
+        h_result_fail(r, "ready", rc, c);
+        goto failed;
+      }
     }
   }
   if (s->hook) s->hook(s, rank, H_AT_PUTS, c);

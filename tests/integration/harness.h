@@ -111,14 +111,19 @@ void h_result_fail(h_result *r, const char *step, int rc, const shardd_client *c
 /* ------------------------------------------------------------------------ *
  * Scripted saves: one table of puts for every rank of a save
  * ------------------------------------------------------------------------ */
-enum { H_ARENA = 0, H_COPY, H_INLINE };   /* shardd_put, shardd_put_copy, shardd_put_inline */
+/* shardd_put, shardd_put_copy, shardd_put_inline; H_DEFERRED: shardd_put_deferred, then after
+ * the files shardd_declared, the bytes copied in put order with a shardd_ready after each
+ * (unless the script says no_ready: then the seal alone says they are in place). */
+enum { H_ARENA = 0, H_COPY, H_INLINE, H_DEFERRED };
 enum {
   H_END_WAIT = 0,          /* seal, then wait for the end */
   H_END_DESTROY_EXIT,      /* seal, destroy the arena (detach, unlink), close, exit */
   H_END_UNLINK_EXIT,       /* seal, shm_unlink, _exit without a goodbye */
   H_END_KILL_BEFORE_SEAL,  /* put everything, then SIGKILL itself */
 };
-enum { H_AT_BEGIN, H_AT_PUTS, H_AT_SEAL };  /* hook points: after begin, after puts, after seal */
+/* Hook points: after begin, after declared (streamed ranks), after puts (and their
+ * ready calls), after seal. */
+enum { H_AT_BEGIN, H_AT_PUTS, H_AT_SEAL, H_AT_DECLARED };
 
 typedef struct {
   int rank;                /* which rank puts it; -1: every rank (a replica) */
@@ -153,6 +158,7 @@ struct h_script {
   uint64_t seed;
   int end[H_MAX_RANKS];    /* H_END_* per rank */
   int wait_after_fail;     /* after a failed call, still wait to learn how the save ended */
+  int no_ready;            /* H_DEFERRED puts: no shardd_ready calls, only the seal */
   h_hook_fn hook;
   void *ud;
   h_shared *sh;            /* results; set by h_run */

@@ -461,6 +461,24 @@ Test(faults, fsync_and_write_errors_fail_the_save_and_are_not_retried) {
   }
 }
 
+/* A direct write refused with EINVAL (as a file system without O_DIRECT
+ * support answers) is written again through the page cache, whichever
+ * write it hits: a whole stretch or a file's padded last block. */
+Test(faults, a_refused_direct_write_goes_buffered_and_commits) {
+  for (int at = 1; at <= (X_SANITIZED ? 1 : 4); at++) {
+    char fault[32], dir[32], save[32];
+    snprintf(fault, sizeof fault, "write:%d:EINVAL", at);
+    setenv("SHARDD_TEST_FAULT", fault, 1);
+    x_start(NULL);
+    unsetenv("SHARDD_TEST_FAULT");
+    snprintf(dir, sizeof dir, "einval/%d", at);
+    snprintf(save, sizeof save, "einval-%d", at);
+    commit(save, dir, 0, 60 + (uint64_t)at);
+    h_daemon_stop(&H);
+    cr_assert_eq(x_log_count("refused a direct write"), at, "%s: one fallback warning per save", fault);
+  }
+}
+
 /* ------------------------------------------------------------------------ *
  * 1,000 saves: descriptors and memory stay flat
  * ------------------------------------------------------------------------ */

@@ -1,14 +1,19 @@
-/* Observability through a real daemon: shardctl status (table and JSON), watch, Prometheus metrics, the save summary line. */
+/* Observability through a real daemon: shardctl status (table and JSON), watch, Prometheus metrics (the writer's I/O too), the save summary line and the O_DIRECT fallback warning. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <linux/magic.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -249,4 +254,217 @@ Test(observe, usage_errors_and_unreachable_daemon) {
   snprintf(gone, sizeof gone, "%s/nobody-here.sock", H.base);
   st = o_run(out, sizeof out, NULL, bin, "--socket", gone, "metrics", (char *)NULL);
   cr_assert(o_exited(st, 1) && strstr(out, "connect_failed") && strstr(out, "nobody-here.sock"), "%s", out);
+}
+
+/* ------------------------------------------------------------------------ *
+ * The writer's figures: direct vs buffered writes and bytes, staging memory
+ * ------------------------------------------------------------------------ */
+/* Whether files in dir take O_DIRECT, the way the daemon asks for it (tmpfs
+ * does since Linux 6.6, ramfs never does). */
+static int takes_direct(const char *dir) {
+  char p[PATH_MAX + 32];
+  snprintf(p, sizeof p, "%s/.odirect-probe", dir);
+  int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  cr_assert(fd >= 0, "open %s: %s", p, strerror(errno));
+  int fl = fcntl(fd, F_GETFL);
+  int ok = fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
+  close(fd);
+  unlink(p);
+  return ok;
+}
+
+static const char *fs_name(const char *dir) {
+  struct statfs sf;
+  cr_assert_eq(statfs(dir, &sf), 0, "statfs %s: %s", dir, strerror(errno));
+  switch ((unsigned long)sf.f_type) {
+  case TMPFS_MAGIC: return "tmpfs";
+  case RAMFS_MAGIC: return "ramfs";
+  case EXT4_SUPER_MAGIC: return "ext2/3/4";
+  case XFS_SUPER_MAGIC: return "xfs";
+  case BTRFS_SUPER_MAGIC: return "btrfs";
+  case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
+  default: return "another file system";
+  }
+}
+
+/* n tensors "t.K", F32 [elems], each put whole by rank 0 from its arena. */
+static void big_script(h_script *s, h_put *puts, char (*names)[16], int n, uint64_t elems, const char *id,
+                       uint64_t max_shard) {
+  for (int k = 0; k < n; k++) {
+    snprintf(names[k], sizeof names[k], "t.%d", k);
+    puts[k] = (h_put){.rank = 0, .name = names[k], .dtype = "F32", .ndim = 1, .shape = {elems}};
+  }
+  *s = (h_script){.opts = {.save = id, .dir = id, .world_size = 1, .max_shard_size = max_shard},
+                  .puts = puts, .nputs = (size_t)n, .seed = 7};
+}
+
+/* Prometheus sample `name` (labels included) from shardctl metrics text. */
+static double prom_sample(const char *text, const char *name) {
+  char key[160];
+  snprintf(key, sizeof key, "\n%s ", name);
+  const char *p = strstr(text, key);
+  cr_assert_not_null(p, "metrics lack a sample %s:\n%s", name, text);
+  return strtod(p + strlen(key), NULL);
+}
+
+/* After saves of data_bytes bytes of tensor data in all, written direct or
+ * buffered: the JSON metrics and the Prometheus text agree and add up. */
+static void expect_writer_metrics(int direct, uint64_t data_bytes, uint64_t staging_max) {
+  json_t *s = status_json();
+  const json_t *m = json_object_get(s, "metrics");
+  cr_assert(json_is_object(m), "%s", out);
+  json_int_t wd = jint(m, "writes_direct", NULL), wb = jint(m, "writes_buffered", NULL);
+  json_int_t bd = jint(m, "write_bytes_direct", NULL), bb = jint(m, "write_bytes_buffered", NULL);
+  json_int_t wr = jint(m, "writes_registered", NULL), reg = jint(m, "staging_registered", NULL);
+  json_int_t sb = jint(m, "staging_bytes", NULL), peak = jint(m, "staging_peak_bytes", NULL);
+  json_int_t max = jint(m, "staging_max_bytes", NULL), written = jint(m, "bytes_written", NULL);
+  const char *fs = fs_name(H.root);
+
+  cr_assert_geq(written, (json_int_t)data_bytes, "committed %lld bytes of %llu of data", (long long)written,
+                (unsigned long long)data_bytes);
+  /* Every byte of every file goes through the writer; direct ones round up the last block. */
+  cr_assert_geq(bd + bb, written, "the writer wrote %lld + %lld bytes of %lld committed", (long long)bd,
+                (long long)bb, (long long)written);
+  if (direct) {
+    cr_assert_gt(wd, 0, "%s takes O_DIRECT, yet no direct write", fs);
+    cr_assert_eq(wb, 0, "%s takes O_DIRECT, yet %lld buffered writes", fs, (long long)wb);
+    cr_assert_eq(bb, 0, "%s: %lld bytes buffered", fs, (long long)bb);
+    cr_assert_eq(bd % 4096, 0, "direct writes are whole blocks: %lld bytes", (long long)bd);
+  } else {
+    cr_assert_eq(wd, 0, "%s refuses O_DIRECT, yet %lld direct writes", fs, (long long)wd);
+    cr_assert_gt(wb, 0, "%s: no buffered write", fs);
+    cr_assert_eq(bd, 0, "%s: %lld bytes direct", fs, (long long)bd);
+    cr_assert_eq(bb, written, "buffered writes carry no padding: %lld bytes for %lld", (long long)bb,
+                 (long long)written);
+  }
+  cr_assert(reg == 0 || reg == 1, "staging_registered %lld", (long long)reg);
+  if (reg) cr_assert_geq(wr, wd + wb, "registered buffers, yet %lld of %lld writes from them", (long long)wr,
+                         (long long)(wd + wb));
+  cr_assert_leq(wr, wd + wb + 64, "%lld registered-buffer writes", (long long)wr);
+  cr_assert_gt(peak, 0, "staging was used");
+  cr_assert_leq(peak, max, "staging peaked at %lld of at most %lld", (long long)peak, (long long)max);
+  cr_assert_leq(sb, peak, "%lld staging bytes now, above the peak %lld", (long long)sb, (long long)peak);
+  if (staging_max) cr_assert_eq(max, (json_int_t)staging_max, "staging bound %lld", (long long)max);
+  json_decref(s);
+
+  int st = h_shardctl(out, sizeof out, "metrics", (char *)NULL);
+  cr_assert(o_exited(st, 0), "%s", out);
+  static const char *const want[] = {
+      "# TYPE shardd_writes_total counter\n",          "# TYPE shardd_write_bytes_total counter\n",
+      "# TYPE shardd_registered_buffer_writes_total counter\n", "# TYPE shardd_staging_bytes gauge\n",
+      "# TYPE shardd_staging_peak_bytes gauge\n",       "# TYPE shardd_staging_max_bytes gauge\n",
+      "# TYPE shardd_staging_registered gauge\n",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    cr_assert(strstr(out, want[i]), "metrics lack '%s':\n%s", want[i], out);
+  /* Counters and the high-water mark do not move without saves; staging_bytes may (trimmed when idle). */
+  cr_assert_eq(prom_sample(out, "shardd_writes_total{mode=\"direct\"}"), (double)wd, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_writes_total{mode=\"buffered\"}"), (double)wb, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_write_bytes_total{mode=\"direct\"}"), (double)bd, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_write_bytes_total{mode=\"buffered\"}"), (double)bb, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_registered_buffer_writes_total"), (double)wr, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_staging_peak_bytes"), (double)peak, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_staging_max_bytes"), (double)max, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_staging_registered"), (double)reg, "%s", out);
+  cr_assert_leq(prom_sample(out, "shardd_staging_bytes"), (double)peak, "%s", out);
+}
+
+/* Occurrences of needle in the daemon's log. */
+static int log_count(const char *needle) {
+  char *log = h_slurp(H.log, NULL);
+  int n = 0;
+  for (const char *p = log; p && (p = strstr(p, needle)); p += strlen(needle)) n++;
+  free(log);
+  return n;
+}
+
+/* The scratch root (under /tmp, whatever file system that is here). */
+Test(observe, writer_metrics_after_a_save) {
+  static h_put puts[3];
+  static char names[3][16];
+  h_script sc;
+  big_script(&sc, puts, names, 3, 100000 + 3, "wm", 600000); /* 3 x 400012 bytes: three shards */
+  h_run(&sc);
+  h_expect_committed(&sc);
+  h_check_script(&sc);
+  int direct = takes_direct(H.root);
+  expect_writer_metrics(direct, 3 * 400012, 0);
+  if (direct) {
+    cr_assert_eq(log_count("writing buffered: "), 0, "%s takes O_DIRECT, yet the log warns", fs_name(H.root));
+  } else {
+    char want[PATH_MAX + 128];
+    snprintf(want, sizeof want, "warn: save 'wm': writing buffered: %s/wm refuses O_DIRECT (", H.root);
+    free(o_log_wait(want));
+  }
+}
+
+/* ------------------------------------------------------------------------ *
+ * A root that refuses O_DIRECT: a ramfs mounted in a mount namespace of the
+ * test's own (gone with the test process, whatever happens), so it needs
+ * root; skipped otherwise.
+ * ------------------------------------------------------------------------ */
+static char no_ramfs[256];
+static int ramfs_mounted;
+
+static void ramfs_setup(void) {
+  o_scratch();
+  no_ramfs[0] = '\0';
+  ramfs_mounted = 0;
+  cr_assert_eq(mkdir(H.root, 0755), 0, "mkdir %s: %s", H.root, strerror(errno));
+  if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("ramfs", H.root, "ramfs", 0, "mode=0755") != 0) {
+    snprintf(no_ramfs, sizeof no_ramfs, "cannot mount a ramfs (%s): needs root", strerror(errno));
+    return;
+  }
+  ramfs_mounted = 1;
+}
+
+static void ramfs_teardown(void) {
+  h_daemon_stop(&H);
+  /* Before the scratch folder goes: the mount point must be empty to go with it. */
+  if (ramfs_mounted) umount2(H.root, MNT_DETACH);
+  ramfs_mounted = 0;
+  h_teardown();
+}
+
+TestSuite(observe_fallback, .init = ramfs_setup, .fini = ramfs_teardown, .timeout = 100);
+
+Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save) {
+  if (no_ramfs[0]) cr_skip_test("%s", no_ramfs);
+  cr_assert_str_eq(fs_name(H.root), "ramfs");
+  cr_assert(!takes_direct(H.root), "ramfs takes O_DIRECT on this kernel?");
+  /* --log-syslog-prefix yes: the warning goes through the daemon's logger, with its priority. */
+  const char *const extra[] = {"--staging-mib", "8", "--log-syslog-prefix=yes", NULL};
+  o_start(extra, NULL);
+
+  /* 3 tensors of 3 MiB, one per file, through 8 MiB of staging. */
+  static h_put puts[3];
+  static char names[3][16];
+  h_script sc;
+  big_script(&sc, puts, names, 3, 3 << 18, "fb-1", 4 << 20);
+  h_run(&sc);
+  h_expect_committed(&sc);
+  h_check_script(&sc);
+  cr_assert_eq(sc.sh->r[0].res.files, 4, "three shards and the index");
+  expect_writer_metrics(0, 3 * (3u << 20), 8u << 20);
+
+  char want[PATH_MAX + 128];
+  snprintf(want, sizeof want, "<4>warn: save 'fb-1': writing buffered: %s/fb-1 refuses O_DIRECT (Invalid argument)\n",
+           H.root);
+  free(o_log_wait(want));
+  cr_assert_eq(log_count("writing buffered: "), 1, "one warning for a save of four files");
+
+  h_script sc2;
+  static h_put puts2[3];
+  static char names2[3][16];
+  big_script(&sc2, puts2, names2, 3, 3 << 18, "fb-2", 4 << 20);
+  h_run(&sc2);
+  h_expect_committed(&sc2);
+  expect_writer_metrics(0, 6 * (3u << 20), 8u << 20);
+  snprintf(want, sizeof want, "<4>warn: save 'fb-2': writing buffered: %s/fb-2 refuses O_DIRECT (Invalid argument)\n",
+           H.root);
+  free(o_log_wait(want));
+  cr_assert_eq(log_count("writing buffered: "), 2, "one warning per save");
+  h_shared_free(sc.sh);
+  h_shared_free(sc2.sh);
 }

@@ -133,7 +133,7 @@ static void add_op(hplan *h, uint32_t f, uint64_t off, uint64_t len) {
     h->ops = realloc(h->ops, h->cap * sizeof *h->ops);
     cr_assert_not_null(h->ops);
   }
-  h->ops[h->nops++] = (sd_write_op){f, off, h->src[f] + off, len, 0};
+  h->ops[h->nops++] = (sd_write_op){f, off, h->src[f] + off, len, 0, 0};
 }
 
 /* data of file i split into pieces of 1..max_piece bytes (the whole data
@@ -366,8 +366,8 @@ Test(publish, zero_byte_ops_skipped_and_holes_sized, .init = setup, .fini = tear
   /* only the first 40 data bytes are written: the rest must read back as zeros */
   h.nops = 0;
   add_op(&h, 0, 4096, 40);
-  h.ops[h.nops++] = (sd_write_op){0, 4096 + 40, NULL, 0, 0};
-  h.ops[h.nops++] = (sd_write_op){0, 4096 + 100, NULL, 0, 0}; /* at the very end: still fine */
+  h.ops[h.nops++] = (sd_write_op){0, 4096 + 40, NULL, 0, 0, 0};
+  h.ops[h.nops++] = (sd_write_op){0, 4096 + 100, NULL, 0, 0, 0}; /* at the very end: still fine */
   memset(h.want[0] + 4096 + 40, 0, 60);
   outcome o = {0};
   sd_publish_req req = hreq(&h, "ckpt", &o);
@@ -535,15 +535,15 @@ Test(publish, bad_files_and_writes_are_refused, .init = setup, .fini = teardown)
   req.artifacts = NULL;
   req.nartifacts = 0;
 
-  sd_write_op past = {0, 4096 + 90, h.src[0], 20, 0}; /* runs past the end of the file */
+  sd_write_op past = {0, 4096 + 90, h.src[0], 20, 0, 0}; /* runs past the end of the file */
   req.ops = &past;
   req.nops = 1;
   cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INTERNAL);
   cr_expect_not_null(strstr(err.msg, "outside"), "%s", err.msg);
-  sd_write_op nofile = {3, 4096, h.src[0], 20, 0};
+  sd_write_op nofile = {3, 4096, h.src[0], 20, 0, 0};
   req.ops = &nofile;
   cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INTERNAL);
-  sd_write_op two[] = {{0, 4096, h.src[0], 50, 0}, {0, 4096 + 49, h.src[0], 10, 0}};
+  sd_write_op two[] = {{0, 4096, h.src[0], 50, 0, 0}, {0, 4096 + 49, h.src[0], 10, 0, 0}};
   req.ops = two;
   req.nops = 2;
   cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INTERNAL);
@@ -774,8 +774,8 @@ Test(publish, planned_checkpoint_reads_back, .init = setup, .fini = teardown) {
     const sd_plan_loc *l = &plan.loc[i];
     cr_assert_eq(l->nbytes, nb);
     uint64_t half = nb / 2;
-    ops[nops++] = (sd_write_op){l->file, l->file_offset + half, data[i] + half, nb - half, 0};
-    ops[nops++] = (sd_write_op){l->file, l->file_offset, data[i], half, 0};
+    ops[nops++] = (sd_write_op){l->file, l->file_offset + half, data[i] + half, nb - half, 0, 0};
+    ops[nops++] = (sd_write_op){l->file, l->file_offset, data[i], half, 0, 0};
   }
   outcome o = {0};
   sd_publish_req req = {

@@ -126,7 +126,7 @@ static void add_op(ckpt *c, uint32_t f, uint64_t off, uint64_t len, const uint8_
     c->ops = realloc(c->ops, c->cap * sizeof *c->ops);
     cr_assert_not_null(c->ops);
   }
-  c->ops[c->nops++] = (sd_write_op){f, off, src, len, flags};
+  c->ops[c->nops++] = (sd_write_op){f, off, src, len, flags, 0};
 }
 
 /* Files of 4096-byte headers plus data_sizes[i] bytes. When src is NULL,
@@ -278,9 +278,9 @@ static int fs_takes_direct(const char *dir) {
 Test(staging, stretches_are_aligned_and_cover_every_file_once) {
   sd_fill_file files[] = {{NULL, 0, 10000}, {NULL, 0, 0}, {NULL, 0, 8192}, {NULL, 0, 1}};
   sd_write_op ops[] = {
-      {0, 0, (const uint8_t *)"", 0, 0},       {0, 100, (const uint8_t *)"", 9000, 0},
-      {0, 9100, (const uint8_t *)"", 900, 0},  {2, 4000, (const uint8_t *)"", 4192, 0},
-      {3, 0, (const uint8_t *)"", 1, 0},
+      {0, 0, (const uint8_t *)"", 0, 0, 0},       {0, 100, (const uint8_t *)"", 9000, 0, 0},
+      {0, 9100, (const uint8_t *)"", 900, 0, 0},  {2, 4000, (const uint8_t *)"", 4192, 0, 0},
+      {3, 0, (const uint8_t *)"", 1, 0, 0},
   };
   sd_fill f = {.files = files, .nfiles = 4, .ops = ops, .nops = 5};
   sd_chunk c;
@@ -298,6 +298,36 @@ Test(staging, stretches_are_aligned_and_cover_every_file_once) {
   cr_expect_eq(sd_fill_next(&f, 4096, &c), 0, "nothing more");
 }
 
+/* Streaming: a stretch is handed out only when every write in it is ready,
+ * whole (never cut short at the first unready write), and resumes there. */
+Test(staging, stretches_wait_for_every_write_in_them) {
+  sd_fill_file files[] = {{NULL, 0, 10000}, {NULL, 0, 4096}};
+  sd_write_op ops[] = {
+      {0, 100, (const uint8_t *)"", 3000, 0, 0}, {0, 3100, (const uint8_t *)"", 2000, 0, 1},
+      {0, 5100, (const uint8_t *)"", 4900, 0, 2}, {1, 0, (const uint8_t *)"", 4096, 0, 3},
+  };
+  uint8_t ready[4] = {1, 0, 0, 0};
+  sd_fill f = {.files = files, .nfiles = 2, .ops = ops, .nops = 4, .ready = ready};
+  sd_chunk c;
+  memset(&c, 0, sizeof c);
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 0, "op 1 crosses into [0, 4096) and is not ready");
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 0, "asking again changes nothing");
+  ready[1] = 1;
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 1);
+  cr_expect(c.file == 0 && c.off == 0 && c.len == 4096 && c.cursor == 0);
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 0, "[4096, 8192) needs op 2");
+  ready[3] = 1; /* the next file is ready, but stretches go in order */
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 0);
+  ready[2] = 1;
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 1);
+  cr_expect(c.file == 0 && c.off == 4096 && c.len == 4096 && c.cursor == 1);
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 1);
+  cr_expect(c.file == 0 && c.off == 8192 && c.len == 1808 && c.cursor == 2);
+  cr_assert_eq(sd_fill_next(&f, 4096, &c), 1);
+  cr_expect(c.file == 1 && c.off == 0 && c.len == 4096 && c.cursor == 3);
+  cr_expect_eq(sd_fill_next(&f, 4096, &c), 0, "nothing more");
+}
+
 Test(staging, a_stretch_gets_head_data_zeros_and_padding) {
   uint8_t head[10], d1[5], d2[3000];
   memset(head, 'h', sizeof head);
@@ -305,7 +335,7 @@ Test(staging, a_stretch_gets_head_data_zeros_and_padding) {
   memset(d2, '2', sizeof d2);
   sd_fill_file files[] = {{head, sizeof head, 6000}};
   /* a gap at [15, 20), d2 crossing the 4096 boundary, nothing after 3020 */
-  sd_write_op ops[] = {{0, 10, d1, 5, 0}, {0, 20, d2, 3000, 0}};
+  sd_write_op ops[] = {{0, 10, d1, 5, 0, 0}, {0, 20, d2, 3000, 0, 0}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 2};
   uint8_t *buf = aligned_alloc(4096, 4096);
   sd_chunk c = {.buf = buf, .cap = 4096};

@@ -393,6 +393,30 @@ class Client:
                                            src, n))
         del owner
 
+    def put_deferred(self, save, name, dtype, shape, arena, offset, start=None, count=None,
+                     index=None):
+        """Streaming: puts a slice whose bytes will be at `offset` in `arena` later.
+
+        Put every slice this way, call declared(), then fill the arena front to
+        back calling ready(save, arena, upto) as it fills; seal() says it is all
+        there. The daemon writes while this rank copies.
+        """
+        d, keep = _desc(name, dtype, shape, start, count, index)
+        ptr = self._arena_ptr(arena)
+        self._check(_lib.lib().shardd_put_deferred(self._handle(), _bytes(save, "save"),
+                                                   ctypes.byref(d), ptr, int(offset)))
+        arena.last_save = save
+        del keep
+
+    def declared(self, save):
+        """This rank puts nothing more and sends no more files in `save`."""
+        self._check(_lib.lib().shardd_declared(self._handle(), _bytes(save, "save")))
+
+    def ready(self, save, arena, upto):
+        """The bytes of this rank's deferred puts in `arena` below offset `upto` are in place."""
+        ptr = self._arena_ptr(arena)
+        self._check(_lib.lib().shardd_ready(self._handle(), _bytes(save, "save"), ptr, int(upto)))
+
     def seal(self, save):
         """This rank has put everything."""
         self._check(_lib.lib().shardd_seal(self._handle(), _bytes(save, "save")))

@@ -376,6 +376,29 @@ class SaveTest(unittest.TestCase):
         self.assertEqual(self.client.status()["saves"], [])
         self.assertFalse(os.path.exists(path("f128")))
 
+    def test_streamed_save(self):
+        c = self.client
+        a = c.arena(1 << 20)
+        w = np.arange(256 * 512, dtype=np.float32).reshape(256, 512)  # 512 KiB
+        n = np.linspace(0, 1, 7).astype(np.float16)
+        c.begin("stream", "stream", rank=0, world_size=1)
+        c.put_deferred("stream", "w", "F32", [256, 512], a, 0, index=0)
+        c.put_deferred("stream", "n", np.float16, [7], a, w.nbytes, index=1)
+        c.declared("stream")
+        with self.assertRaises(shardd.ShardError) as cm:
+            c.put_inline("stream", "late", "U8", [1], b"x")
+        self.assertEqual(cm.exception.name, "bad_state")
+        a.view(np.float32, (256, 512))[:] = w
+        c.ready("stream", a, w.nbytes)
+        a.view(np.float16, (7,), offset=w.nbytes)[:] = n
+        c.seal("stream")
+        r = c.wait("stream", timeout=WAIT)
+        self.assertEqual((r["files"], r["tensors"]), (1, 2))
+        arrays, _, _, _ = read_safetensors(path("stream", "model.safetensors"))
+        self.assertTrue(np.array_equal(arrays["w"], w))
+        self.assertTrue(np.array_equal(arrays["n"], n))
+        a.close()
+
     def test_low_level_calls_and_status(self):
         c = self.client
         a = c.arena(64)
