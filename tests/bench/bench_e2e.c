@@ -40,6 +40,7 @@ typedef struct {
   double timeout_s;         /* ranks still running after this are killed: a hang guard */
   int keep;
   int classic;              /* ranks put after copying (no streaming) */
+  unsigned raw_buf_mib;     /* (a)'s write size */
 } options;
 
 static void usage(FILE *f) {
@@ -59,6 +60,7 @@ static void usage(FILE *f) {
           "  --timeout S          kill the ranks if they run longer than S seconds (default 3600;\n"
           "                       a busy 2-core machine needs minutes just to generate 4 GiB)\n"
           "  --keep               keep the work folder (kept anyway when a phase fails)\n"
+          "  --raw-buf-mib N      (a)'s write size (default 4: shardd's staging chunk; qd 32)\n"
           "  --classic            (c) ranks copy then put each slice, and the daemon starts at the\n"
           "                       last seal; default: ranks stream (deferred puts, declared, ready\n"
           "                       every 64 MiB), so the daemon writes while they copy\n");
@@ -258,21 +260,21 @@ typedef struct {
   char note[512];
 } phase;
 
-static void phase_raw(const char *work, const sd_e2e_model *m, phase *ph) {
+static void phase_raw(const char *work, const sd_e2e_model *m, size_t bufsize, phase *ph) {
   char path[PATH_MAX];
   sd_e2e_fmt(path, sizeof path, "%s/raw.bin", work);
   sd_e2e_raw r;
   sync();
   ph->ran = 1;
   ph->load_before = sd_e2e_load1();
-  sd_e2e_raw_write(path, m->file_bytes, 32, 1u << 20, &r);
+  sd_e2e_raw_write(path, m->file_bytes, 32, bufsize, &r);
   ph->load_after = sd_e2e_load1();
   ph->ok = r.ok;
   ph->bytes = r.bytes;
   ph->seconds = r.seconds;
   ph->cpu_s = r.cpu_s;
-  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%s, qd 32, 1 MiB buffers%s, one file%s%s",
-           r.ok ? "" : "FAILED: ", r.direct ? "O_DIRECT" : "buffered",
+  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%s, qd 32, %zu MiB buffers%s, one file%s%s",
+           r.ok ? "" : "FAILED: ", r.direct ? "O_DIRECT" : "buffered", bufsize >> 20,
            r.fixed_bufs ? " (registered)" : "", r.note[0] ? "; " : "", r.note);
   unlink(path);
 }
@@ -448,25 +450,31 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
   /* Each rank generates its tensors, connects and makes its arena, then
    * waits: a trainer's ranks reach a checkpoint step together, so the save
    * is timed from one start signal, not from staggered process start-up. */
-  double deadline = t0 + o->timeout_s;
-  for (int r = 0; r < NRANKS && rc == 0; r++)
-    if (read_ready(pipes[r], deadline) != 0) {
-      fprintf(stderr, "bench_e2e: rank %d did not get ready (see its stderr)\n", r);
-      rc = -1;
+  /* Twice: the first go starts every rank's memcpy baseline at once, the
+   * second the save. */
+  double deadline = t0 + o->timeout_s, t_go = 0, cpu0 = 0;
+  for (int round = 0; round < 2; round++) {
+    for (int r = 0; r < NRANKS && rc == 0; r++)
+      if (read_ready(pipes[r], deadline) != 0) {
+        fprintf(stderr, "bench_e2e: rank %d did not get ready (see its stderr)\n", r);
+        rc = -1;
+      }
+    if (rc != 0) {
+      for (int r = 0; r < NRANKS; r++)
+        if (pids[r] > 0) kill(pids[r], SIGKILL);
     }
-  if (rc != 0)
+    if (round == 0) s->ready_s = sd_e2e_now() - t0;
+    if (round == 1) {
+      sync();
+      cpu0 = sd_e2e_proc_cpu(dpid);
+      ph->load_before = sd_e2e_load1();
+      t_go = sd_e2e_now();
+    }
     for (int r = 0; r < NRANKS; r++)
-      if (pids[r] > 0) kill(pids[r], SIGKILL);
-  s->ready_s = sd_e2e_now() - t0;
-  sync();
-  double cpu0 = sd_e2e_proc_cpu(dpid);
-  ph->load_before = sd_e2e_load1();
-  double t_go = sd_e2e_now();
+      if (gos[r] >= 0 && write(gos[r], "go\n", 3) != 3) rc = -1;
+  }
   for (int r = 0; r < NRANKS; r++)
-    if (gos[r] >= 0) {
-      if (write(gos[r], "go\n", 3) != 3) rc = -1;
-      close(gos[r]);
-    }
+    if (gos[r] >= 0) close(gos[r]);
   /* Reap ranks as they finish; meanwhile sample the daemon's memory. */
   while (left > 0) {
     struct pollfd p[NRANKS];
@@ -644,7 +652,8 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
   printf("          last seal -> all committed %.3f s = %.3f GB/s (what the daemon had left to write, fsync, publish)\n",
          s->tail_s, s->tail_s > 0 ? (double)c->bytes / s->tail_s / 1e9 : 0);
   printf("          start signal -> all ranks exited %.3f s (timed here; ranks got ready in %.1f s:\n"
-         "          each generated its %.2f GiB of tensors, timed a memcpy of them, pre-faulted its arena)\n",
+         "          each generated its %.2f GiB of tensors and pre-faulted its arena)\n"
+         "          memcpy_s: each rank's plain memcpy of its bytes into its arena, all four at once\n",
          s->go_s, s->ready_s, (double)m->rank_bytes / GIB);
   printf("\n%-6s %13s %10s %10s %8s %9s %9s %9s %8s  %s\n", "rank", "bytes", "blocked_s", "memcpy_s",
          "blk/cpy", "puts_s", "seal_s", "wait_s", "cpu_s", "state");
@@ -678,13 +687,14 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
  * main
  * ------------------------------------------------------------------------ */
 int main(int argc, char **argv) {
-  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abc", .timeout_s = 3600};
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abc", .timeout_s = 3600, .raw_buf_mib = 4};
   static const struct option lo[] = {
       {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
       {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
       {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
       {"timeout", required_argument, 0, 't'},  {"classic", no_argument, 0, 'C'},
+      {"raw-buf-mib", required_argument, 0, 'R'},
       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   int ch;
   char *end;
@@ -705,6 +715,15 @@ int main(int argc, char **argv) {
       case 'm': o.max_shard_size = strtoull(optarg, &end, 10); if (*end) { usage(stderr); return 2; } break;
       case 'k': o.keep = 1; break;
       case 'C': o.classic = 1; break;
+      case 'R': {
+        unsigned long v = strtoul(optarg, &end, 10);
+        if (*end || v < 1 || v > 64) {
+          fprintf(stderr, "bench_e2e: --raw-buf-mib wants 1 to 64, not '%s'\n", optarg);
+          return 2;
+        }
+        o.raw_buf_mib = (unsigned)v;
+        break;
+      }
       case 't':
         o.timeout_s = strtod(optarg, &end);
         if (*end || !(o.timeout_s > 0)) {
@@ -765,10 +784,10 @@ int main(int argc, char **argv) {
   memset(&s, 0, sizeof s);
   char serial_listing[4096] = "";
   int fail = 0;
-  if (do_a) phase_raw(work, &m, &a);
+  if (do_a) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a);
   if (do_b && phase_serial(work, &m, &b, serial_listing, sizeof serial_listing, o.keep) != 0) fail = 1;
   if (do_c && phase_shardd(&o, work, &m, serial_listing, &c, &s) != 0) fail = 1;
-  if (do_a && (do_b || do_c)) phase_raw(work, &m, &a2);
+  if (do_a && (do_b || do_c)) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a2);
   report(&o, &m, &a, &a2, &b, &c, &s);
 
   /* A failed phase keeps its folder (daemon log, checkpoint) for a look. */
