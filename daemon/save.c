@@ -454,8 +454,12 @@ void sd_save_maybe_start(sd_save *save) {
     start_write(save); /* may end the save */
     return;
   }
-  if (save->state == SD_SAVE_WRITING && save->pub && save->nsealed == save->world_size)
+  if (save->state == SD_SAVE_WRITING && save->pub && save->nsealed == save->world_size) {
+    sd_log_debug("save '%s': every rank sealed with %llu of %llu bytes written", save->id,
+                 (unsigned long long)sd_publish_bytes_written(save->pub),
+                 (unsigned long long)sd_publish_bytes_total(save->pub));
     sd_publish_unhold(save->pub);
+  }
 }
 
 /* ------------------------------------------------------------------------ *

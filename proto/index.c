@@ -5,44 +5,24 @@
 #include "sd_format.h"
 #include "sd_layout.h"
 
+static char *index_oom(sd_error *err) {
+  sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
+  return NULL;
+}
+
 char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, sd_error *err) {
   size_t n = p->ntensors;
   /* UTF-8 byte order equals code point order, which is how Python sorts. */
-  sd_skey *e = malloc((n ? n : 1) * sizeof *e);
-  if (!e) {
-    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
-    return NULL;
-  }
-  /* Files in order, each in header order: for a checkpoint whose tensors
-   * share one dtype that is a handful of sorted runs, cheap to merge. */
-  size_t m = 0;
-  for (size_t f = 0; f < p->nfiles; f++) {
-    for (size_t j = 0; j < p->files[f].ntensors && m < n; j++) {
-      uint32_t i = p->files[f].tensors[j];
-      if (j + 8 < p->files[f].ntensors) __builtin_prefetch(&tensors[p->files[f].tensors[j + 8]]);
-      e[m++] = (sd_skey){(const unsigned char *)tensors[i].name, (uint32_t)strlen(tensors[i].name),
-                         i};
-    }
-  }
-  if (m != n) {
+  sd_skey *e = sd_big_alloc((n ? n : 1) * sizeof *e);
+  size_t *fo = malloc((p->nfiles + 1) * sizeof *fo);
+  if (!e || !fo) {
     free(e);
-    sd_fail(err, SHARDD_E_INTERNAL, "the plan's files hold %zu of its %zu tensors", m, n);
-    return NULL;
-  }
-  if (sd_sort_keys(e, n)) {
-    free(e);
-    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
-    return NULL;
+    free(fo);
+    return index_oom(err);
   }
 
   /* Each file's `": "name"` part is escaped once, not once per tensor. */
   sd_buf fv = {0};
-  size_t *fo = malloc((p->nfiles + 1) * sizeof *fo);
-  if (!fo) {
-    free(e);
-    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
-    return NULL;
-  }
   for (size_t f = 0; f < p->nfiles; f++) {
     fo[f] = fv.len;
     sd_buf_puts(&fv, ": ");
@@ -50,22 +30,62 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
   }
   fo[p->nfiles] = fv.len;
 
-  sd_buf b = {0};
-  sd_buf_reserve(&b, 128 + n * 96);
+  /* Files in order, each in header order: for a checkpoint whose tensors
+   * share one dtype that is a handful of sorted runs, cheap to merge. The
+   * output size is exact for names that need no escaping. */
+  size_t m = 0, need = 256, worst = 0; /* 256: the fixed text around the weight map */
+  for (size_t f = 0; f < p->nfiles; f++) {
+    const sd_plan_file *pf = &p->files[f];
+    size_t vlen = fo[f + 1] - fo[f];
+    for (size_t j = 0; j < pf->ntensors && m < n; j++) {
+      uint32_t i = pf->tensors[j];
+      if (j + 8 < pf->ntensors) __builtin_prefetch(&tensors[pf->tensors[j + 8]]);
+      if (j + 4 < pf->ntensors) __builtin_prefetch(tensors[pf->tensors[j + 4]].name);
+      size_t l = strlen(tensors[i].name);
+      /* The file number rides along in place of the tensor's: it is all
+       * the weight map needs, and saves a lookup per entry. */
+      e[m++] = (sd_skey){(const unsigned char *)tensors[i].name, (uint32_t)l, (uint32_t)f};
+      need += 6 + l + 2 + vlen;
+      if (6 + SD_JSON_STR_MAX(l) + vlen > worst) worst = 6 + SD_JSON_STR_MAX(l) + vlen;
+    }
+  }
+  if (m != n) {
+    free(e);
+    free(fo);
+    free(fv.p);
+    sd_fail(err, SHARDD_E_INTERNAL, "the plan's files hold %zu of its %zu tensors", m, n);
+    return NULL;
+  }
+  /* Room for the worst case of one more entry beyond the exact size, so
+   * the per-entry check below never regrows the buffer for plain names.
+   * It is the sort's scratch until the sort is done. */
+  sd_buf b = {sd_big_alloc(need + worst), 0, need + worst, 0};
+  if (!b.p || sd_sort_keys_in(e, n, b.p, b.cap)) {
+    free(b.p);
+    free(e);
+    free(fo);
+    free(fv.p);
+    return index_oom(err);
+  }
+
   sd_buf_puts(&b, "{\n  \"metadata\": {\n    \"total_parameters\": ");
   sd_buf_put_u64(&b, p->total_parameters);
   sd_buf_puts(&b, ",\n    \"total_size\": ");
   sd_buf_put_u64(&b, p->total_size);
   sd_buf_puts(&b, "\n  },\n  \"weight_map\": {");
-  for (size_t i = 0; i < n; i++) {
-    if (i + 8 < n) {
-      __builtin_prefetch(&p->loc[e[i + 8].idx]);
-      __builtin_prefetch(e[i + 8].key);
-    }
-    sd_buf_puts(&b, i ? ",\n    " : "\n    ");
-    uint32_t f = p->loc[e[i].idx].file;
-    sd_buf_json_str_ascii(&b, (const char *)e[i].key, e[i].len);
-    sd_buf_put(&b, fv.p + fo[f], fo[f + 1] - fo[f]);
+  for (size_t i = 0; i < n && !b.oom; i++) {
+    if (i + 8 < n) __builtin_prefetch(e[i + 8].key);
+    uint32_t f = e[i].idx;
+    size_t vlen = fo[f + 1] - fo[f];
+    sd_buf_reserve(&b, 6 + SD_JSON_STR_MAX(e[i].len) + vlen);
+    if (b.oom) break;
+    char *o = b.p + b.len;
+    if (i) *o++ = ',';
+    memcpy(o, "\n    ", 5);
+    o += 5;
+    o = sd_json_str_ascii_put(o, (const char *)e[i].key, e[i].len);
+    memcpy(o, fv.p + fo[f], vlen);
+    b.len = (size_t)(o + vlen - b.p);
   }
   sd_buf_puts(&b, n ? "\n  }\n}\n" : "}\n}\n");
   sd_buf_putc(&b, '\0');
@@ -75,8 +95,7 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
   free(fv.p);
   if (b.oom || oom) {
     free(b.p);
-    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
-    return NULL;
+    return index_oom(err);
   }
   if (len) *len = b.len - 1;
   return b.p;

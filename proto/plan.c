@@ -42,10 +42,11 @@ void sd_plan_free(sd_plan *p) {
   for (size_t i = 0; i < p->nfiles; i++) {
     free(p->files[i].name);
     free(p->files[i].tensors);
-    free(p->files[i].header);
+    if (!p->headers) free(p->files[i].header);
   }
+  if (!p->headers) free(p->loc);
+  free(p->headers);
   free(p->files);
-  free(p->loc);
   free(p->index_name);
   memset(p, 0, sizeof *p);
 }
@@ -99,26 +100,60 @@ static size_t hf_split(const uint32_t *ord, const uint64_t *nbytes, size_t n, ui
  * Order
  * ------------------------------------------------------------------------ */
 
-/* Natural name order, which also finds duplicates: it is a total order, so
- * equal names are neighbours. Positions given by the client then come first,
- * in position order, by a stable sort on the position alone. */
-static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, int any_index,
-                      uint32_t *ord, sd_error *err) {
-  char shown[SD_MSGNAME_MAX];
-  int rc = 0;
-  size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += sd_natural_key_max(name_len[i]);
-  unsigned char *arena = malloc(total ? total : 1);
-  sd_skey *k = malloc((n ? n : 1) * sizeof *k);
-  if (!arena || !k) goto oom;
-  size_t o = 0;
+/* Natural-order keys for every name, packed from o on (*used bytes in
+ * all); 0 when they would run past end. */
+static int make_keys(const sd_tensor *t, const uint32_t *name_len, size_t n, sd_skey *k,
+                     unsigned char *o, const unsigned char *end, size_t *used) {
+  unsigned char *start = o;
   for (size_t i = 0; i < n; i++) {
-    size_t len = sd_natural_key(t[i].name, name_len[i], arena + o);
-    k[i] = (sd_skey){arena + o, (uint32_t)len, (uint32_t)i};
+    if ((size_t)(end - o) < sd_natural_key_max(name_len[i])) return 0;
+    size_t len = sd_natural_key(t[i].name, name_len[i], o);
+    k[i] = (sd_skey){o, (uint32_t)len, (uint32_t)i};
     o += len;
   }
-  if (sd_sort_keys(k, n)) goto oom;
+  *used = (size_t)(o - start);
+  return 1;
+}
+
+/* Scratch walk_order needs besides the keys themselves: the key array,
+ * 8-byte position keys, and the sort's work space (8-aligned). */
+static size_t walk_scratch_min(size_t n) {
+  return n * (sizeof(sd_skey) + 8) + sd_sort_keys_scratch(n) + 8;
+}
+
+/* Natural name order, which also finds duplicates: it is a total order, so
+ * equal names are neighbours. Positions given by the client then come first,
+ * in position order, by a stable sort on the position alone. Works in
+ * scratch of at least walk_scratch_min(n) bytes: the block that later holds
+ * the headers from its start and the locations at its end, so the layout
+ * keeps to pages touched again there: the key array, the keys and the sort
+ * space from the front, positions (rarely needed) at the back. Only keys
+ * that outgrow the space get memory of their own. */
+static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, int any_index,
+                      uint32_t *ord, unsigned char *scratch, size_t scratch_size, sd_error *err) {
+  char shown[SD_MSGNAME_MAX];
+  int rc = 0;
+  if (n == 0) return 0;
+  sd_skey *k = (sd_skey *)scratch;
+  unsigned char *pos_keys = scratch + scratch_size - 8 * n, *arena = scratch + n * sizeof(sd_skey);
+  unsigned char *sort_tmp = arena, *own = NULL;
+  size_t keys_len = 0;
+  /* (8 spare bytes: the sort space starts 8-aligned after the keys.) */
+  if (make_keys(t, name_len, n, k, arena, pos_keys - sd_sort_keys_scratch(n) - 8, &keys_len)) {
+    sort_tmp = arena + ((keys_len + 7) & ~(size_t)7);
+  } else {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += sd_natural_key_max(name_len[i]);
+    own = sd_big_alloc(n * sizeof(sd_skey) + total);
+    if (!own) goto oom;
+    k = (sd_skey *)own;
+    arena = own + n * sizeof(sd_skey);
+    make_keys(t, name_len, n, k, arena, arena + total, &keys_len);
+  }
+  if (sd_sort_keys_in(k, n, sort_tmp, sd_sort_keys_scratch(n))) goto oom;
   for (size_t i = 0; i < n; i++) {
+    /* Sorted order is scattered across the keys' memory: fetch ahead. */
+    if (i + 8 < n) __builtin_prefetch(k[i + 8].key);
     if (i && k[i].len == k[i - 1].len && memcmp(k[i].key, k[i - 1].key, k[i].len) == 0) {
       const char *nm = t[k[i].idx].name;
       rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s' is given twice",
@@ -132,39 +167,42 @@ static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, in
     for (size_t i = 0; i < n; i++) {
       const sd_tensor *x = &t[ord[i]];
       uint64_t pos = x->index >= 0 ? (uint64_t)x->index : UINT64_MAX;
-      unsigned char *kb = arena + 8 * i; /* the natural keys are no longer needed */
+      unsigned char *kb = pos_keys + 8 * i;
       for (int b = 0; b < 8; b++) kb[b] = (unsigned char)(pos >> (8 * (7 - b)));
       k[i] = (sd_skey){kb, 8, ord[i]};
     }
-    if (sd_sort_keys(k, n)) goto oom;
+    if (sd_sort_keys_in(k, n, sort_tmp, sd_sort_keys_scratch(n))) goto oom;
     for (size_t i = 0; i < n; i++) ord[i] = k[i].idx;
   }
   goto out;
 oom:
   rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory ordering %zu tensors", n);
 out:
-  free(k);
-  free(arena);
+  free(own);
   return rc;
 }
 
 /* The reference writer's order inside a file: larger elements first, then
  * name bytes (strcmp). */
 static int header_order(sd_plan_file *pf, const sd_tensor *t, const uint32_t *name_len,
-                        sd_skey *k) {
+                        const uint8_t *esz, sd_skey *k, void *scratch, size_t scratch_size) {
   size_t n = pf->ntensors;
   for (size_t i = 0; i < n; i++) {
+    if (i + 8 < n) {
+      __builtin_prefetch(&t[pf->tensors[i + 8]].name);
+      __builtin_prefetch(&name_len[pf->tensors[i + 8]]);
+    }
     uint32_t ti = pf->tensors[i];
     k[i] = (sd_skey){(const unsigned char *)t[ti].name, name_len[ti], ti};
   }
   /* Natural order and byte order agree unless digit runs of different
    * lengths meet (layers.9 / layers.10), so this is usually one or a few
    * sorted runs, which the sort merely checks or merges. */
-  if (sd_sort_keys(k, n)) return SHARDD_E_NO_MEMORY;
+  if (sd_sort_keys_in(k, n, scratch, scratch_size)) return SHARDD_E_NO_MEMORY;
   /* Stable bucketing by element size (8, 4, 2, 1); len is free for it now. */
   size_t at[9] = {0};
   for (size_t i = 0; i < n; i++) {
-    k[i].len = sd_dtype_size(t[k[i].idx].dtype);
+    k[i].len = esz[k[i].idx];
     at[k[i].len]++;
   }
   size_t acc = 0;
@@ -178,6 +216,45 @@ static int header_order(sd_plan_file *pf, const sd_tensor *t, const uint32_t *na
 }
 
 /* ------------------------------------------------------------------------ *
+ * Validation: one pass over each name finds its length, whether it needs
+ * the full check (controls, non-ASCII, length, the reserved name) and how
+ * many bytes JSON escapes, eight bytes at a time.
+ * ------------------------------------------------------------------------ */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* High bit set exactly in the zero bytes of w (no borrow across bytes). */
+static inline uint64_t zero_bytes(uint64_t w) {
+  return ~(((w & ~HIGHS) + ~HIGHS) | w) & HIGHS;
+}
+
+/* 0 and *esc set, or 1 when the name needs sd_name_check's verdict. */
+static int name_scan(const char *name, size_t len, uint32_t *esc) {
+  const unsigned char *u = (const unsigned char *)name;
+  uint64_t bad = 0, high = 0;
+  unsigned e = 0;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w;
+    memcpy(&w, u + i, 8);
+    high |= w;
+    bad |= zero_bytes(w ^ (ONES * 0x7F)) | ((w - ONES * 0x20) & ~w & HIGHS);
+    uint64_t q = zero_bytes(w ^ (ONES * '"')) | zero_bytes(w ^ (ONES * '\\'));
+    if (q) e += (unsigned)__builtin_popcountll(q);
+  }
+  for (; i < len; i++) {
+    unsigned char c = u[i];
+    high |= c;
+    bad |= c < 0x20 || c == 0x7F;
+    e += c == '"' || c == '\\';
+  }
+  *esc = e;
+  if (bad || len == 0 || len > SD_NAME_MAX) return 1;
+  if ((high & HIGHS) && !sd_utf8_valid(name, len, NULL)) return 1;
+  return len == 12 && memcmp(name, "__metadata__", 12) == 0;
+}
+
+/* ------------------------------------------------------------------------ *
  * Plan
  * ------------------------------------------------------------------------ */
 int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_opts *opts,
@@ -186,9 +263,10 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   static const sd_plan_opts defaults = {0, NULL, NULL, 0};
   int rc = 0;
   uint64_t *nbytes = NULL;
-  uint32_t *name_len = NULL, *ord = NULL, *shard_of = NULL, *group_final = NULL;
-  sd_skey *hk = NULL;
+  uint32_t *name_len = NULL;
+  uint8_t *esz = NULL;
   sd_buf meta = {0};
+  char *block = NULL;
 
   memset(p, 0, sizeof *p);
   if (!opts) opts = &defaults;
@@ -200,39 +278,88 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   if (n && !tensors) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensors are missing");
 
   size_t alloc_n = n ? n : 1;
-  nbytes = malloc(alloc_n * sizeof *nbytes);
-  name_len = malloc(alloc_n * sizeof *name_len);
-  ord = malloc(alloc_n * sizeof *ord);
-  shard_of = malloc(alloc_n * sizeof *shard_of);
-  group_final = malloc((alloc_n + 1) * sizeof *group_final);
-  p->loc = calloc(alloc_n, sizeof *p->loc);
-  if (!nbytes || !name_len || !ord || !shard_of || !group_final || !p->loc) {
+  nbytes = sd_big_alloc(alloc_n * sizeof *nbytes);
+  name_len = sd_big_alloc(alloc_n * sizeof *name_len);
+  esz = sd_big_alloc(alloc_n);
+  if (!nbytes || !name_len || !esz) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu tensors", n);
     goto fail;
   }
   p->ntensors = n;
 
-  /* Validate every tensor and total the sizes. */
+  /* Validate every tensor, total the sizes and bound the headers' size. */
   int any_index = 0;
+  size_t entry_bytes = 0, n_over = 0;
+  uint64_t small_bytes = 0;
   for (size_t i = 0; i < n; i++) {
     const sd_tensor *t = &tensors[i];
     size_t len = t->name ? strlen(t->name) : 0;
-    if ((rc = sd_name_check(t->name, len, err))) goto fail;
+    uint32_t esc = 0;
+    if ((!t->name || name_scan(t->name, len, &esc)) && (rc = sd_name_check(t->name, len, err)))
+      goto fail;
     name_len[i] = (uint32_t)len;
     if ((rc = sd_tensor_nbytes(t, &nbytes[i], err))) goto fail;
-    uint64_t numel = 0;
-    sd_tensor_numel(t->name, t->ndim, t->shape, &numel, NULL);
     if (__builtin_add_overflow(p->total_size, nbytes[i], &p->total_size) ||
         p->total_size > (uint64_t)INT64_MAX - SD_HEADER_MAX - SD_HEADER_ALIGN) {
       rc = sd_fail(err, SHARDD_E_LIMIT, "tensor '%s': the checkpoint's total size overflows",
                    sd_msgstr(shown, sizeof shown, t->name, len));
       goto fail;
     }
-    p->total_parameters += numel; /* <= total_size: no overflow */
+    esz[i] = (uint8_t)sd_dtype_size(t->dtype);
+    /* nbytes is numel * element size exactly (0 with a zero dimension). */
+    p->total_parameters += nbytes[i] / esz[i]; /* <= total_size: no overflow */
     if (t->index >= 0) any_index = 1;
+    entry_bytes += sd_header_entry_max(t, len + 2 + esc);
+    if (nbytes[i] > max)
+      n_over++;
+    else
+      small_bytes += nbytes[i];
   }
-  if ((rc = walk_order(tensors, name_len, n, any_index, ord, err))) goto fail;
+  /* The metadata's size is needed now, its verdict only after the walk's,
+   * which reports duplicate names first. */
+  sd_error meta_err = {0};
+  int meta_rc =
+      sd_header_meta_json(opts->metadata, opts->metadata ? opts->nmetadata : 0, &meta, &meta_err);
 
+  /* One block holds every header and then the locations in the end: a few
+   * huge pages rather than thousands of separately faulted buffers. Until
+   * then it is the scratch of the name sort, the split and the per-file
+   * sorts, so that memory is faulted in once, not twice. It has room for
+   * all of those but the natural keys by construction (a header entry
+   * takes 89 bytes or more, the scratch 72 per tensor). The file count is
+   * bounded here: an oversize tensor is a file of its own, and any two
+   * consecutive other files hold more than max between them. A bound so
+   * loose it would reserve absurd room (huge metadata, tiny max) is cut,
+   * and the block grows after the split if needed. */
+  size_t file_bytes = sd_header_file_max(meta.len);
+  size_t files_guess = n ? n_over + 2 * (size_t)(small_bytes / max) + 2 : 1;
+  if (n && files_guess > n) files_guess = n;
+  size_t files_cap = (entry_bytes + (64u << 20)) / file_bytes;
+  if (files_cap < 16) files_cap = 16;
+  if (files_guess > files_cap) files_guess = files_cap;
+  size_t loc_at = (entry_bytes + files_guess * file_bytes + 7) & ~(size_t)7;
+  size_t block_size = loc_at + alloc_n * sizeof *p->loc;
+  if (block_size < walk_scratch_min(n) + 8 * alloc_n + 8)
+    block_size = walk_scratch_min(n) + 8 * alloc_n + 8;
+  block = sd_big_alloc(block_size);
+  if (!block) {
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu tensors", n);
+    goto fail;
+  }
+  /* The walk order lives at the very end, where the locations go later. */
+  size_t walk_space = (block_size - 4 * alloc_n) & ~(size_t)7;
+  uint32_t *ord = (uint32_t *)(block + block_size - 4 * alloc_n);
+  if ((rc = walk_order(tensors, name_len, n, any_index, ord, (unsigned char *)block, walk_space,
+                       err)))
+    goto fail;
+  if (meta_rc) {
+    if (err) *err = meta_err;
+    rc = meta_rc;
+    goto fail;
+  }
+
+  /* The split's work arrays: 8n + 4 bytes of the block. */
+  uint32_t *shard_of = (uint32_t *)block, *group_final = shard_of + alloc_n;
   size_t nfiles = n ? hf_split(ord, nbytes, n, max, shard_of, group_final) : 1;
   p->files = calloc(nfiles, sizeof *p->files);
   if (!p->files) {
@@ -241,7 +368,6 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   }
   p->nfiles = nfiles;
   for (size_t i = 0; i < n; i++) p->files[shard_of[i]].ntensors++;
-  size_t most = 1;
   for (size_t f = 0; f < nfiles; f++) {
     sd_plan_file *pf = &p->files[f];
     pf->name = nfiles == 1 ? str_printf("%s.safetensors", prefix)
@@ -252,29 +378,45 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);
       goto fail;
     }
-    if (pf->ntensors > most) most = pf->ntensors;
     pf->ntensors = 0;
   }
   for (size_t i = 0; i < n; i++) {
     sd_plan_file *pf = &p->files[shard_of[i]];
     pf->tensors[pf->ntensors++] = ord[i];
   }
-  hk = malloc(most * sizeof *hk);
-  if (!hk) {
-    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);
-    goto fail;
-  }
 
-  if ((rc = sd_header_meta_json(opts->metadata, opts->metadata ? opts->nmetadata : 0, &meta, err)))
-    goto fail;
+  size_t need_at = (entry_bytes + nfiles * file_bytes + 7) & ~(size_t)7;
+  if (need_at > loc_at) {
+    /* realloc keeps the pages already faulted in (mremap at this size). */
+    loc_at = need_at;
+    char *grown = realloc(block, loc_at + alloc_n * sizeof *p->loc);
+    if (!grown) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding %zu headers", nfiles);
+      goto fail;
+    }
+    block = grown;
+  }
+  p->headers = block;
+  p->loc = (sd_plan_loc *)(block + loc_at);
+  block = NULL;
+  char *at = p->headers;
+  /* Each file is ordered right before it is encoded, while its tensors'
+   * records and names are still in cache. The order's keys and sort space
+   * (64 bytes a tensor) sit where this file's header is about to go: at
+   * least 89 bytes a tensor are reserved there, and the keys are done
+   * with before the header overwrites them. */
   for (size_t f = 0; f < nfiles; f++) {
-    if (header_order(&p->files[f], tensors, name_len, hk)) {
+    sd_skey *hk = (sd_skey *)at;
+    size_t cnt = p->files[f].ntensors;
+    if (header_order(&p->files[f], tensors, name_len, esz, hk, hk + cnt,
+                     sd_sort_keys_scratch(cnt))) {
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory ordering %s", p->files[f].name);
       goto fail;
     }
     if ((rc = sd_header_encode(&p->files[f], (uint32_t)f, tensors, nbytes, name_len, meta.p,
-                               meta.len, p->loc, err)))
+                               meta.len, at, p->loc, err)))
       goto fail;
+    at += p->files[f].header_size;
   }
 
   p->needs_index = nfiles > 1;
@@ -289,12 +431,10 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
 fail:
   sd_plan_free(p);
 out:
+  free(block);
   free(meta.p);
   free(nbytes);
   free(name_len);
-  free(ord);
-  free(shard_of);
-  free(group_final);
-  free(hk);
+  free(esz);
   return rc;
 }

@@ -102,6 +102,7 @@ typedef struct {
   uint64_t total_parameters;
   int needs_index;          /* 0 when a single file named PREFIX.safetensors */
   char *index_name;         /* "PREFIX.safetensors.index.json" */
+  char *headers;            /* when set, the one block every files[i].header and loc point into */
 } sd_plan;
 
 /* Assigns each tensor a file and an offset and encodes every header.

@@ -1,7 +1,9 @@
-/* Tensor names, element counts and byte sizes (overflow-checked), natural order, fast name sorting, message helpers. */
+/* Tensor names, element counts and byte sizes (overflow-checked), natural order, fast name sorting, big arrays, message helpers. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "sd_format.h"
 #include "sd_layout.h"
@@ -104,6 +106,27 @@ const char *sd_fmt_dims(char *buf, size_t cap, uint32_t ndim, const uint64_t *v)
   buf[o++] = ']';
   buf[o] = '\0';
   return buf;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Big arrays
+ * ------------------------------------------------------------------------ */
+#define HUGE_PAGE (2u << 20)
+
+void *sd_big_alloc(size_t n) {
+  if (n < SD_BIG_ALLOC_MIN) return malloc(n);
+  /* Whole huge pages, so the tail is not left to thousands of small
+   * faults either. */
+  if (n > SIZE_MAX - HUGE_PAGE) return NULL;
+  n = (n + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+  void *p;
+  if (posix_memalign(&p, HUGE_PAGE, n) != 0) return NULL;
+  /* Advice only: where transparent huge pages are off or refused, this is
+   * plain malloc'd memory. */
+#ifdef MADV_HUGEPAGE
+  madvise(p, n, MADV_HUGEPAGE);
+#endif
+  return p;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -321,11 +344,18 @@ typedef struct {
 
 static uint64_t load_chunk(const skw *k, size_t depth, unsigned *cls) {
   size_t left = k->len - depth;
-  unsigned char b[8] = {0};
-  memcpy(b, k->key + depth, left < 8 ? left : 8);
-  *cls = left > 8 ? 9 : (unsigned)left;
   uint64_t v = 0;
-  for (int j = 0; j < 8; j++) v = (v << 8) | b[j];
+  if (left >= 8) {
+    memcpy(&v, k->key + depth, 8);
+    *cls = left > 8 ? 9 : 8;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    return __builtin_bswap64(v);
+#else
+    return v;
+#endif
+  }
+  for (size_t j = 0; j < left; j++) v |= (uint64_t)k->key[depth + j] << (56 - 8 * j);
+  *cls = (unsigned)left;
   return v;
 }
 
@@ -408,36 +438,72 @@ static int key_less(const sd_skey *a, const sd_skey *b) {
   return c < 0 || (c == 0 && a->len < b->len);
 }
 
-/* Input that is already a few sorted runs (the index walks files that are
- * each sorted, the walk of a checkpoint saved in order) is merged in
- * place of a full radix sort: log2(runs) linear passes. */
-#define MERGE_RUNS_MAX 32
-
-static int merge_runs(sd_skey *v, size_t n, size_t *start, size_t runs) {
-  sd_skey *tmp = malloc(n * sizeof *tmp);
-  if (!tmp) return SHARDD_E_NO_MEMORY;
-  start[runs] = n;
-  while (runs > 1) {
-    size_t out = 0;
-    for (size_t r = 0; r < runs; r += 2) {
-      size_t a = start[r], m = start[r + 1 < runs ? r + 1 : runs], e = start[r + 2 < runs ? r + 2 : runs];
-      start[out++] = a;
-      if (m == e) continue;
-      memcpy(tmp + a, v + a, (m - a) * sizeof *v);
-      size_t i = a, j = m, o = a;
-      while (i < m && j < e) v[o++] = key_less(&v[j], &tmp[i]) ? v[j++] : tmp[i++];
-      while (i < m) v[o++] = tmp[i++];
-    }
-    runs = out;
-    start[runs] = n;
-  }
-  free(tmp);
-  return 0;
+/* Three-way compare: memcmp, then the shorter key first. */
+static inline int key_cmp(const sd_skey *a, const sd_skey *b) {
+  uint32_t m = a->len < b->len ? a->len : b->len;
+  int c = memcmp(a->key, b->key, m);
+  if (c) return c;
+  return a->len < b->len ? -1 : a->len > b->len;
 }
 
-int sd_sort_keys(sd_skey *v, size_t n) {
+/* Input that is already a few sorted runs (the index walks files that are
+ * each sorted, the walk of a checkpoint saved in order) is merged in
+ * place of a full radix sort, all runs at once through a small heap of
+ * their heads: comparisons only ever touch the runs' current heads, so each
+ * key's bytes come from memory once, where merging two runs at a time
+ * would fetch them again in every pass. Ties go to the earlier run, which
+ * keeps the merge stable. */
+#define MERGE_RUNS_MAX 32
+
+typedef struct {
+  const sd_skey *v;
+  size_t pos[MERGE_RUNS_MAX], end[MERGE_RUNS_MAX];
+} run_heap;
+
+static inline int head_less(const run_heap *h, uint32_t a, uint32_t b) {
+  int c = key_cmp(&h->v[h->pos[a]], &h->v[h->pos[b]]);
+  return c < 0 || (c == 0 && a < b);
+}
+
+static void sift_down(const run_heap *h, uint32_t *heap, size_t hn, size_t i) {
+  uint32_t x = heap[i];
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= hn) break;
+    if (c + 1 < hn && head_less(h, heap[c + 1], heap[c])) c++;
+    if (!head_less(h, heap[c], x)) break;
+    heap[i] = heap[c];
+    i = c;
+  }
+  heap[i] = x;
+}
+
+static void merge_runs(sd_skey *v, size_t n, const size_t *start, size_t runs, sd_skey *tmp) {
+  run_heap h;
+  uint32_t heap[MERGE_RUNS_MAX];
+  size_t hn = 0;
+  h.v = v;
+  for (size_t r = 0; r < runs; r++) {
+    h.pos[r] = start[r];
+    h.end[r] = r + 1 < runs ? start[r + 1] : n;
+    if (h.pos[r] < h.end[r]) heap[hn++] = (uint32_t)r;
+  }
+  for (size_t i = hn / 2; i-- > 0;) sift_down(&h, heap, hn, i);
+  for (size_t o = 0; o < n; o++) {
+    uint32_t r = heap[0];
+    tmp[o] = v[h.pos[r]++];
+    if (h.pos[r] + 4 < h.end[r]) __builtin_prefetch(v[h.pos[r] + 4].key);
+    if (h.pos[r] == h.end[r]) heap[0] = heap[--hn];
+    if (hn > 1) sift_down(&h, heap, hn, 0);
+  }
+  memcpy(v, tmp, n * sizeof *v);
+}
+
+size_t sd_sort_keys_scratch(size_t n) { return 2 * n * sizeof(skw); }
+
+int sd_sort_keys_in(sd_skey *v, size_t n, void *scratch, size_t scratch_size) {
   if (n < 2) return 0;
-  size_t start[MERGE_RUNS_MAX + 1], runs = 1;
+  size_t start[MERGE_RUNS_MAX], runs = 1;
   start[0] = 0;
   for (size_t i = 1; i < n && runs <= MERGE_RUNS_MAX; i++)
     if (key_less(&v[i], &v[i - 1])) {
@@ -445,14 +511,24 @@ int sd_sort_keys(sd_skey *v, size_t n) {
       runs++;
     }
   if (runs == 1) return 0;
-  if (runs <= MERGE_RUNS_MAX) return merge_runs(v, n, start, runs);
-
-  if (n >= (1u << 28)) return SHARDD_E_LIMIT;
-  skw *w = malloc(2 * n * sizeof *w);
-  if (!w) return SHARDD_E_NO_MEMORY;
-  for (size_t i = 0; i < n; i++) w[i] = (skw){0, v[i].key, v[i].len, v[i].idx & ((1u << 28) - 1), 0};
-  radix_level(w, w + n, n, 0);
-  for (size_t i = 0; i < n; i++) v[i] = (sd_skey){w[i].key, w[i].len, w[i].idx};
-  free(w);
+  if (runs > MERGE_RUNS_MAX && n >= (1u << 28)) return SHARDD_E_LIMIT;
+  size_t need = runs <= MERGE_RUNS_MAX ? n * sizeof *v : sd_sort_keys_scratch(n);
+  void *own = NULL;
+  if (!scratch || scratch_size < need) {
+    scratch = own = sd_big_alloc(need);
+    if (!own) return SHARDD_E_NO_MEMORY;
+  }
+  if (runs <= MERGE_RUNS_MAX) {
+    merge_runs(v, n, start, runs, scratch);
+  } else {
+    skw *w = scratch;
+    for (size_t i = 0; i < n; i++)
+      w[i] = (skw){0, v[i].key, v[i].len, v[i].idx & ((1u << 28) - 1), 0};
+    radix_level(w, w + n, n, 0);
+    for (size_t i = 0; i < n; i++) v[i] = (sd_skey){w[i].key, w[i].len, w[i].idx};
+  }
+  free(own);
   return 0;
 }
+
+int sd_sort_keys(sd_skey *v, size_t n) { return sd_sort_keys_in(v, n, NULL, 0); }

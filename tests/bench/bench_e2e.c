@@ -343,6 +343,7 @@ typedef struct {
   int same_layout;
   rank_out r[NRANKS];
   char daemon_line[512];
+  char sealed_line[160];
 } shardd_stats;
 
 static void parse_rank(const char *text, rank_out *r) {
@@ -388,16 +389,19 @@ static void unlink_rank_shm(const pid_t *pids) {
   closedir(d);
 }
 
-static void read_daemon_line(const char *log, char *out, size_t len) {
+/* The daemon's summary line, and (streamed saves, debug log) how much it
+ * had written when the last rank sealed. */
+static void read_daemon_line(const char *log, char *out, size_t len, char *sealed, size_t slen) {
   FILE *f = fopen(log, "r");
   char line[1024];
-  out[0] = '\0';
+  out[0] = sealed[0] = '\0';
   if (!f) return;
-  while (fgets(line, sizeof line, f))
-    if (strstr(line, "committed save") || strstr(line, "failed")) {
-      line[strcspn(line, "\n")] = '\0';
-      sd_e2e_fmt(out, len, "%s", line);
-    }
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    if (strstr(line, "committed save") || strstr(line, "failed")) sd_e2e_fmt(out, len, "%s", line);
+    const char *w = strstr(line, "every rank sealed with");
+    if (w) sd_e2e_fmt(sealed, slen, "%s", w);
+  }
   fclose(f);
 }
 
@@ -550,7 +554,7 @@ static int phase_shardd(const options *o, const char *work, const sd_e2e_model *
   sd_e2e_fmt(ckpt, sizeof ckpt, "%s/" CKPT_DIR, root);
   mkdir(root, 0755);
   int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  char *dargv[] = {(char *)o->shardd, "--root", root, "--socket", sock, "--log-level", "info", NULL};
+  char *dargv[] = {(char *)o->shardd, "--root", root, "--socket", sock, "--log-level", "debug", NULL};
   pid_t dpid = spawn(dargv, lfd, lfd);
   if (lfd >= 0) close(lfd);
   if (dpid < 0) {
@@ -579,7 +583,7 @@ static int phase_shardd(const options *o, const char *work, const sd_e2e_model *
     kill(dpid, SIGKILL);
     waitpid(dpid, &st, 0);
   }
-  read_daemon_line(log, s->daemon_line, sizeof s->daemon_line);
+  read_daemon_line(log, s->daemon_line, sizeof s->daemon_line, s->sealed_line, sizeof s->sealed_line);
 
   char listing[4096], msg[400] = "";
   ph->bytes = dir_listing(ckpt, listing, sizeof listing);
@@ -679,6 +683,7 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
          : WIFEXITED(s->daemon_exit) && !WEXITSTATUS(s->daemon_exit) ? "clean (0)"
                                                                      : "NOT clean");
   if (s->daemon_line[0]) printf("          log: %s\n", s->daemon_line);
+  if (s->sealed_line[0]) printf("          log: %s\n", s->sealed_line);
   if (b->ran && b->ok) printf("layout    (c) files %s (b)'s (names and sizes)\n", s->same_layout ? "identical to" : "DIFFER from");
   (void)o;
 }

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "sd_format.h"
@@ -21,6 +22,14 @@ static double cpu(void) {
   struct timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Minor page faults so far: on a VM each first touch of a page can cost
+ * more than the work done on it, so the count explains much of the time. */
+static long faults(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
 }
 
 static uint64_t rnd(uint64_t *s) {
@@ -64,6 +73,7 @@ static int run(const char *label, sd_tensor *t, char *names, sd_box (*tb)[NSLICE
   }
 
   printf("%s\n", label);
+  long f0 = faults();
   double t0 = now(), c0 = cpu();
   uint8_t keep[NSLICES];
   sd_error err;
@@ -73,9 +83,11 @@ static int run(const char *label, sd_tensor *t, char *names, sd_box (*tb)[NSLICE
     if (sd_coverage_check(t[i].name, t[i].ndim, t[i].shape, tb[k], NSLICES, keep, &err)) bad++;
   }
   double t1 = now(), c1 = cpu();
+  long f1 = faults();
   sd_plan p;
   int rc = sd_plan_build(&p, t, NTENSORS, NULL, &err);
   double t2 = now(), c2 = cpu();
+  long f2 = faults();
   if (rc) {
     printf("plan failed: %s\n", err.msg);
     return 1;
@@ -83,15 +95,17 @@ static int run(const char *label, sd_tensor *t, char *names, sd_box (*tb)[NSLICE
   size_t ilen = 0;
   char *ix = sd_index_encode(&p, t, &ilen, &err);
   double t3 = now(), c3 = cpu();
+  long f3 = faults();
   uint64_t hdr = 0;
   for (size_t f = 0; f < p.nfiles; f++) hdr += p.files[f].header_size;
-  printf("                 wall s   cpu s\n");
-  printf("  coverage     : %7.3f %7.3f\n", t1 - t0, c1 - c0);
-  printf("  plan+headers : %7.3f %7.3f  (%zu files, %.1f MB of headers, %.1f GB of data)\n",
-         t2 - t1, c2 - c1, p.nfiles, (double)hdr / 1e6, (double)p.total_size / 1e9);
-  printf("  coverage+plan: %7.3f %7.3f\n", t2 - t0, c2 - c0);
-  printf("  index        : %7.3f %7.3f  (%.1f MB)\n", t3 - t2, c3 - c2, (double)ilen / 1e6);
-  printf("  total        : %7.3f %7.3f\n", t3 - t0, c3 - c0);
+  printf("                 wall s   cpu s  page faults\n");
+  printf("  coverage     : %7.3f %7.3f %8ld\n", t1 - t0, c1 - c0, f1 - f0);
+  printf("  plan+headers : %7.3f %7.3f %8ld  (%zu files, %.1f MB of headers, %.1f GB of data)\n",
+         t2 - t1, c2 - c1, f2 - f1, p.nfiles, (double)hdr / 1e6, (double)p.total_size / 1e9);
+  printf("  coverage+plan: %7.3f %7.3f %8ld\n", t2 - t0, c2 - c0, f2 - f0);
+  printf("  index        : %7.3f %7.3f %8ld  (%.1f MB)\n", t3 - t2, c3 - c2, f3 - f2,
+         (double)ilen / 1e6);
+  printf("  total        : %7.3f %7.3f %8ld\n", t3 - t0, c3 - c0, f3 - f0);
   if (bad) printf("  UNEXPECTED: %ld coverage checks failed\n", bad);
   int ok = !bad && ix;
   free(ix);
