@@ -47,7 +47,7 @@ static void usage(FILE *f) {
           "                        the save, so ranks do each together as a trainer's ranks do\n"
           "                        at a checkpoint step (EOF: exit 1)\n"
           "Prints one JSON line: rank, bytes, blocked_s (begin+puts+seal, copies included),\n"
-          "memcpy_s (a plain memcpy of the same bytes into the arena), state, files.\n");
+          "memcpy_s (the faster of two plain memcpys of the same bytes into the arena), state, files.\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -371,15 +371,18 @@ int main(int argc, char **argv) {
    * shared memory, the floor for what handing them over can cost. With a
    * start barrier every rank copies at once, as they do in the save. */
   if (o.start_barrier && wait_for_go() != 0) goto no_go;
-  double memcpy_s;
-  {
+  /* The faster of two: a first pass over memory can be slowed by what the
+   * machine is doing, and this is meant as the floor. */
+  double memcpy_s = 0;
+  for (int pass = 0; pass < 2; pass++) {
     uint8_t *dst = shardd_arena_data(a);
     double t0 = now_s();
     for (size_t i = 0; i < ss.n; i++)
       if (!ss.v[i].skip) memcpy(dst + ss.v[i].offset, model + ss.v[i].offset, ss.v[i].nbytes);
     /* The copies are dead stores otherwise; make them observable. */
     __asm__ volatile("" : : "r"(dst) : "memory");
-    memcpy_s = now_s() - t0;
+    double t = now_s() - t0;
+    if (pass == 0 || t < memcpy_s) memcpy_s = t;
   }
   if (o.start_barrier && wait_for_go() != 0) goto no_go;
 

@@ -39,7 +39,6 @@ typedef struct {
   uint64_t max_shard_size;  /* 0: about a quarter of the model, so several files */
   double timeout_s;         /* ranks still running after this are killed: a hang guard */
   int keep;
-  int classic;              /* ranks put after copying (no streaming) */
   unsigned raw_buf_mib;     /* (a)'s write size */
 } options;
 
@@ -55,15 +54,12 @@ static void usage(FILE *f) {
           "  --dir PARENT         make the work folder under PARENT (default /var/tmp)\n"
           "  --shardd PATH        daemon binary (default $SHARDD_BIN, else next to this build)\n"
           "  --rank-bin PATH      example rank (default $SHARDD_EXAMPLE_RANK, else next to this build)\n"
-          "  --phases LIST        any of a, b, c (default abc)\n"
+          "  --phases LIST        any of a, b, c, s (default abcs): s is (c) with streaming ranks\n"
           "  --max-shard-size N   bytes per shard file (default: a quarter of the model)\n"
           "  --timeout S          kill the ranks if they run longer than S seconds (default 3600;\n"
           "                       a busy 2-core machine needs minutes just to generate 4 GiB)\n"
           "  --keep               keep the work folder (kept anyway when a phase fails)\n"
-          "  --raw-buf-mib N      (a)'s write size (default 4: shardd's staging chunk; qd 32)\n"
-          "  --classic            (c) ranks copy then put each slice, and the daemon starts at the\n"
-          "                       last seal; default: ranks stream (deferred puts, declared, ready\n"
-          "                       every 64 MiB), so the daemon writes while they copy\n");
+          "  --raw-buf-mib N      (a)'s write size (default 4: shardd's staging chunk; qd 32)\n");
 }
 
 /* ------------------------------------------------------------------------ *
@@ -273,9 +269,10 @@ static void phase_raw(const char *work, const sd_e2e_model *m, size_t bufsize, p
   ph->bytes = r.bytes;
   ph->seconds = r.seconds;
   ph->cpu_s = r.cpu_s;
-  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%s, qd 32, %zu MiB buffers%s, one file%s%s",
+  sd_e2e_fmt(ph->note, sizeof ph->note, "%s%s, qd 32, %zu MiB buffers%s, one file%s%s%s",
            r.ok ? "" : "FAILED: ", r.direct ? "O_DIRECT" : "buffered", bufsize >> 20,
-           r.fixed_bufs ? " (registered)" : "", r.note[0] ? "; " : "", r.note);
+           r.fixed_bufs ? " (registered)" : "", r.preallocated ? " (fallocated first)" : "",
+           r.note[0] ? "; " : "", r.note);
   unlink(path);
 }
 
@@ -406,7 +403,7 @@ static void read_daemon_line(const char *log, char *out, size_t len, char *seale
 }
 
 static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, pid_t dpid,
-                     phase *ph, shardd_stats *s) {
+                     int streamed, phase *ph, shardd_stats *s) {
   char nums[8][32], rk[NRANKS][16];
   sd_e2e_fmt(nums[0], 32, "%" PRIu64, m->hidden);
   sd_e2e_fmt(nums[1], 32, "%" PRIu64, m->intermediate);
@@ -428,7 +425,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
                     CKPT_DIR, "--rank", rk[r], "--world-size", nums[5], "--tp", nums[6],
                     "--hidden", nums[0], "--intermediate", nums[1], "--layers", nums[2],
                     "--vocab", nums[3], "--dtype", "BF16", "--max-shard-size", nums[4],
-                    "--start-barrier", o->classic ? NULL : "--stream", NULL};
+                    "--start-barrier", streamed ? "--stream" : NULL, NULL};
     int p[2], g[2];
     if (pipe2(p, O_CLOEXEC) != 0) break;
     if (pipe2(g, O_CLOEXEC) != 0) {
@@ -542,7 +539,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
   return rc;
 }
 
-static int phase_shardd(const options *o, const char *work, const sd_e2e_model *m,
+static int phase_shardd(const options *o, const char *work, const sd_e2e_model *m, int streamed,
                         const char *serial_listing, phase *ph, shardd_stats *s) {
   ph->ran = 1;
   char root[PATH_MAX], sock[PATH_MAX], log[PATH_MAX], ckpt[PATH_MAX + 16];
@@ -574,7 +571,7 @@ static int phase_shardd(const options *o, const char *work, const sd_e2e_model *
     return -1;
   }
 
-  int rc = run_ranks(o, m, sock, dpid, ph, s);
+  int rc = run_ranks(o, m, sock, dpid, streamed, ph, s);
 
   /* Stop the daemon as an operator would; it must exit cleanly. */
   kill(dpid, SIGTERM);
@@ -627,37 +624,29 @@ static double raw_gbps(const phase *a, const phase *a2) {
   return x > 0 && y > 0 ? (x + y) / 2 : x > 0 ? x : y;
 }
 
-static void report(const options *o, const sd_e2e_model *m, const phase *a, const phase *a2,
-                   const phase *b, const phase *c, const shardd_stats *s) {
-  printf("\n%-26s %14s %9s %7s %9s %11s\n", "phase", "bytes", "seconds", "GB/s", "CPU s/GiB",
-         "load 1m");
-  row("(a) raw io_uring writer", a);
-  row("(b) serial sync writer", b);
-  row("(c) shardd, 4 ranks", c);
-  if (a2->ran) row("(a) raw again, last", a2);
-  printf("  GB/s = 1e9 bytes/s; CPU = the writing process ((c): the daemon, io_uring workers included)\n");
-  if (a->ran) printf("  (a) %s\n", a->note);
-  if (b->ran) printf("  (b) %s\n", b->note);
-  if (c->ran) printf("  (c) %s\n", c->note);
+static void ratios(const char *label, const phase *c, const phase *a, const phase *a2, const phase *b) {
   double ra = raw_gbps(a, a2);
-  if (gbps(c) > 0) {
-    printf("\nratios    c/a = %s", ra > 0 ? "" : "n/a");
-    if (ra > 0) printf("%.2f", gbps(c) / ra);
-    if (gbps(a) > 0 && gbps(a2) > 0)
-      printf(" (%.2f vs the first raw run, %.2f vs the last)", gbps(c) / gbps(a), gbps(c) / gbps(a2));
-    printf("   c/b = %s", gbps(b) > 0 ? "" : "n/a");
-    if (gbps(b) > 0) printf("%.2f", gbps(c) / gbps(b));
-    printf("\n          (c timed from the first rank's begin to every rank's commit; a = mean of the\n"
-           "          raw runs before and after, as the virtual disk's speed drifts)\n");
-  }
+  if (gbps(c) <= 0) return;
+  printf("ratios %s  /a = %s", label, ra > 0 ? "" : "n/a");
+  if (ra > 0) printf("%.2f", gbps(c) / ra);
+  if (gbps(a) > 0 && gbps(a2) > 0)
+    printf(" (%.2f vs the first raw run, %.2f vs the last)", gbps(c) / gbps(a), gbps(c) / gbps(a2));
+  printf("   %s/b = %s", label, gbps(b) > 0 ? "" : "n/a");
+  if (gbps(b) > 0) printf("%.2f", gbps(c) / gbps(b));
+  printf("\n");
+}
+
+static void detail(const char *label, const sd_e2e_model *m, const phase *b, const phase *c,
+                   const shardd_stats *s) {
   if (!c->ran) return;
-  printf("\nshardd    save window %.3f s (first begin -> all committed; ranks began %.3f s apart)\n",
+  printf("\n%s shardd, save window %.3f s (first begin -> all committed; ranks began %.3f s apart)\n", label,
          s->window_s, s->spread_s);
   printf("          last seal -> all committed %.3f s = %.3f GB/s (what the daemon had left to write, fsync, publish)\n",
          s->tail_s, s->tail_s > 0 ? (double)c->bytes / s->tail_s / 1e9 : 0);
   printf("          start signal -> all ranks exited %.3f s (timed here; ranks got ready in %.1f s:\n"
          "          each generated its %.2f GiB of tensors and pre-faulted its arena)\n"
-         "          memcpy_s: each rank's plain memcpy of its bytes into its arena, all four at once\n",
+         "          memcpy_s: the faster of two plain memcpys of each rank's bytes into its arena,\n"
+         "          all four ranks at once\n",
          s->go_s, s->ready_s, (double)m->rank_bytes / GIB);
   printf("\n%-6s %13s %10s %10s %8s %9s %9s %9s %8s  %s\n", "rank", "bytes", "blocked_s", "memcpy_s",
          "blk/cpy", "puts_s", "seal_s", "wait_s", "cpu_s", "state");
@@ -684,21 +673,45 @@ static void report(const options *o, const sd_e2e_model *m, const phase *a, cons
                                                                      : "NOT clean");
   if (s->daemon_line[0]) printf("          log: %s\n", s->daemon_line);
   if (s->sealed_line[0]) printf("          log: %s\n", s->sealed_line);
-  if (b->ran && b->ok) printf("layout    (c) files %s (b)'s (names and sizes)\n", s->same_layout ? "identical to" : "DIFFER from");
-  (void)o;
+  if (b->ran && b->ok)
+    printf("layout    %s files %s (b)'s (names and sizes)\n", label, s->same_layout ? "identical to" : "DIFFER from");
+}
+
+static void report(const sd_e2e_model *m, const phase *a, const phase *a2, const phase *b,
+                   const phase *c, const shardd_stats *cs, const phase *st, const shardd_stats *ss) {
+  printf("\n%-26s %14s %9s %7s %9s %11s\n", "phase", "bytes", "seconds", "GB/s", "CPU s/GiB",
+         "load 1m");
+  row("(a) raw io_uring writer", a);
+  row("(b) serial sync writer", b);
+  row("(c) shardd, 4 ranks", c);
+  row("(s) shardd, 4 streamed", st);
+  if (a2->ran) row("(a) raw again, last", a2);
+  printf("  GB/s = 1e9 bytes/s; CPU = the writing process ((c), (s): the daemon, io_uring workers included)\n");
+  if (a->ran) printf("  (a) %s\n", a->note);
+  if (b->ran) printf("  (b) %s\n", b->note);
+  if (c->ran) printf("  (c) ranks copy and put each slice, then seal: %s\n", c->note);
+  if (st->ran) printf("  (s) ranks put deferred, declare, copy with ready every 64 MiB, seal: %s\n", st->note);
+  printf("\n");
+  ratios("c", c, a, a2, b);
+  ratios("s", st, a, a2, b);
+  if (gbps(c) > 0 || gbps(st) > 0)
+    printf("          (timed from the first rank's begin to every rank's commit; a = mean of the\n"
+           "          raw runs before and after, as the virtual disk's speed drifts)\n");
+  detail("(c)", m, b, c, cs);
+  detail("(s)", m, b, st, ss);
 }
 
 /* ------------------------------------------------------------------------ *
  * main
  * ------------------------------------------------------------------------ */
 int main(int argc, char **argv) {
-  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abc", .timeout_s = 3600, .raw_buf_mib = 4};
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abcs", .timeout_s = 3600, .raw_buf_mib = 4};
   static const struct option lo[] = {
       {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
       {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
       {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
-      {"timeout", required_argument, 0, 't'},  {"classic", no_argument, 0, 'C'},
+      {"timeout", required_argument, 0, 't'},
       {"raw-buf-mib", required_argument, 0, 'R'},
       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   int ch;
@@ -719,7 +732,6 @@ int main(int argc, char **argv) {
       case 'p': o.phases = optarg; break;
       case 'm': o.max_shard_size = strtoull(optarg, &end, 10); if (*end) { usage(stderr); return 2; } break;
       case 'k': o.keep = 1; break;
-      case 'C': o.classic = 1; break;
       case 'R': {
         unsigned long v = strtoul(optarg, &end, 10);
         if (*end || v < 1 || v > 64) {
@@ -750,8 +762,8 @@ int main(int argc, char **argv) {
   if (!o.rank_bin) o.rank_bin = getenv("SHARDD_EXAMPLE_RANK");
   if (!o.rank_bin) o.rank_bin = exe_sibling("../../client/shardd-example-rank", b2, sizeof b2);
   int do_a = strchr(o.phases, 'a') != NULL, do_b = strchr(o.phases, 'b') != NULL,
-      do_c = strchr(o.phases, 'c') != NULL;
-  if (do_c && (!o.shardd || !o.rank_bin)) {
+      do_c = strchr(o.phases, 'c') != NULL, do_s = strchr(o.phases, 's') != NULL;
+  if ((do_c || do_s) && (!o.shardd || !o.rank_bin)) {
     fprintf(stderr, "bench_e2e: need --shardd and --rank-bin (or SHARDD_BIN, SHARDD_EXAMPLE_RANK)\n");
     return 2;
   }
@@ -773,27 +785,28 @@ int main(int argc, char **argv) {
          "         max shard %" PRIu64 " bytes -> %zu files + index, %" PRIu64 " bytes on disk\n",
          m.hidden, m.intermediate, m.layers, m.vocab, m.n, m.tensor_bytes,
          (double)m.tensor_bytes / GIB, m.max_shard_size, m.nfiles, m.file_bytes);
-  printf("ranks    4 x %s (TP=2 x DP=2), %.2f GiB each, %s\ndaemon   %s\n",
+  printf("ranks    4 x %s (TP=2 x DP=2), %.2f GiB each\ndaemon   %s\n",
          o.rank_bin ? o.rank_bin : "-", (double)m.rank_bytes / GIB,
-         o.classic ? "classic (copy, put, seal)" : "streaming (deferred puts, declared, ready)",
          o.shardd ? o.shardd : "-");
   printf("cache    page cache not dropped (needs root, unreliable): every phase ends with fsync,\n"
          "         sync(2) runs before each, and each phase's output is deleted before the next\n");
-  if (do_c && sd_e2e_mem_available() < 9 * m.rank_bytes)
+  if ((do_c || do_s) && sd_e2e_mem_available() < 9 * m.rank_bytes)
     printf("WARNING  (c) needs about %.1f GiB of memory (4 ranks x tensors + arena), %.1f GiB available\n",
            8.0 * (double)m.rank_bytes / GIB, (double)sd_e2e_mem_available() / GIB);
   fflush(stdout);
 
-  phase a = {0}, a2 = {0}, b = {0}, c = {0};
-  shardd_stats s;
+  phase a = {0}, a2 = {0}, b = {0}, c = {0}, st = {0};
+  shardd_stats s, ss;
   memset(&s, 0, sizeof s);
+  memset(&ss, 0, sizeof ss);
   char serial_listing[4096] = "";
   int fail = 0;
   if (do_a) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a);
   if (do_b && phase_serial(work, &m, &b, serial_listing, sizeof serial_listing, o.keep) != 0) fail = 1;
-  if (do_c && phase_shardd(&o, work, &m, serial_listing, &c, &s) != 0) fail = 1;
-  if (do_a && (do_b || do_c)) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a2);
-  report(&o, &m, &a, &a2, &b, &c, &s);
+  if (do_c && phase_shardd(&o, work, &m, 0, serial_listing, &c, &s) != 0) fail = 1;
+  if (do_s && phase_shardd(&o, work, &m, 1, serial_listing, &st, &ss) != 0) fail = 1;
+  if (do_a && (do_b || do_c || do_s)) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a2);
+  report(&m, &a, &a2, &b, &c, &s, &st, &ss);
 
   /* A failed phase keeps its folder (daemon log, checkpoint) for a look. */
   if (!o.keep && !fail) sd_e2e_rmtree(work);

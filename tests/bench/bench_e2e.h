@@ -37,6 +37,7 @@ typedef struct {
   int ok;
   int direct;               /* 1 when O_DIRECT was used throughout */
   int fixed_bufs;           /* 1 when the buffers were registered with the ring */
+  int preallocated;         /* 1 when fallocate reserved the whole file first */
   uint64_t bytes;
   double seconds;           /* open to fsync returned */
   double cpu_s;             /* this process (io-wq workers included) */
