@@ -42,10 +42,10 @@ static void usage(FILE *f) {
           "  --kill-before-seal    put everything, then exit(3) without sealing\n"
           "  --stream              put every slice deferred, say 'declared', then copy and send\n"
           "                        'ready' every 64 MiB: the daemon writes while this rank copies\n"
-          "  --start-barrier       twice, once connected: print 'ready' and wait for a line on\n"
-          "                        stdin; the first go starts the memcpy baseline, the second\n"
-          "                        the save, so ranks do each together as a trainer's ranks do\n"
-          "                        at a checkpoint step (EOF: exit 1)\n"
+          "  --start-barrier       three times, once connected: print 'ready' and wait for a line\n"
+          "                        on stdin; the first two gos start the two memcpy baseline\n"
+          "                        passes, the third the save, so ranks do each together as a\n"
+          "                        trainer's ranks do at a checkpoint step (EOF: exit 1)\n"
           "Prints one JSON line: rank, bytes, blocked_s (begin+puts+seal, copies included),\n"
           "memcpy_s (the faster of two plain memcpys of the same bytes into the arena), state, files.\n");
 }
@@ -370,11 +370,12 @@ int main(int argc, char **argv) {
   /* Baseline: a plain memcpy of the same bytes into the (pre-faulted)
    * shared memory, the floor for what handing them over can cost. With a
    * start barrier every rank copies at once, as they do in the save. */
-  if (o.start_barrier && wait_for_go() != 0) goto no_go;
-  /* The faster of two: a first pass over memory can be slowed by what the
-   * machine is doing, and this is meant as the floor. */
+  /* The faster of two passes, each started together with the other ranks
+   * when there is a barrier: a first pass over memory can be slowed by what
+   * the machine is doing (khugepaged, say), and this is meant as the floor. */
   double memcpy_s = 0;
   for (int pass = 0; pass < 2; pass++) {
+    if (o.start_barrier && wait_for_go() != 0) goto no_go;
     uint8_t *dst = shardd_arena_data(a);
     double t0 = now_s();
     for (size_t i = 0; i < ss.n; i++)

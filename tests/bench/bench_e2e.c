@@ -451,10 +451,10 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
   /* Each rank generates its tensors, connects and makes its arena, then
    * waits: a trainer's ranks reach a checkpoint step together, so the save
    * is timed from one start signal, not from staggered process start-up. */
-  /* Twice: the first go starts every rank's memcpy baseline at once, the
-   * second the save. */
+  /* Three times: the first two gos start the two passes of every rank's
+   * memcpy baseline at once, the third the save. */
   double deadline = t0 + o->timeout_s, t_go = 0, cpu0 = 0;
-  for (int round = 0; round < 2; round++) {
+  for (int round = 0; round < 3; round++) {
     for (int r = 0; r < NRANKS && rc == 0; r++)
       if (read_ready(pipes[r], deadline) != 0) {
         fprintf(stderr, "bench_e2e: rank %d did not get ready (see its stderr)\n", r);
@@ -465,7 +465,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
         if (pids[r] > 0) kill(pids[r], SIGKILL);
     }
     if (round == 0) s->ready_s = sd_e2e_now() - t0;
-    if (round == 1) {
+    if (round == 2) {
       sync();
       cpu0 = sd_e2e_proc_cpu(dpid);
       ph->load_before = sd_e2e_load1();
