@@ -646,7 +646,7 @@ static void detail(const char *label, const sd_e2e_model *m, const phase *b, con
   printf("          start signal -> all ranks exited %.3f s (timed here; ranks got ready in %.1f s:\n"
          "          each generated its %.2f GiB of tensors and pre-faulted its arena)\n"
          "          memcpy_s: the faster of two plain memcpys of each rank's bytes into its arena,\n"
-         "          all four ranks at once\n",
+         "          each pass started on all four ranks at once\n",
          s->go_s, s->ready_s, (double)m->rank_bytes / GIB);
   printf("\n%-6s %13s %10s %10s %8s %9s %9s %9s %8s  %s\n", "rank", "bytes", "blocked_s", "memcpy_s",
          "blk/cpy", "puts_s", "seal_s", "wait_s", "cpu_s", "state");
