@@ -1,0 +1,56 @@
+/* Internals shared by libshardd's source files: the client and arena structs and the plumbing helpers. */
+#ifndef SD_CLIENT_INT_H
+#define SD_CLIENT_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "sd_error.h"
+#include "sd_linebuf.h"
+#include "shardd/shardd.h"
+
+/* A status reply lists every save in flight; leave it plenty of room while
+ * still refusing a daemon that streams an endless line. */
+#define SD_CLIENT_MAX_LINE (64u * 1024u * 1024u)
+/* Non-wait requests are validated and answered at once by the daemon, so a
+ * silent daemon for this long is treated as hung rather than busy. */
+#define SD_CLIENT_DEFAULT_TIMEOUT_MS 120000
+#define SD_CLIENT_ERR_MAX (SD_ERRMSG_MAX + 64)
+
+struct shardd_arena {
+  shardd_client *c;        /* NULL once the client is closed */
+  shardd_arena *next;      /* the client's list, so close can orphan us */
+  void *base;
+  size_t size;
+  int64_t region;
+  char name[64];
+};
+
+struct shardd_client {
+  int fd;                  /* -1 once the connection is lost */
+  int timeout_ms;          /* for non-wait requests; < 0 forever */
+  int64_t next_id;
+  sd_linebuf in;
+  json_t *waits;           /* save -> id of the wait request still unanswered */
+  json_t *early;           /* "id" -> wait reply that arrived while we awaited something else */
+  json_t *released;        /* save -> true once "released" (or the save's end) was seen */
+  shardd_arena *arenas;
+  char *node;
+  char *server;
+  char err[SD_CLIENT_ERR_MAX];
+};
+
+/* Error helpers: the message goes to c->err (or, with no client, to the
+ * thread's connect error) and the code is returned. */
+int sd_client_fail(shardd_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int sd_client_ok(shardd_client *c);
+int sd_client_connect_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int64_t sd_client_now_ms(void);
+int sd_client_conn_check(shardd_client *c);
+/* One request, one reply (for every op but wait); steals req. */
+int sd_client_request(shardd_client *c, json_t *req, json_t **reply);
+
+#endif
