@@ -52,5 +52,8 @@ int64_t sd_client_now_ms(void);
 int sd_client_conn_check(shardd_client *c);
 /* One request, one reply (for every op but wait); steals req. */
 int sd_client_request(shardd_client *c, json_t *req, json_t **reply);
+/* n requests (stolen), a bounded number unanswered at a time; every reply is
+ * read. Returns the first failure, its index in *failed and its message. */
+int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *failed);
 
 #endif

@@ -296,6 +296,50 @@ static int finish_reply(shardd_client *c, json_t *r, json_t **reply) {
   return rc;
 }
 
+/* Requests sent ahead of their replies: enough to hide round trips, few
+ * enough that the replies owed never reach the daemon's output limit while
+ * this side is only writing. */
+#define SD_CLIENT_WINDOW 256
+
+int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *failed) {
+  json_int_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids) {
+    for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
+    return sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot hold %zu request ids", n);
+  }
+  size_t sent = 0, got = 0, first_at = 0;
+  int first = 0, rc = 0;
+  char msg[sizeof c->err];
+  while (got < n && !rc) {
+    while (sent < n && sent - got < SD_CLIENT_WINDOW && !rc) {
+      rc = send_request(c, reqs[sent], &ids[sent]);
+      reqs[sent++] = NULL;
+    }
+    if (rc) break;
+    json_t *r;
+    rc = await_reply(c, ids[got], deadline_in(c->timeout_ms), &r);
+    if (rc) break;
+    int e = finish_reply(c, r, NULL);
+    if (e && !first) {
+      first = e;
+      first_at = got;
+      snprintf(msg, sizeof msg, "%s", c->err);
+    }
+    got++;
+  }
+  for (size_t k = sent; k < n; k++) json_decref(reqs[k]);
+  free(ids);
+  if (rc) { /* the connection broke: what was not answered is lost */
+    if (failed) *failed = first ? first_at : got;
+    return first ? first : rc;
+  }
+  if (first) {
+    snprintf(c->err, sizeof c->err, "%s", msg);
+    if (failed) *failed = first_at;
+  }
+  return first;
+}
+
 /* One request, one reply (for every op but wait). */
 int sd_client_request(shardd_client *c, json_t *req, json_t **reply) {
   json_int_t id;

@@ -232,11 +232,12 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
 
 /* copy: 0 the bytes are in place, 1 copy src there first, 2 they will be
  * in place later ("deferred", then shardd_ready or shardd_seal). */
-static int put_arena(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
-                     uint64_t offset, const void *src, size_t len, int copy) {
-  if (!c) return SHARDD_E_INVALID_ARGUMENT;
+/* The put request of a slice in arena a at offset, checked on this side; *req is NULL on error. */
+static int arena_request(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
+                         uint64_t offset, const void *src, size_t len, int copy, json_t **out) {
   json_t *req;
   uint64_t nbytes;
+  *out = NULL;
   int rc = put_request(c, save, t, &req, &nbytes);
   if (rc) return rc;
   if (!a || a->c != c) {
@@ -261,7 +262,39 @@ static int put_arena(shardd_client *c, const char *save, const shardd_tensor_des
   json_object_set_new(req, "region", json_integer(a->region));
   json_object_set_new(req, "offset", json_integer((json_int_t)offset));
   if (copy == 2) json_object_set_new(req, "deferred", json_true());
-  return sd_client_request(c, req, NULL);
+  *out = req;
+  return 0;
+}
+
+static int put_arena(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
+                     uint64_t offset, const void *src, size_t len, int copy) {
+  if (!c) return SHARDD_E_INVALID_ARGUMENT;
+  json_t *req;
+  int rc = arena_request(c, save, t, a, offset, src, len, copy, &req);
+  return rc ? rc : sd_client_request(c, req, NULL);
+}
+
+SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                                  const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
+                                  size_t *failed) {
+  if (failed) *failed = 0;
+  if (!c) return SHARDD_E_INVALID_ARGUMENT;
+  if (n && (!t || !offsets)) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put_many: tensors or offsets is NULL");
+  json_t **reqs = calloc(n ? n : 1, sizeof *reqs);
+  if (!reqs) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "put_many: cannot hold %zu requests", n);
+  /* Every slice is checked before anything is sent: a local refusal sends nothing. */
+  int rc = 0;
+  size_t i = 0;
+  for (; i < n && !rc; i++) rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0, deferred ? 2 : 0, &reqs[i]);
+  if (rc) {
+    if (failed) *failed = i - 1;
+    for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
+    free(reqs);
+    return rc;
+  }
+  rc = sd_client_request_many(c, reqs, n, failed);
+  free(reqs);
+  return rc;
 }
 
 SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_tensor_desc *t,

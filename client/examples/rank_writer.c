@@ -400,19 +400,35 @@ int main(int argc, char **argv) {
     goto done;
   }
   double begin_s = now_s() - t0, t_puts = now_s();
+  /* Copy everything (unless streaming), then put it all in one batch: one
+   * round trip's wait rather than one per slice. */
+  uint8_t *arena = shardd_arena_data(a);
+  shardd_tensor_desc *descs = calloc(nput ? nput : 1, sizeof *descs);
+  uint64_t *offs = calloc(nput ? nput : 1, sizeof *offs);
+  if (!descs || !offs) {
+    free(descs);
+    free(offs);
+    status = fail(&o, "put", SHARDD_E_NO_MEMORY, c, a);
+    goto done;
+  }
+  size_t k = 0;
   for (size_t i = 0; i < ss.n; i++) {
     slice *t = &ss.v[i];
     if (t->skip) continue;
     int whole = t->nbytes == esize * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
-    shardd_tensor_desc d = {.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
-                            .shape = t->shape, .start = whole ? NULL : t->start,
-                            .count = whole ? NULL : t->count, .index = t->index};
-    rc = o.stream ? shardd_put_deferred(c, o.save, &d, a, t->offset)
-                  : shardd_put_copy(c, o.save, &d, a, t->offset, model + t->offset, (size_t)t->nbytes);
-    if (rc) {
-      status = fail(&o, "put", rc, c, a);
-      goto done;
-    }
+    descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
+                                    .shape = t->shape, .start = whole ? NULL : t->start,
+                                    .count = whole ? NULL : t->count, .index = t->index};
+    offs[k++] = t->offset;
+    if (!o.stream) memcpy(arena + t->offset, model + t->offset, (size_t)t->nbytes);
+  }
+  size_t refused = 0;
+  rc = shardd_put_many(c, o.save, descs, offs, k, a, o.stream, &refused);
+  free(descs);
+  free(offs);
+  if (rc) {
+    status = fail(&o, "put", rc, c, a);
+    goto done;
   }
   if (o.stream) {
     /* The file goes first: nothing may be added once declared. */

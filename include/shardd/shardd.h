@@ -180,6 +180,13 @@ SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_te
 /* Copies len bytes from src to offset in the arena, then puts them. */
 SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   shardd_arena *a, uint64_t offset, const void *src, size_t len);
+/* n slices whose bytes are (deferred: will be) at offsets[i] in the arena,
+ * sent without waiting for each answer: one round trip's wait for them all.
+ * Every slice is checked here first (nothing is sent if one is refused);
+ * then every reply is read. Returns the first failure, its index in *failed. */
+SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                                  const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
+                                  size_t *failed);
 /* Sends the bytes inline (base64); for small tensors. */
 SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                     const void *data, size_t len);

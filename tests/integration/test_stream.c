@@ -258,3 +258,45 @@ Test(stream, client_checks) {
   shardd_arena_destroy(a);
   shardd_close(c);
 }
+
+/* A batch longer than the client's window of unanswered requests commits
+ * whole; a refused slice is reported with its index and message while the
+ * rest of the batch is still answered and kept. */
+Test(stream, put_many_batches_and_names_the_refused_slice) {
+  enum { N = 600, BAD = 300 };
+  shardd_client *c = NULL;
+  shardd_arena *a = NULL;
+  cr_assert_eq(shardd_connect(H.sock, &c), 0);
+  cr_assert_eq(shardd_arena_create(c, N * 8, &a), 0, "%s", shardd_last_error(c));
+  shardd_save_opts o = {.save = "many", .dir = "many", .rank = 0, .world_size = 1};
+  cr_assert_eq(shardd_begin(c, &o), 0, "%s", shardd_last_error(c));
+  static char names[N][32];
+  static shardd_tensor_desc d[N];
+  static uint64_t offs[N];
+  static const uint64_t shape[1] = {8};
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], i == BAD ? "__metadata__" : "t.%d", i);
+    d[i] = (shardd_tensor_desc){.name = names[i], .dtype = "U8", .ndim = 1, .shape = shape, .index = -1};
+    offs[i] = (uint64_t)i * 8;
+    memset((char *)shardd_arena_data(a) + offs[i], i & 0xff, 8);
+  }
+  size_t at = 0;
+  /* refused here: nothing is sent */
+  offs[7] = N * 8;
+  cr_assert_eq(shardd_put_many(c, "many", d, offs, N, a, 0, &at), SHARDD_E_OUT_OF_RANGE);
+  cr_assert_eq(at, 7);
+  offs[7] = 7 * 8;
+  /* refused by the daemon: the others are answered and kept */
+  cr_assert_eq(shardd_put_many(c, "many", d, offs, N, a, 0, &at), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert_eq(at, BAD);
+  cr_assert(strstr(shardd_last_error(c), "__metadata__"), "%s", shardd_last_error(c));
+  cr_assert_eq(shardd_seal(c, "many"), 0, "%s", shardd_last_error(c));
+  shardd_result res;
+  cr_assert_eq(shardd_wait(c, "many", H_WAIT_MS, &res), 0, "%s", shardd_last_error(c));
+  cr_assert_eq(res.tensors, N - 1);
+  uint8_t want[8];
+  memset(want, 599 & 0xff, 8);
+  h_check_bytes("many", "t.599", want, 8);
+  shardd_arena_destroy(a);
+  shardd_close(c);
+}
