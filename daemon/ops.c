@@ -309,6 +309,7 @@ static json_t *op_seal(sd_session *s, json_t *req, json_t *id) {
   /* Reply first: planning may end the save at once, and its wait answers
    * must not overtake this reply. */
   sd_session_send(s, sd_msg_ok(id));
+  sd_session_flush(s);
   sd_save_maybe_start(save);
   return NULL;
 }
@@ -323,6 +324,7 @@ static json_t *op_declared(sd_session *s, json_t *req, json_t *id) {
   if (find_rank(s, req, &save, &rank, &err) || sd_save_declared(save, rank, &err)) return fail(id, &err);
   /* Reply first, as for seal: planning may end the save at once. */
   sd_session_send(s, sd_msg_ok(id));
+  sd_session_flush(s);
   sd_save_maybe_start(save);
   return NULL;
 }

@@ -88,6 +88,9 @@ static void write_buf(sd_session *s, char *buf, size_t len) {
   over_output_cap(s);
 }
 
+static void flush(sd_session *s);
+void sd_session_flush(sd_session *s) { flush(s); }
+
 static void flush(sd_session *s) {
   if (s->olen == 0) return;
   if (s->closing) {

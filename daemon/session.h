@@ -44,6 +44,9 @@ typedef struct sd_session {
 void sd_session_accept(sd_daemon *d, uv_stream_t *server);
 /* Queues msg (reference stolen) as one line; dropped once the session closes. */
 void sd_session_send(sd_session *s, json_t *msg);
+/* Hands what replies wait in this batch to the socket now, before slow work
+ * (the last seal plans and opens files: that rank should not wait for it). */
+void sd_session_flush(sd_session *s);
 /* Closes after the queued replies are flushed. */
 void sd_session_close(sd_session *s);
 /* Closes every session (shutdown). */
