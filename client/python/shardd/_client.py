@@ -408,6 +408,38 @@ class Client:
         arena.last_save = save
         del keep
 
+    def put_many(self, save, arena, slices, deferred=False):
+        """Puts many slices at once, without waiting for each answer.
+
+        slices: (name, dtype, shape, offset[, start, count[, index]]) tuples whose bytes
+        are (deferred=True: will be) at offset in arena. Raises on the first refusal;
+        the error's `index` attribute says which slice.
+        """
+        slices = list(slices)
+        n = len(slices)
+        descs = (TensorDesc * max(n, 1))()
+        offsets = (ctypes.c_uint64 * max(n, 1))()
+        keep = []
+        for i, sl in enumerate(slices):
+            name, dtype, shape, offset = sl[:4]
+            start, count = (sl[4], sl[5]) if len(sl) > 5 else (None, None)
+            index = sl[6] if len(sl) > 6 else None
+            d, k = _desc(name, dtype, shape, start, count, index)
+            descs[i] = d
+            offsets[i] = int(offset)
+            keep.append(k)
+        ptr = self._arena_ptr(arena)
+        failed = ctypes.c_size_t(0)
+        rc = _lib.lib().shardd_put_many(self._handle(), _bytes(save, "save"), descs, offsets, n, ptr,
+                                        1 if deferred else 0, ctypes.byref(failed))
+        try:
+            self._check(rc)
+        except ShardError as e:
+            e.index = failed.value
+            raise
+        arena.last_save = save
+        del keep
+
     def declared(self, save):
         """This rank puts nothing more and sends no more files in `save`."""
         self._check(_lib.lib().shardd_declared(self._handle(), _bytes(save, "save")))

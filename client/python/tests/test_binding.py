@@ -399,6 +399,25 @@ class SaveTest(unittest.TestCase):
         self.assertTrue(np.array_equal(arrays["n"], n))
         a.close()
 
+    def test_put_many(self):
+        c = self.client
+        a = c.arena(4096)
+        c.begin("many", "many", rank=0, world_size=1)
+        with self.assertRaises(shardd.ShardError) as cm:
+            c.put_many("many", a, [("ok", "U8", [4], 0), ("__metadata__", "U8", [4], 8)])
+        self.assertEqual((cm.exception.name, cm.exception.index), ("invalid_argument", 1))
+        c.put_many("many", a, [("w", np.float32, [2, 2], 64, [0, 0], [1, 2]),
+                               ("w", "F32", [2, 2], 72, [1, 0], [1, 2], 0)], deferred=True)
+        a.array[0:4] = [1, 2, 3, 4]
+        a.view(np.float32, (4,), offset=64)[:] = [1, 2, 3, 4]
+        c.seal("many")
+        r = c.wait("many", timeout=WAIT)
+        self.assertEqual(r["tensors"], 2)
+        arrays, _, _, _ = read_safetensors(path("many", "model.safetensors"))
+        self.assertEqual(arrays["ok"].tolist(), [1, 2, 3, 4])
+        self.assertEqual(arrays["w"].tolist(), [[1, 2], [3, 4]])
+        a.close()
+
     def test_low_level_calls_and_status(self):
         c = self.client
         a = c.arena(64)
