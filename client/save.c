@@ -230,11 +230,13 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
   return sd_client_request(c, req, NULL);
 }
 
-/* copy: 0 the bytes are in place, 1 copy src there first, 2 they will be
- * in place later ("deferred", then shardd_ready or shardd_seal). */
-/* The put request of a slice in arena a at offset, checked on this side; *req is NULL on error. */
+/* Where a region put's bytes are: in place, copied from src first, or in
+ * place later ("deferred", announced by shardd_ready or shardd_seal). */
+typedef enum { PUT_IN_PLACE, PUT_COPY, PUT_DEFERRED } put_how;
+
+/* The put request of a slice in arena a at offset, checked on this side; *out is NULL on error. */
 static int arena_request(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
-                         uint64_t offset, const void *src, size_t len, int copy, json_t **out) {
+                         uint64_t offset, const void *src, size_t len, put_how copy, json_t **out) {
   json_t *req;
   uint64_t nbytes;
   *out = NULL;
@@ -251,7 +253,7 @@ static int arena_request(shardd_client *c, const char *save, const shardd_tensor
                  "tensor '%s': %" PRIu64 " bytes at offset %" PRIu64 " lie outside the %zu-byte arena",
                  t->name, nbytes, offset, a->size);
   }
-  if (copy == 1) {
+  if (copy == PUT_COPY) {
     if (len != nbytes) {
       json_decref(req);
       return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': got %zu bytes, the slice has %" PRIu64,
@@ -261,13 +263,13 @@ static int arena_request(shardd_client *c, const char *save, const shardd_tensor
   }
   json_object_set_new(req, "region", json_integer(a->region));
   json_object_set_new(req, "offset", json_integer((json_int_t)offset));
-  if (copy == 2) json_object_set_new(req, "deferred", json_true());
+  if (copy == PUT_DEFERRED) json_object_set_new(req, "deferred", json_true());
   *out = req;
   return 0;
 }
 
 static int put_arena(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
-                     uint64_t offset, const void *src, size_t len, int copy) {
+                     uint64_t offset, const void *src, size_t len, put_how copy) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   json_t *req;
   int rc = arena_request(c, save, t, a, offset, src, len, copy, &req);
@@ -285,7 +287,8 @@ SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shar
   /* Every slice is checked before anything is sent: a local refusal sends nothing. */
   int rc = 0;
   size_t i = 0;
-  for (; i < n && !rc; i++) rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0, deferred ? 2 : 0, &reqs[i]);
+  for (; i < n && !rc; i++) rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0,
+                                               deferred ? PUT_DEFERRED : PUT_IN_PLACE, &reqs[i]);
   if (rc) {
     if (failed) *failed = i - 1;
     for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
@@ -299,18 +302,18 @@ SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shar
 
 SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                              shardd_arena *a, uint64_t offset) {
-  return put_arena(c, save, t, a, offset, NULL, 0, 0);
+  return put_arena(c, save, t, a, offset, NULL, 0, PUT_IN_PLACE);
 }
 
 SHARDD_EXPORT int shardd_put_deferred(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                       shardd_arena *a, uint64_t offset) {
-  return put_arena(c, save, t, a, offset, NULL, 0, 2);
+  return put_arena(c, save, t, a, offset, NULL, 0, PUT_DEFERRED);
 }
 
 SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   shardd_arena *a, uint64_t offset, const void *src, size_t len) {
   if (c && len && !src) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put_copy: src is NULL");
-  return put_arena(c, save, t, a, offset, src, len, 1);
+  return put_arena(c, save, t, a, offset, src, len, PUT_COPY);
 }
 
 /* Sets key to the base64 text of data. */

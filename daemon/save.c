@@ -738,21 +738,58 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
   return 0;
 }
 
-/* Flags the pending puts of rank rk whose bytes lie in region r below upto
- * (r NULL: all of them), drops them from its list, and pokes the writer
- * when any of them is planned already. */
-static void pending_settle(sd_save *save, sd_rank *rk, const sd_region *r, uint64_t upto) {
-  size_t keep = 0, flagged = 0;
-  for (size_t i = 0; i < rk->npending; i++) {
-    sd_slice *sl = rk->pending[i];
-    if (r && (sl->region != r || sl->offset + sl->len > upto)) {
-      rk->pending[keep++] = sl;
-      continue;
-    }
-    sl->deferred = 0;
-    if (save->planned) flagged += sd_planned_slice_ready(save->planned, sl);
+/* A rank's pending (deferred) puts by region, then by where their bytes end. */
+static int pending_cmp(const void *a, const void *b) {
+  const sd_slice *x = *(sd_slice *const *)a, *y = *(sd_slice *const *)b;
+  if (x->region != y->region) return (uintptr_t)x->region < (uintptr_t)y->region ? -1 : 1;
+  uint64_t ex = x->offset + x->len, ey = y->offset + y->len;
+  return ex < ey ? -1 : ex > ey;
+}
+
+static size_t settle_one(sd_save *save, sd_slice *sl) {
+  sl->deferred = 0;
+  return save->planned ? sd_planned_slice_ready(save->planned, sl) : 0;
+}
+
+/* The first pending put of region r, or (flagged) the first one of r not yet ready. */
+static size_t pending_seek(const sd_rank *rk, const sd_region *r, int flagged) {
+  size_t lo = 0, hi = rk->npending;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const sd_slice *sl = rk->pending[mid];
+    int before = (uintptr_t)sl->region < (uintptr_t)r || (sl->region == r && flagged && !sl->deferred);
+    if (before) lo = mid + 1;
+    else hi = mid;
   }
-  rk->npending = keep;
+  return lo;
+}
+
+/* Flags the pending puts of rank rk whose bytes lie in region r below upto
+ * (r NULL: all of them) and pokes the writer when any of them is planned
+ * already. Once the rank has declared, its list is sorted and kept: a ready
+ * always flags a prefix of its region's run, so each call costs a binary
+ * search plus the puts it flags, however often a client says ready. */
+static void pending_settle(sd_save *save, sd_rank *rk, const sd_region *r, uint64_t upto) {
+  size_t flagged = 0;
+  if (!r) {
+    for (size_t i = 0; i < rk->npending; i++)
+      if (rk->pending[i]->deferred) flagged += settle_one(save, rk->pending[i]);
+    rk->npending = 0;
+  } else if (rk->declared) {
+    for (size_t i = pending_seek(rk, r, 1); i < rk->npending; i++) {
+      sd_slice *sl = rk->pending[i];
+      if (sl->region != r || sl->offset + sl->len > upto) break;
+      flagged += settle_one(save, sl);
+    }
+  } else {
+    size_t keep = 0; /* before declared: puts may still come, so drop the ready ones */
+    for (size_t i = 0; i < rk->npending; i++) {
+      sd_slice *sl = rk->pending[i];
+      if (sl->region != r || sl->offset + sl->len > upto) rk->pending[keep++] = sl;
+      else flagged += settle_one(save, sl);
+    }
+    rk->npending = keep;
+  }
   if (flagged && save->pub) sd_publish_poke(save->pub);
 }
 
@@ -760,13 +797,18 @@ static void rank_declare(sd_save *save, sd_rank *rk) {
   if (rk->declared) return;
   rk->declared = 1;
   save->ndeclared++;
+  if (rk->npending > 1) qsort(rk->pending, rk->npending, sizeof *rk->pending, pending_cmp);
+}
+
+/* Requests on a save that has failed get its error. */
+static int save_failed(const sd_save *save, sd_error *err) {
+  if (!save->err.code) return 0;
+  *err = save->err;
+  return err->code;
 }
 
 int sd_save_declared(sd_save *save, uint32_t rank, sd_error *err) {
-  if (save->err.code) {
-    *err = save->err;
-    return err->code;
-  }
+  if (save_failed(save, err)) return err->code;
   sd_rank *rk = &save->ranks[rank];
   if (rk->declared)
     return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u has already declared its puts in save '%s'", rank, save->id);
@@ -775,10 +817,7 @@ int sd_save_declared(sd_save *save, uint32_t rank, sd_error *err) {
 }
 
 int sd_save_ready(sd_save *save, uint32_t rank, const sd_region *r, uint64_t upto, sd_error *err) {
-  if (save->err.code) {
-    *err = save->err;
-    return err->code;
-  }
+  if (save_failed(save, err)) return err->code;
   pending_settle(save, &save->ranks[rank], r, upto);
   return 0;
 }
@@ -789,8 +828,8 @@ int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err) {
     return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u has already sealed save '%s'", rank, save->id);
   rk->state = SD_RANK_SEALED;
   save->nsealed++;
-  rank_declare(save, rk);
   pending_settle(save, rk, NULL, 0); /* sealed: every byte is in place */
+  rank_declare(save, rk);
   return 0;
 }
 

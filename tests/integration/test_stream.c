@@ -300,3 +300,51 @@ Test(stream, put_many_batches_and_names_the_refused_slice) {
   shardd_arena_destroy(a);
   shardd_close(c);
 }
+
+/* Ready marks only its own region's puts, and only those wholly below
+ * `upto`, whatever the order the calls come in: a put marked too early
+ * would be written before its bytes are, and read back wrong here. */
+Test(stream, ready_flags_only_its_region_below_upto) {
+  enum { N = 256 * 1024 };
+  shardd_client *c = NULL;
+  shardd_arena *a1 = NULL, *a2 = NULL;
+  cr_assert_eq(shardd_connect(H.sock, &c), 0);
+  cr_assert_eq(shardd_arena_create(c, 2 * N, &a1), 0, "%s", shardd_last_error(c));
+  cr_assert_eq(shardd_arena_create(c, 2 * N, &a2), 0, "%s", shardd_last_error(c));
+  shardd_save_opts o = {.save = "regions", .dir = "regions", .rank = 0, .world_size = 1};
+  cr_assert_eq(shardd_begin(c, &o), 0, "%s", shardd_last_error(c));
+  static const uint64_t shape[1] = {N};
+  const char *names[4] = {"a1.lo", "a1.hi", "a2.lo", "a2.hi"};
+  shardd_arena *in[4] = {a1, a1, a2, a2};
+  for (int i = 0; i < 4; i++) {
+    shardd_tensor_desc d = {.name = names[i], .dtype = "U8", .ndim = 1, .shape = shape, .index = i};
+    cr_assert_eq(shardd_put_deferred(c, "regions", &d, in[i], (uint64_t)(i % 2) * N), 0, "%s", shardd_last_error(c));
+  }
+  cr_assert_eq(shardd_declared(c, "regions"), 0, "%s", shardd_last_error(c)); /* one rank: planned now */
+  /* a2 whole, then a1's low half; a1's high half stays unready */
+  memset(shardd_arena_data(a2), 'c', 2 * N);
+  cr_assert_eq(shardd_ready(c, "regions", a2, 2 * N), 0, "%s", shardd_last_error(c));
+  memset(shardd_arena_data(a1), 'a', N);
+  cr_assert_eq(shardd_ready(c, "regions", a1, N + N / 2), 0, "%s", shardd_last_error(c));
+  cr_assert_eq(shardd_ready(c, "regions", a1, 10), 0, "%s", shardd_last_error(c)); /* lower: no-op */
+  /* give a wrong flag time to be written before a1.hi's bytes exist */
+  char state[32] = "";
+  for (int i = 0; i < 30; i++) {
+    status_field(c, "regions", "bytes_written", state, sizeof state);
+    nap_ms(10);
+  }
+  memset((char *)shardd_arena_data(a1) + N, 'b', N);
+  cr_assert_eq(shardd_seal(c, "regions"), 0, "%s", shardd_last_error(c));
+  shardd_result res;
+  cr_assert_eq(shardd_wait(c, "regions", H_WAIT_MS, &res), 0, "%s", shardd_last_error(c));
+  uint8_t *want = malloc(N);
+  const char fill[4] = {'a', 'b', 'c', 'c'};
+  for (int i = 0; i < 4; i++) {
+    memset(want, fill[i], N);
+    h_check_bytes("regions", names[i], want, N);
+  }
+  free(want);
+  shardd_arena_destroy(a1);
+  shardd_arena_destroy(a2);
+  shardd_close(c);
+}
