@@ -242,6 +242,11 @@ static int arena_request(shardd_client *c, const char *save, const shardd_tensor
   *out = NULL;
   int rc = put_request(c, save, t, &req, &nbytes);
   if (rc) return rc;
+  if (!a && nbytes == 0 && !(copy == PUT_COPY && len)) {
+    /* An empty slice names no bytes: a rank holding nothing needs no arena. */
+    *out = req;
+    return 0;
+  }
   if (!a || a->c != c) {
     json_decref(req);
     return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': arena is NULL or belongs to another client",

@@ -240,6 +240,12 @@ static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_err
     a->data = bytes;
     return 0;
   }
+  /* A slice of no bytes (an uneven split leaving this rank nothing) reads
+   * nothing, so a rank that holds nothing needs no shared memory. */
+  if (a->len == 0 && !has_region && !has_offset) {
+    a->deferred = 0;
+    return 0;
+  }
   if (!has_region || !has_offset)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
                    "tensor '%s': give 'region' and 'offset' (or inline 'data')", a->name);
@@ -252,6 +258,12 @@ static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_err
                    "tensor '%s': bytes [%llu, %llu) lie outside region %llu ('%s', %llu bytes)", a->name,
                    (unsigned long long)a->offset, (unsigned long long)(a->offset + a->len),
                    (unsigned long long)rid, a->region->name, (unsigned long long)a->region->size);
+  if (a->len == 0) {
+    /* Checked like any put, but nothing to read or to wait for: the save
+     * holds no reference to the region for it and never counts it pending. */
+    a->region = NULL;
+    a->deferred = 0;
+  }
   return 0;
 }
 

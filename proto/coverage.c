@@ -84,6 +84,12 @@ static int box_same(const sd_box *a, const sd_box *b, uint32_t ndim) {
   return 1;
 }
 
+static int box_empty(const sd_box *b, uint32_t ndim) {
+  for (uint32_t i = 0; i < ndim; i++)
+    if (b->count[i] == 0) return 1;
+  return 0;
+}
+
 static int box_overlap(const sd_box *a, const sd_box *b, uint32_t ndim) {
   for (uint32_t i = 0; i < ndim; i++)
     if (a->start[i] >= b->start[i] + b->count[i] || b->start[i] >= a->start[i] + a->count[i])
@@ -192,13 +198,6 @@ int sd_coverage_check(const char *name, uint32_t ndim, const uint64_t *shape, co
         if (keep) keep[i] = i == 0;
       return 0;
     }
-  } else {
-    for (size_t i = 0; i < n; i++)
-      for (uint32_t d = 0; d < ndim; d++)
-        if (boxes[i].count[d] == 0)
-          return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': box %s is an empty slice",
-                         sd_msgstr(shown, sizeof shown, nm, strlen(nm)),
-                         fmt_box(b1, sizeof b1, ndim, &boxes[i]));
   }
 
   uint32_t st_idx[STACK_BOXES], st_tmp[STACK_BOXES], st_act[STACK_BOXES];
@@ -219,6 +218,16 @@ int sd_coverage_check(const char *name, uint32_t ndim, const uint64_t *shape, co
     kp = st_keep;
   }
 
+  /* An empty box of a non-empty tensor (an uneven split giving a rank
+   * nothing) covers nothing and overlaps nothing: it is never written, and
+   * only the m boxes with elements take part below. A zero-size tensor's
+   * boxes are all empty; they stay, so one of each group is kept. */
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (vol_total && box_empty(&boxes[i], ndim)) kp[i] = 0;
+    else idx[m++] = (uint32_t)i;
+  }
+
   /* Sweep along the dimension where boxes are thinnest relative to the
    * tensor: sum(count/shape) estimates how many boxes a sweep line crosses,
    * which bounds the pairs compared (1 for a pure split on that dim). */
@@ -227,7 +236,7 @@ int sd_coverage_check(const char *name, uint32_t ndim, const uint64_t *shape, co
     double best = 0;
     for (uint32_t d = 0; d < ndim; d++) {
       double s = 0;
-      for (size_t i = 0; i < n; i++) s += (double)boxes[i].count[d];
+      for (size_t i = 0; i < m; i++) s += (double)boxes[idx[i]].count[d];
       s /= (double)shape[d];
       if (d == 0 || s < best) {
         best = s;
@@ -235,22 +244,21 @@ int sd_coverage_check(const char *name, uint32_t ndim, const uint64_t *shape, co
       }
     }
   }
-  for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
   int sorted = 1;
-  for (size_t i = 1; i < n && sorted; i++) sorted = !box_less(&sc, idx[i], idx[i - 1]);
-  if (!sorted) merge_sort(&sc, idx, tmp, n);
+  for (size_t i = 1; i < m && sorted; i++) sorted = !box_less(&sc, idx[i], idx[i - 1]);
+  if (!sorted) merge_sort(&sc, idx, tmp, m);
 
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < m; i++)
     kp[idx[i]] = i == 0 || !box_same(&boxes[idx[i]], &boxes[idx[i - 1]], ndim);
 
   if (vol_total == 0) goto ok;
-  if (n == 0) goto gap;
+  if (m == 0) goto gap;
 
   /* Every pair whose key-dimension intervals intersect meets in the active
    * list, so every partial overlap is found. */
   uint32_t k = sc.k;
   size_t nact = 0;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < m; i++) {
     uint32_t bi = idx[i];
     if (!kp[bi]) continue;
     const sd_box *b = &boxes[bi];

@@ -131,7 +131,9 @@ int sd_box_check(const char *name, uint32_t ndim, const uint64_t *shape, const s
                  sd_error *err);
 
 /* Decides whether boxes cover shape exactly once. Identical boxes are replicas:
- * keep[i] is 1 for the first of each group and 0 for the copies. A partial
+ * keep[i] is 1 for the first of each group and 0 for the copies. An empty box
+ * (a zero count) of a non-empty tensor covers and overlaps nothing: keep[i] 0,
+ * and a tensor only such boxes cover has a gap. A partial
  * overlap fails with SHARDD_E_OVERLAP naming both boxes; a hole fails with
  * SHARDD_E_GAP naming the tensor and the first uncovered element (row-major). */
 int sd_coverage_check(const char *name, uint32_t ndim, const uint64_t *shape, const sd_box *boxes,

@@ -97,7 +97,6 @@ typedef struct {
   int64_t index;       /* state-dict position, so shards follow HF's order */
   uint64_t nbytes;     /* of this rank's slice */
   uint64_t offset;     /* in the arena and in the private copy */
-  int skip;            /* empty slice of a non-empty tensor: nothing to put */
 } slice;
 
 typedef struct {
@@ -141,9 +140,8 @@ static void add(slices *ss, const opts *o, int tp_rank, unsigned esize, const ch
   }
   if (split_dim != REPLICATED) split(t->shape[split_dim], o->tp, tp_rank, &t->start[split_dim], &t->count[split_dim]);
   t->nbytes = esize * t->count[0] * (ndim == 2 ? t->count[1] : 1);
-  /* An empty slice says nothing the other TP ranks do not: skip it, unless
-   * the tensor itself is empty and someone must still declare it. */
-  t->skip = t->nbytes == 0 && !(whole == 0 && tp_rank == 0);
+  /* A split finer than the dimension leaves some ranks an empty slice
+   * (hidden 3 over tp 4): they put it all the same, as a trainer would. */
   t->offset = ss->total;
   ss->total += (t->nbytes + 63) & ~(uint64_t)63;
   ss->n++;
@@ -330,12 +328,8 @@ int main(int argc, char **argv) {
   build_model(&ss, &o, tp_rank, esize);
   size_t total = ss.total ? (size_t)ss.total : 64;
   uint64_t bytes = 0;
-  size_t nput = 0;
-  for (size_t i = 0; i < ss.n; i++) {
-    if (ss.v[i].skip) continue;
-    bytes += ss.v[i].nbytes;
-    nput++;
-  }
+  size_t nput = ss.n;
+  for (size_t i = 0; i < ss.n; i++) bytes += ss.v[i].nbytes;
 
   /* The "trainer's" tensors: generated before timing starts, like weights
    * that already sit in host memory. */
@@ -346,7 +340,6 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < ss.n; i++) {
     slice *t = &ss.v[i];
-    if (t->skip) continue;
     sd_synth_fill_box(sd_synth_key(t->name, o.seed), t->ndim, t->shape, t->start, t->count, esize,
                       model + t->offset);
   }
@@ -379,7 +372,7 @@ int main(int argc, char **argv) {
     uint8_t *dst = shardd_arena_data(a);
     double t0 = now_s();
     for (size_t i = 0; i < ss.n; i++)
-      if (!ss.v[i].skip) memcpy(dst + ss.v[i].offset, model + ss.v[i].offset, ss.v[i].nbytes);
+      memcpy(dst + ss.v[i].offset, model + ss.v[i].offset, ss.v[i].nbytes);
     /* The copies are dead stores otherwise; make them observable. */
     __asm__ volatile("" : : "r"(dst) : "memory");
     double t = now_s() - t0;
@@ -414,7 +407,6 @@ int main(int argc, char **argv) {
   size_t k = 0;
   for (size_t i = 0; i < ss.n; i++) {
     slice *t = &ss.v[i];
-    if (t->skip) continue;
     int whole = t->nbytes == esize * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
     descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
                                     .shape = t->shape, .start = whole ? NULL : t->start,
@@ -444,7 +436,6 @@ int main(int argc, char **argv) {
     uint64_t said = 0;
     for (size_t i = 0; i < ss.n; i++) {
       slice *t = &ss.v[i];
-      if (t->skip) continue;
       memcpy(dst + t->offset, model + t->offset, (size_t)t->nbytes);
       uint64_t end = t->offset + t->nbytes;
       if (end - said >= STREAM_STEP) {

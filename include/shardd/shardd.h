@@ -174,7 +174,11 @@ typedef struct {
 } shardd_result;
 
 SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *opts);
-/* The slice's bytes (row-major, box-shaped) are already at offset in the arena. */
+/* The slice's bytes (row-major, box-shaped) are already at offset in the arena.
+ * A slice may be empty (a zero count: an uneven split leaving this rank
+ * nothing of the tensor); it still declares the tensor's dtype and shape. Its
+ * arena may then be NULL, here and in every put variant below, and no bytes
+ * are named. */
 SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                              shardd_arena *a, uint64_t offset);
 /* Copies len bytes from src to offset in the arena, then puts them. */

@@ -105,11 +105,82 @@ Test(coverage, scalars_and_zero_size_tensors) {
   cr_assert_eq(sd_coverage_check("z", 2, z, out, 1, keep, &err), SHARDD_E_INVALID_ARGUMENT);
 }
 
-Test(coverage, empty_slices_on_real_tensors_are_refused) {
+/* Uneven splits (tensor_split, DTensor Shard, FSDP2) give some ranks an
+ * empty box: it covers nothing, overlaps nothing and is never written. */
+Test(coverage, empty_boxes_cover_nothing_and_are_not_kept) {
   sd_error err = {0};
-  sd_box b[] = {B2(0, 0, 8, 8), B2(0, 0, 0, 8)};
-  cr_assert_eq(sd_coverage_check("w", 2, SH88, b, 2, NULL, &err), SHARDD_E_INVALID_ARGUMENT);
-  cr_assert_str_eq(err.msg, "tensor 'w': box start=[0,0] count=[0,8] is an empty slice");
+  uint8_t keep[8];
+  /* a bias of 3 over 4 ranks: [0,0) [0,1) [1,2) [2,3) */
+  uint64_t b3[1] = {3};
+  sd_box bias[] = {bx(1, (uint64_t[]){0}, (uint64_t[]){0}), bx(1, (uint64_t[]){0}, (uint64_t[]){1}),
+                   bx(1, (uint64_t[]){1}, (uint64_t[]){1}), bx(1, (uint64_t[]){2}, (uint64_t[]){1})};
+  memset(keep, 9, sizeof keep);
+  cr_assert_eq(sd_coverage_check("bias", 1, b3, bias, 4, keep, &err), 0, "%s", err.msg);
+  uint8_t want[] = {0, 1, 1, 1};
+  cr_assert_arr_eq(keep, want, 4);
+  /* empty boxes at the end (start == dim), in the middle of a full box and
+   * strictly inside another box's range: none is an overlap */
+  sd_box mid[] = {B2(8, 0, 0, 8), B2(0, 0, 8, 8), B2(3, 3, 0, 2), B2(2, 8, 4, 0), B2(3, 3, 0, 2)};
+  memset(keep, 9, sizeof keep);
+  cr_assert_eq(sd_coverage_check("w", 2, SH88, mid, 5, keep, &err), 0, "%s", err.msg);
+  cr_assert(!keep[0] && keep[1] && !keep[2] && !keep[3] && !keep[4]);
+  /* 2 columns over 3 ranks: one rank's box has no columns; replicas of it too */
+  uint64_t sh[2] = {4, 2};
+  sd_box cols[] = {B2(0, 0, 4, 1), B2(0, 1, 4, 1), B2(0, 2, 4, 0), B2(0, 1, 4, 1), B2(0, 2, 4, 0)};
+  cr_assert_eq(sd_coverage_check("c", 2, sh, cols, 5, keep, &err), 0, "%s", err.msg);
+  cr_assert(keep[0] && keep[1] && !keep[2] && !keep[3] && !keep[4]);
+  /* keep may be NULL, on the heap path too */
+  cr_assert_eq(sd_coverage_check("w", 2, SH88, mid, 5, NULL, &err), 0, "%s", err.msg);
+}
+
+Test(coverage, empty_boxes_do_not_hide_gaps_or_overlaps) {
+  sd_error err = {0};
+  uint8_t keep[4];
+  /* rows 0..3 and 5..7 held, row 4 only by an empty box */
+  sd_box g[] = {B2(0, 0, 4, 8), B2(4, 0, 0, 8), B2(5, 0, 3, 8)};
+  cr_assert_eq(sd_coverage_check("w", 2, SH88, g, 3, keep, &err), SHARDD_E_GAP);
+  cr_assert_str_eq(err.msg, "tensor 'w': element [4,0] is not covered");
+  /* a real overlap is still found past empty boxes sorted between */
+  sd_box o[] = {B2(0, 0, 5, 8), B2(4, 0, 0, 8), B2(4, 0, 4, 8), B2(2, 2, 2, 0)};
+  cr_assert_eq(sd_coverage_check("w", 2, SH88, o, 4, keep, &err), SHARDD_E_OVERLAP);
+  cr_assert_str_eq(err.msg, "tensor 'w': box start=[0,0] count=[5,8] overlaps box start=[4,0] count=[4,8]");
+  /* an empty box must still lie within the shape */
+  sd_box out[] = {B2(0, 0, 8, 8), B2(9, 0, 0, 8)};
+  cr_assert_eq(sd_coverage_check("w", 2, SH88, out, 2, keep, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert_str_eq(err.msg, "tensor 'w': box start=[9,0] count=[0,8] lies outside shape [8,8] in dimension 0");
+}
+
+Test(coverage, a_tensor_covered_only_by_empty_boxes_has_a_gap) {
+  sd_error err = {0};
+  uint8_t keep[3];
+  sd_box e[] = {B2(0, 0, 0, 8), B2(8, 0, 0, 8), B2(2, 3, 6, 0)};
+  cr_assert_eq(sd_coverage_check("model.layers.0.router.bias", 2, SH88, e, 3, keep, &err), SHARDD_E_GAP);
+  cr_assert_str_eq(err.msg, "tensor 'model.layers.0.router.bias': element [0,0] is not covered");
+  uint64_t b3[1] = {3};
+  sd_box one = bx(1, (uint64_t[]){3}, (uint64_t[]){0});
+  cr_assert_eq(sd_coverage_check("bias", 1, b3, &one, 1, keep, &err), SHARDD_E_GAP);
+  cr_assert_str_eq(err.msg, "tensor 'bias': element [0] is not covered");
+}
+
+/* Many ranks, most of them empty (a router of 8 experts over 300 ranks),
+ * past the stack arrays. */
+Test(coverage, many_empty_boxes_use_the_heap_path) {
+  enum { N = 300 };
+  uint64_t sh[2] = {8, 16};
+  sd_box b[N];
+  uint8_t keep[N];
+  for (int r = 0; r < N; r++) {
+    uint64_t a = 8ull * (uint64_t)r / N, z = 8ull * (uint64_t)(r + 1) / N;
+    b[r] = B2(a, 0, z - a, 16);
+  }
+  sd_error err = {0};
+  cr_assert_eq(sd_coverage_check("router", 2, sh, b, N, keep, &err), 0, "%s", err.msg);
+  int kept = 0;
+  for (int r = 0; r < N; r++) {
+    kept += keep[r];
+    cr_assert_eq(keep[r], b[r].count[0] != 0, "keep[%d]", r);
+  }
+  cr_assert_eq(kept, 8);
 }
 
 Test(coverage, boxes_outside_the_shape) {
@@ -229,6 +300,8 @@ static void brute_expect(const geo *g, const sd_box *b, size_t n) {
   uint8_t *first = malloc(n + 1);
   for (size_t i = 0; i < n; i++) {
     first[i] = 1;
+    for (uint32_t d = 0; d < g->ndim; d++)
+      if (b[i].count[d] == 0) first[i] = 0; /* covers nothing, never written */
     for (size_t j = 0; j < i && first[i]; j++)
       if (same(&b[i], &b[j], g->ndim)) first[i] = 0;
   }
@@ -368,6 +441,39 @@ Test(coverage, perturbed_and_arbitrary_boxes_match_brute_force, .timeout = 60) {
       n = 1 + (size_t)rand() % 8;
       for (size_t i = 0; i < n; i++) b[i] = random_box(&g);
     }
+    shuffle(b, n);
+    brute_expect(&g, b, n);
+  }
+}
+
+/* An empty box anywhere within the shape: start in [0, dim], a zero count in
+ * at least one dimension, any count elsewhere that fits. */
+static sd_box random_empty_box(const geo *g) {
+  sd_box b;
+  memset(&b, 0, sizeof b);
+  uint32_t z = (uint32_t)rand() % g->ndim;
+  for (uint32_t d = 0; d < g->ndim; d++) {
+    b.start[d] = (uint64_t)rand() % (g->shape[d] + 1);
+    b.count[d] = d == z ? 0 : (uint64_t)rand() % (g->shape[d] - b.start[d] + 1);
+  }
+  return b;
+}
+
+Test(coverage, empty_boxes_sprinkled_anywhere_match_brute_force, .timeout = 60) {
+  srand(7);
+  for (int it = 0; it < 4000; it++) {
+    geo g = random_geo();
+    sd_box full;
+    memset(&full, 0, sizeof full);
+    for (uint32_t d = 0; d < g.ndim; d++) full.count[d] = g.shape[d];
+    sd_box b[128];
+    size_t n = 0;
+    if (it % 4 != 3) split(&g, full, 6, b, &n);
+    if (it % 4 == 1 && n > 1) n--;                             /* and a gap */
+    if (it % 4 == 2) b[(size_t)rand() % n] = random_box(&g);  /* likely an overlap */
+    size_t empties = 1 + (size_t)rand() % 5;
+    for (size_t k = 0; k < empties && n < 128; k++) b[n++] = random_empty_box(&g);
+    if (n < 128 && rand() % 2) b[n] = b[n - 1], n++;           /* a replica of an empty box */
     shuffle(b, n);
     brute_expect(&g, b, n);
   }
