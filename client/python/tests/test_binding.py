@@ -100,15 +100,17 @@ def as_stored(a):
 # The daemon
 # ---------------------------------------------------------------------------
 class Daemon:
-    def __init__(self):
+    """A shardd on a fresh temporary folder; `root` and `args` (e.g. --peer-listen) share or add."""
+
+    def __init__(self, root=None, args=()):
         self.tmp = tempfile.mkdtemp(prefix="shardd-py-")
-        self.root = os.path.join(self.tmp, "root")
+        self.root = root or os.path.join(self.tmp, "root")
         self.socket = os.path.join(self.tmp, "shardd.sock")
         self.log = open(os.path.join(self.tmp, "shardd.log"), "w+")
         exe = os.environ.get("SHARDD_BIN")
         if not exe:
             raise SystemExit("SHARDD_BIN is not set")
-        self.proc = subprocess.Popen([exe, "--root", self.root, "--socket", self.socket],
+        self.proc = subprocess.Popen([exe, "--root", self.root, "--socket", self.socket] + list(args),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + WAIT
         # The socket appears only once the daemon accepts.
