@@ -293,9 +293,20 @@ class TwoNodes(TorchTestCase):
             out.append(env)
         return out
 
+    def peers(self, node):
+        with shardd.Client(self.nodes[node].socket) as c:
+            return c.status()["peers"]
+
     def test_torchrun_environment_across_two_nodes(self):
         port = self.leader.rsplit(":", 1)[1]
+        before = [self.peers(0), self.peers(1)]
         results = run_ranks(self.envs(4, 2, SHARDD_PEER_PORT=port), {"dir": "nodes/step-1"})
+        after = [self.peers(0), self.peers(1)]
+        # Node 0 led the save, and node 1's ranks' bytes reached the files through node 1's daemon.
+        self.assertEqual(after[0]["saves_led"] - before[0]["saves_led"], 1)
+        self.assertEqual(after[1]["saves_led"], before[1]["saves_led"])
+        moved = sum(after[1][k] - before[1][k] for k in ("bytes_local", "bytes_forwarded"))
+        self.assertGreater(moved, 0)
         self.assertEqual({r["state"] for r in results}, {"committed"})
         self.assertEqual({(r["tensors"], r["bytes"]) for r in results}, {(7, results[0]["bytes"])})
         self.assertCheckpointHolds(os.path.join(self.root, "nodes", "step-1"),
