@@ -379,6 +379,8 @@ static int op_put(const json_t *req, sd_error *err) {
     if (decode_b64(data, dlen, &bytes, &got, err) != 0) return err->code;
     free(bytes);
     if (got != len) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'data' holds %zu bytes", got);
+  } else if (len == 0 && !has_region && !has_offset) {
+    /* an empty slice reads nothing: no source needed */
   } else if (!has_region || !has_offset) {
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give 'region' and 'offset' (or inline 'data')");
   }

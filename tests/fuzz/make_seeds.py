@@ -38,6 +38,9 @@ lines = {
                   b'"max_shard_size":1e3,"prefix":"shard","metadata":{"format":"pt","k":"v\\u00e9"},"overwrite":true}',
     "begin-bad-dir": b'{"op":"begin","id":14,"save":"step-2","dir":"../elsewhere","rank":0,"world_size":1}',
     "begin-rank-past-world": b'{"op":"begin","save":"s","dir":"d","rank":1,"world_size":1,"max_shard_size":null}',
+    "put-empty-no-source": b'{"op":"put","save":"s","name":"router.bias","dtype":"F32","shape":[3],"start":[3],"count":[0]}',
+    "put-empty-region-end": b'{"op":"put","save":"s","name":"w","dtype":"BF16","shape":[5,2],"start":[0,2],"count":[5,0],"region":1,"offset":16,"deferred":true}',
+    "put-empty-inline": b'{"op":"put","save":"s","name":"w","dtype":"U8","shape":[8,16],"start":[8,0],"count":[0,16],"data":""}',
     "put-scalar": b'{"op":"put","save":"s","name":"w","dtype":"F32","shape":[],"data":"AACAPw=="}',
     "put-box-outside": b'{"op":"put","save":"s","name":"w","dtype":"I64","shape":[4,4],"start":[2,0],"count":[3,4],"region":1,"offset":0}',
     "put-huge": b'{"op":"put","save":"s","name":"w","dtype":"F64","shape":[9007199254740992,9007199254740992],"region":1,"offset":0}',
@@ -121,6 +124,9 @@ put("coverage", "grid-nudge", bytes([1, 0, 5, 0b11110, 1, 2, 0, 0, 0b11]))    # 
 put("coverage", "grid-full-4d", bytes([1, 3, 5, 0xff, 5, 0xff, 3, 0xff, 1, 0xff, 0]))  # 288 boxes: heap path
 put("coverage", "random-2d", bytes([0, 2, 3, 4, 3, 0, 0, 3, 4, 0, 2, 1, 3, 1, 2, 0, 1]))
 put("coverage", "scalar", bytes([0, 0, 0, 3]))
+# an edited grid and random boxes with zero counts: empty boxes beside real ones
+put("coverage", "grid-empty-slices", bytes([1, 1, 3, 0b110, 3, 0b110, 2, 4, 0, 0, 0, 4, 5, 2, 1]))
+put("coverage", "random-empties", bytes([0, 2, 3, 4, 4, 0, 3, 0, 4, 3, 0, 0, 4, 1, 2, 2, 0, 0, 3, 4, 0]))
 put("coverage", "scaled-grid", bytes([2, 0, 0, 0, 0, 0, 0, 1, 0, 4, 2, 0b10, 3, 0b100, 1, 2, 0, 1, 0, 0x2]))
 put("coverage", "wide", bytes([3, 3]) + b"\xff" * 8 + b"\x01" + b"\x10" * 8 + b"\x20" + b"\xff" * 8 + b"\x30"
     + bytes([2]) + b"\x00" * 60)

@@ -419,7 +419,7 @@ void h_rank_main(int rank, void *arg) {
     off[i] = size;
     size += (put_nbytes(&s->puts[i]) + 63) & ~(uint64_t)63;
   }
-  rc = shardd_arena_create(c, size ? size : 64, &a);
+  rc = size == 0 && s->arena_if_bytes ? 0 : shardd_arena_create(c, size ? size : 64, &a);
   if (rc) {
     h_result_fail(r, "arena", rc, c);
     goto failed;
@@ -447,7 +447,7 @@ void h_rank_main(int rank, void *arg) {
       rc = shardd_put_deferred(c, o.save, &d, a, off[i]);
       streamed = 1;
     } else if (p->how == H_ARENA) {
-      put_bytes(p, s->seed, (uint8_t *)shardd_arena_data(a) + off[i]);
+      if (a) put_bytes(p, s->seed, (uint8_t *)shardd_arena_data(a) + off[i]);
       rc = shardd_put(c, o.save, &d, a, off[i]);
     } else {
       uint8_t *buf = malloc(n ? n : 1);
@@ -479,7 +479,7 @@ void h_rank_main(int rank, void *arg) {
     if (s->hook) s->hook(s, rank, H_AT_DECLARED, c);
     for (size_t i = 0; i < s->nputs; i++) {
       const h_put *p = &s->puts[i];
-      if (!rank_puts(p, rank) || p->how != H_DEFERRED) continue;
+      if (!rank_puts(p, rank) || p->how != H_DEFERRED || !a) continue;
       put_bytes(p, s->seed, (uint8_t *)shardd_arena_data(a) + off[i]);
       rc = s->no_ready ? 0 : shardd_ready(c, o.save, a, off[i] + put_nbytes(p));
       if (rc) {
@@ -512,7 +512,7 @@ void h_rank_main(int rank, void *arg) {
     return;
   }
   if (end == H_END_UNLINK_EXIT) {
-    shm_unlink(shardd_arena_name(a));
+    if (a) shm_unlink(shardd_arena_name(a));
     r->done = 1;
     fflush(NULL);
     _exit(0); /* no detach, no close: the kernel closes the socket */

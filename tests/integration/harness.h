@@ -13,7 +13,7 @@
 
 /* Generous bounds that only stop a hung test; no test asserts a duration. */
 #define H_WAIT_MS 60000
-#define H_MAX_RANKS 8
+#define H_MAX_RANKS 16
 #define H_MAX_SYNC 16
 /* Counter every scripted rank bumps after its begin: a rank that kills
  * itself waits for all to have begun, or a late rank would start a fresh
@@ -159,6 +159,7 @@ struct h_script {
   int end[H_MAX_RANKS];    /* H_END_* per rank */
   int wait_after_fail;     /* after a failed call, still wait to learn how the save ended */
   int no_ready;            /* H_DEFERRED puts: no shardd_ready calls, only the seal */
+  int arena_if_bytes;      /* a rank whose puts hold no byte creates no arena: its puts name none */
   h_hook_fn hook;
   void *ud;
   h_shared *sh;            /* results; set by h_run */

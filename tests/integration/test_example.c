@@ -24,6 +24,7 @@ typedef struct {
   int world, tp;
   const char *dtype, *save, *dir;
   int kill_rank; /* -1: none */
+  int stream;    /* --stream: deferred puts, declared, ready */
 } model;
 
 static pid_t spawn_rank(const model *m, int rank, const char *out) {
@@ -46,6 +47,7 @@ static pid_t spawn_rank(const model *m, int rank, const char *out) {
   int k = 0;
   while (argv[k]) k++;
   if (rank == m->kill_rank) argv[k++] = "--kill-before-seal";
+  if (m->stream) argv[k++] = "--stream";
   argv[k] = NULL;
   fflush(NULL);
   pid_t pid = fork();
@@ -226,6 +228,28 @@ Test(example, three_way_tp_with_uneven_splits_in_f32) {
   }
   check_model(&m);
 }
+
+/* TP finer than the model's dimensions (hidden 3, intermediate 2 over
+ * tp 4): some ranks' slices are empty and they put them all the same, in
+ * one batch, plain and streamed, with DP replicas of the empty ones. */
+static void run_tiny_tp4(int world, int stream, const char *save) {
+  model m = {.hidden = 3, .layers = 1, .vocab = 5, .inter = 2, .max_shard_size = 40, .seed = 8,
+             .world = world, .tp = 4, .dtype = "F32", .save = save, .dir = save, .kill_rank = -1, .stream = stream};
+  json_t *lines[H_MAX_RANKS];
+  int status[H_MAX_RANKS];
+  run_model(&m, lines, status);
+  for (int r = 0; r < m.world; r++) {
+    cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d exited 0x%x", r, status[r]);
+    cr_assert_str_eq(json_string_value(json_object_get(lines[r], "state")), "committed", "rank %d: %s", r,
+                     json_string_value(json_object_get(lines[r], "message")));
+    json_decref(lines[r]);
+  }
+  check_model(&m);
+}
+
+Test(example, tp_finer_than_the_dimensions_puts_empty_slices) { run_tiny_tp4(4, 0, "tp4"); }
+
+Test(example, tp_finer_than_the_dimensions_streamed_with_replicas) { run_tiny_tp4(8, 1, "tp4s"); }
 
 Test(example, a_rank_dying_before_seal_fails_the_others_with_client_lost) {
   model m = {.hidden = 32, .layers = 1, .vocab = 50, .inter = 80, .max_shard_size = 0, .seed = 7,

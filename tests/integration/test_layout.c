@@ -153,27 +153,6 @@ Test(layout, scalars_and_zero_size_tensors) {
   h_shared_free(s.sh);
 }
 
-/* The daemon refuses an empty slice of a non-empty tensor (proto/coverage.c),
- * which PROTOCOL.md does not say, and only once every rank has sealed: the
- * whole save fails, cleanly. Pinned here so a change is deliberate. */
-Test(layout, empty_box_of_a_non_empty_tensor_fails_the_save_cleanly) {
-  static const h_put puts[] = {
-      BOX2(0, "w", "F32", 4, 6, 0, 0, 2, 6),
-      BOX2(1, "w", "F32", 4, 6, 2, 0, 2, 6),
-      BOX2(2, "w", "F32", 4, 6, 4, 0, 0, 6),
-  };
-  h_script s = {.opts = {.save = "emptybox", .dir = "emptybox", .world_size = 3},
-                .puts = puts, .nputs = 3, .seed = 18};
-  h_run(&s);
-  for (int r = 0; r < 3; r++)
-    cr_assert_eq(s.sh->r[r].rc, 0, "rank %d: the put itself is accepted (%s)", r, s.sh->r[r].msg);
-  h_expect_failed(&s, SHARDD_E_INVALID_ARGUMENT, "tensor 'w'", "start=[4,0] count=[0,6]", "empty slice",
-                  (char *)NULL);
-  h_expect_unpublished("emptybox");
-  h_shared_free(s.sh);
-  h_expect_serving();
-}
-
 Test(layout, save_with_files_and_no_tensors) {
   static const char cfg[] = "{\"model_type\":\"none\"}";
   const h_file files[] = {{.rank = 0, .path = "config.json", .data = cfg, .len = sizeof cfg - 1}};

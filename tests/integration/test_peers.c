@@ -329,6 +329,43 @@ Test(peers, shared_write_mode_forwards_nothing) {
   h_shared_free(s.sh);
 }
 
+/* Uneven splits across two of the daemons (4 ranks): node 1 holds nothing
+ * of the router but declares it, rank 3 puts only empty boxes and has no
+ * arena; small shards so that files land on both nodes. */
+static const h_put empty_puts[] = {
+    BOX2(0, "router.weight", "BF16", 2, 6, 0, 0, 1, 6), BOX2(1, "router.weight", "BF16", 2, 6, 1, 0, 1, 6),
+    BOX2(2, "router.weight", "BF16", 2, 6, 2, 0, 0, 6), BOX2(3, "router.weight", "BF16", 2, 6, 2, 0, 0, 6),
+    {.rank = 0, .name = "bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {0}, .count = {1}},
+    {.rank = 1, .name = "bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {1}, .count = {1}},
+    {.rank = 2, .name = "bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {2}, .count = {1},
+     .how = H_INLINE},
+    {.rank = 3, .name = "bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {3}, .count = {0}},
+    BOX2(1, "cols", "F32", 5, 2, 0, 0, 5, 1), BOX2(2, "cols", "F32", 5, 2, 0, 1, 5, 1),
+    BOX2(3, "cols", "F32", 5, 2, 0, 2, 5, 0),
+    BOX2(2, "big", "F32", 16, 8, 0, 0, 16, 8), BOX2(0, "big", "F32", 16, 8, 16, 0, 0, 8),
+    BOX2(1, "big", "F32", 16, 8, 0, 3, 9, 0), BOX2(3, "big", "F32", 16, 8, 7, 0, 0, 8),
+};
+
+static void run_empty(const char *save, const char *mode) {
+  h_script s = {.opts = cluster_opts(save, save, 128), .puts = empty_puts,
+                .nputs = sizeof empty_puts / sizeof empty_puts[0], .seed = 47, .arena_if_bytes = 1};
+  s.opts.nnodes = 2;
+  s.opts.world_size = 2 * PER_NODE;
+  s.opts.write_mode = mode;
+  run_ranks(&s);
+  for (int r = 0; r < 4; r++) cr_assert_eq(s.sh->r[r].rc, 0, "rank %d %s: %s", r, s.sh->r[r].step, s.sh->r[r].msg);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  cr_assert_eq(s.sh->r[3].shm[0], 0, "rank 3 created no arena");
+  totals t = report(mode, ckpt_data(save));
+  if (!strcmp(mode, "shared")) cr_assert_eq(t.fwd, 0);
+  h_shared_free(s.sh);
+}
+
+Test(peers, empty_slices_across_two_nodes_owner_mode) { run_empty("empty-owner", "owner"); }
+
+Test(peers, empty_slices_across_two_nodes_shared_mode) { run_empty("empty-shared", "shared"); }
+
 /* Data parallel across nodes: every node holds a whole replica (split by
  * rows between its ranks), a norm sits on every rank, one tensor only on
  * nodes 0 and 1, one only on node 2. Replicas are written once, by a node
@@ -416,6 +453,16 @@ Test(peers, a_dtype_mismatch_between_nodes_fails_every_rank) {
   h_expect_failed(&s, SHARDD_E_MISMATCH, "tensor 'm'", "node", (char *)NULL);
   h_expect_unpublished("ck/mm");
   h_shared_free(s.sh);
+  /* an empty box still declares the shape: node 2's rank 5 holds nothing, and says [6, 3] */
+  static const h_put empty_puts[] = {
+      BOX2(0, "m", "F32", 6, 2, 0, 0, 6, 2), BOX2(5, "m", "F32", 6, 3, 6, 0, 0, 3),
+      {.rank = -1, .name = "other", .dtype = "U8", .ndim = 1, .shape = {3}},
+  };
+  h_script e = {.opts = cluster_opts("mm2", "ck/mm2", 0), .puts = empty_puts, .nputs = 3, .wait_after_fail = 1};
+  run_ranks(&e);
+  h_expect_failed(&e, SHARDD_E_MISMATCH, "tensor 'm'", "[6, 3]", "node 2", (char *)NULL);
+  h_expect_unpublished("ck/mm2");
+  h_shared_free(e.sh);
 }
 
 Test(peers, a_gap_across_nodes_fails_every_rank) {

@@ -348,3 +348,100 @@ Test(stream, ready_flags_only_its_region_below_upto) {
   shardd_arena_destroy(a2);
   shardd_close(c);
 }
+
+/* ------------------------------------------------------------------------ *
+ * Empty slices streamed: uneven splits leave ranks empty deferred puts
+ * ------------------------------------------------------------------------ */
+static void run_uneven(int no_ready) {
+  static const h_put puts[] = {
+      /* tensor_split of 3 over 4 ranks: rank 3 gets [3, 3) */
+      {.rank = 0, .name = "router.bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {0},
+       .count = {1}, .how = H_DEFERRED},
+      {.rank = 1, .name = "router.bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {1},
+       .count = {1}, .how = H_DEFERRED},
+      {.rank = 2, .name = "router.bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {2},
+       .count = {1}, .how = H_DEFERRED},
+      {.rank = 3, .name = "router.bias", .dtype = "F32", .ndim = 1, .shape = {3}, .boxed = 1, .start = {3},
+       .count = {0}, .how = H_DEFERRED},
+      /* Shard(0) of 2 experts over 4 ranks; 2 columns over 3 ranks */
+      ROWS(0, "experts", "BF16", 2, 5, 0, 1, H_DEFERRED), ROWS(1, "experts", "BF16", 2, 5, 1, 1, H_DEFERRED),
+      ROWS(2, "experts", "BF16", 2, 5, 2, 0, H_DEFERRED), ROWS(3, "experts", "BF16", 2, 5, 2, 0, H_DEFERRED),
+      COLS(0, "cols", "F32", 6, 2, 0, 1, H_DEFERRED), COLS(1, "cols", "F32", 6, 2, 1, 1, H_DEFERRED),
+      COLS(2, "cols", "F32", 6, 2, 2, 0, H_DEFERRED),
+      /* several MiB over three ranks, so the writer stages chunk by chunk */
+      ROWS(0, "big", "F32", 3000, 1024, 0, 1000, H_DEFERRED), ROWS(1, "big", "F32", 3000, 1024, 1000, 1000, H_DEFERRED),
+      ROWS(2, "big", "F32", 3000, 1024, 2000, 1000, H_DEFERRED), ROWS(3, "big", "F32", 3000, 1024, 3000, 0, H_DEFERRED),
+      /* a classic put of an empty slice beside the streamed ones */
+      ROWS(3, "big", "F32", 3000, 1024, 0, 0, H_ARENA),
+  };
+  h_script s = {.opts = {.save = "uneven", .dir = "ck/uneven", .world_size = 4, .max_shard_size = 5000000},
+                .puts = puts, .nputs = sizeof puts / sizeof puts[0], .seed = 25, .no_ready = no_ready,
+                .arena_if_bytes = 1};
+  h_run(&s);
+  for (int r = 0; r < 4; r++) cr_assert_eq(s.sh->r[r].rc, 0, "rank %d %s: %s", r, s.sh->r[r].step, s.sh->r[r].msg);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  cr_assert_eq(s.sh->r[3].shm[0], 0, "rank 3 holds nothing and needs no arena");
+  h_shared_free(s.sh);
+}
+
+Test(stream, empty_deferred_puts_of_uneven_splits_byte_exact) { run_uneven(0); }
+
+Test(stream, empty_deferred_puts_with_the_seal_alone) { run_uneven(1); }
+
+/* Empty deferred puts leave nothing to wait for: once the rank with the
+ * bytes has readied them, every byte is written although the rank that put
+ * only empty slices (in one batch, without an arena) has not sealed. */
+Test(stream, empty_deferred_puts_hold_no_write_back) {
+  enum { N = 64 * 1024 };
+  shardd_client *c0 = NULL, *c1 = NULL;
+  shardd_arena *a = NULL;
+  cr_assert_eq(shardd_connect(H.sock, &c0), 0);
+  cr_assert_eq(shardd_connect(H.sock, &c1), 0);
+  cr_assert_eq(shardd_arena_create(c0, 2 * N, &a), 0, "%s", shardd_last_error(c0));
+  shardd_save_opts o = {.save = "hold", .dir = "hold", .rank = 0, .world_size = 2};
+  cr_assert_eq(shardd_begin(c0, &o), 0, "%s", shardd_last_error(c0));
+  o.rank = 1;
+  cr_assert_eq(shardd_begin(c1, &o), 0, "%s", shardd_last_error(c1));
+  static const uint64_t shape[2] = {2, N};
+  static const uint64_t st[4][2] = {{0, 0}, {1, 0}, {2, 0}, {0, N}}, ct[4][2] = {{1, N}, {1, N}, {0, N}, {2, 0}};
+  shardd_tensor_desc d[4];
+  for (int i = 0; i < 4; i++)
+    d[i] = (shardd_tensor_desc){.name = "w", .dtype = "U8", .ndim = 2, .shape = shape, .start = st[i],
+                                .count = ct[i], .index = -1};
+  /* rank 0: both rows, and an empty box at the arena's very end */
+  const uint64_t off0[3] = {0, N, 2 * N};
+  const shardd_tensor_desc d0[3] = {d[0], d[1], d[2]};
+  size_t at = 0;
+  cr_assert_eq(shardd_put_many(c0, "hold", d0, off0, 3, a, 1, &at), 0, "%s", shardd_last_error(c0));
+  /* rank 1: only empty boxes, no arena */
+  const uint64_t off1[2] = {0, 0};
+  const shardd_tensor_desc d1[2] = {d[2], d[3]};
+  cr_assert_eq(shardd_put_many(c1, "hold", d1, off1, 2, NULL, 1, &at), 0, "%s", shardd_last_error(c1));
+  cr_assert_eq(shardd_declared(c1, "hold"), 0, "%s", shardd_last_error(c1));
+  cr_assert_eq(shardd_declared(c0, "hold"), 0, "%s", shardd_last_error(c0));
+  memset(shardd_arena_data(a), 'x', N);
+  memset((char *)shardd_arena_data(a) + N, 'y', N);
+  cr_assert_eq(shardd_ready(c0, "hold", a, 2 * N), 0, "%s", shardd_last_error(c0));
+  cr_assert_eq(shardd_seal(c0, "hold"), 0, "%s", shardd_last_error(c0));
+  char state[32] = "";
+  int64_t w = 0, p = 1;
+  for (int i = 0; i < H_WAIT_MS / 10 && w < p; i++) {
+    w = status_field(c0, "hold", "bytes_written", state, sizeof state);
+    p = status_field(c0, "hold", "bytes_planned", NULL, 0);
+    if (w < p) nap_ms(10);
+  }
+  cr_assert(w > 0 && w == p, "written %lld of %lld before the last seal", (long long)w, (long long)p);
+  cr_assert_str_eq(state, "writing", "published before the last seal");
+  cr_assert_eq(shardd_seal(c1, "hold"), 0, "%s", shardd_last_error(c1));
+  shardd_result res;
+  cr_assert_eq(shardd_wait(c1, "hold", H_WAIT_MS, &res), 0, "%s", shardd_last_error(c1));
+  uint8_t *want = malloc(2 * N);
+  memset(want, 'x', N);
+  memset(want + N, 'y', N);
+  h_check_bytes("hold", "w", want, 2 * N);
+  free(want);
+  shardd_arena_destroy(a);
+  shardd_close(c0);
+  shardd_close(c1);
+}

@@ -157,6 +157,53 @@ Test(cluster_plan, disagreements_name_tensor_ranks_and_nodes) {
   sd_cmanifest_free(&m);
 }
 
+/* A node whose ranks hold nothing of a tensor (a router of 8 rows over 16
+ * ranks, 8 per node) still declares it; its boxes are empty, never moved. */
+Test(cluster_plan, empty_slices_across_nodes) {
+  for (int mode = 0; mode < 2; mode++) {
+    sd_cmanifest m = {0};
+    uint64_t id[2] = {0};
+    for (uint32_t r = 0; r < 16; r++) {
+      uint32_t node = r / 8;
+      uint64_t a = 8ull * r / 16, z = 8ull * (r + 1) / 16;
+      rows(&m, "router", 8, 4, a, z - a, node, r, id[node]++, 0);
+    }
+    /* a bias of 3 over both nodes' 4 ranks each: node 1 holds it all */
+    for (uint32_t r = 0; r < 8; r++) {
+      uint64_t a = r < 4 ? 0 : 3ull * (r - 4) / 4, z = r < 4 ? 0 : 3ull * (r - 3) / 4;
+      uint64_t shape[1] = {3}, start[1] = {a}, count[1] = {z - a};
+      sd_error err = {0};
+      cr_assert_eq(sd_cmanifest_slice(&m, "bias", SD_DT_F32, 1, shape, 1, r / 4, r, id[r / 4]++, start, count, &err),
+                   0, "%s", err.msg);
+    }
+    sd_cplan p;
+    sd_error err = {0};
+    sd_plan_opts o = opts(0);
+    cr_assert_eq(sd_cplan_build(&m, 2, mode ? SD_WRITE_SHARED : SD_WRITE_OWNER, &o, &p, &err), 0, "%s", err.msg);
+    check_accounting(&p);
+    cr_assert_eq(p.nwrites, 8 + 3, "one write per non-empty slice");
+    for (size_t i = 0; i < p.nwrites; i++) cr_assert_gt(p.writes[i].len, 0);
+    sd_cplan_free(&p);
+    sd_cmanifest_free(&m);
+  }
+  /* only empty boxes: a gap naming the tensor */
+  sd_cmanifest m = {0};
+  rows(&m, "router", 8, 4, 0, 0, 0, 0, 0, -1);
+  rows(&m, "router", 8, 4, 8, 0, 1, 1, 0, -1);
+  sd_cplan p;
+  sd_error err = {0};
+  sd_plan_opts o = opts(0);
+  cr_assert_eq(sd_cplan_build(&m, 2, SD_WRITE_OWNER, &o, &p, &err), SHARDD_E_GAP);
+  cr_assert_str_eq(err.msg, "tensor 'router': element [0,0] is not covered");
+  /* an empty box still declares dtype and shape: a disagreement is a mismatch */
+  uint64_t shape[2] = {8, 5}, start[2] = {8, 0}, count[2] = {0, 5};
+  cr_assert_eq(sd_cmanifest_slice(&m, "router", SD_DT_F32, 2, shape, -1, 1, 3, 1, start, count, &err),
+               SHARDD_E_MISMATCH);
+  cr_assert(strstr(err.msg, "tensor 'router': rank 3 (node 1) declares F32 [8, 5], rank 0 (node 0) declared F32 [8, 4]"),
+            "%s", err.msg);
+  sd_cmanifest_free(&m);
+}
+
 Test(cluster_plan, coverage_errors_across_nodes) {
   sd_cplan p;
   sd_error err = {0};
@@ -213,6 +260,12 @@ Test(cluster_plan, randomized_layouts_write_every_byte_once) {
         }
         r0 += n;
       }
+      /* uneven splits: ranks left an empty box of the tensor, anywhere from row 0 to R */
+      int empties = rand() % 3;
+      for (int k = 0; k < empties; k++) {
+        uint32_t node = (uint32_t)(rand() % (int)nnodes);
+        rows(&m, name, R, C, (uint64_t)(rand() % (int)(R + 1)), 0, node, node, id[node]++, t);
+      }
     }
     sd_cplan p;
     sd_error err = {0};
@@ -222,6 +275,7 @@ Test(cluster_plan, randomized_layouts_write_every_byte_once) {
     check_accounting(&p);
     for (size_t i = 0; i < p.nwrites; i++) {
       const sd_cwrite *w = &p.writes[i];
+      cr_assert_gt(w->len, 0, "an empty slice has nothing to write");
       if (mode == SD_WRITE_OWNER) cr_assert_eq(w->dest, p.owner[w->file]);
       else cr_assert_eq(w->dest, w->node);
     }
