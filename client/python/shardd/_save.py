@@ -162,8 +162,7 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
     tensors: {name: array} in state-dict order, each value a numpy array or
     torch tensor (the whole tensor; any device, any strides) or a Slice of a
     global tensor. Every rank of the save calls this with the same dir,
-    save_id and world_size.
-    The bytes are copied into `arena` (grown as needed; a temporary one when
+    save_id and world_size. The bytes are copied into `arena` (grown as needed; a temporary one when
     None), put with index = position in the dict (ordered=False: natural name
     order instead, for ranks whose dicts hold different names), then sealed.
     Once save() returns (wait=False included) the arrays may change.
@@ -172,10 +171,12 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
     environment spanning nodes (NNODES/GROUP_WORLD_SIZE > 1) the save spans
     the nodes' daemons, with the topology nodes_from_env() reads; nnodes,
     node_rank, leader ("host:port" of node 0's peer listener) and write_mode
-    ("owner" or "shared") override it. metadata: str
-    pairs added to every shard's header; files: {name: bytes or str} written
-    beside the shards. wait=True returns the result dict; wait=False returns
-    a PendingSave. timeout (seconds) applies to each wait. Raises ShardError.
+    ("owner" or "shared") override it.
+
+    metadata: str pairs added to every shard's header; files: {name: bytes or
+    str} written beside the shards. wait=True returns the result dict;
+    wait=False returns a PendingSave. timeout (seconds) applies to each wait.
+    Raises ShardError.
     """
     if not isinstance(dir, str):
         raise TypeError("dir must be str")
