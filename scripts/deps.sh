@@ -5,7 +5,7 @@ shardd_packages=(
   build-essential pkg-config meson ninja-build
   libuv1-dev liburing-dev libjansson-dev libssl-dev
   libcriterion-dev
-  ncat python3 python3-numpy
+  ncat python3 python3-numpy python3-torch
   valgrind
   clang libclang-rt-14-dev
 )

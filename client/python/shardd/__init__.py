@@ -14,13 +14,13 @@ with the stable error name (.name) and the daemon's message.
 
 from ._client import Arena, Client, ShardError, error_names
 from ._lib import library_path
-from ._save import PendingSave, default_save_id, save, torchrun_env
+from ._save import PendingSave, default_save_id, nodes_from_env, save, torchrun_env
 from ._tensors import DTYPES, Slice, dtype_name
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Arena", "Client", "ShardError", "PendingSave", "Slice",
-    "save", "torchrun_env", "default_save_id", "dtype_name", "error_names", "library_path",
+    "save", "torchrun_env", "nodes_from_env", "default_save_id", "dtype_name", "error_names", "library_path",
     "DTYPES",
 ]

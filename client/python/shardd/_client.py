@@ -135,14 +135,20 @@ class _Segment:
 
     def __init__(self, ptr):
         self.ptr = ptr
+        self.cuda_registered = None  # the address CUDA page-locked, if any
 
     def __del__(self):
         ptr, self.ptr = self.ptr, None
-        if ptr:
-            try:
+        pinned, self.cuda_registered = self.cuda_registered, None
+        try:
+            if pinned:
+                from ._tensors import cuda_host_unregister
+
+                cuda_host_unregister(pinned)
+            if ptr:
                 _lib.lib().shardd_arena_destroy(ptr)
-            except Exception:  # interpreter shutdown: the OS reclaims the mapping
-                pass
+        except Exception:  # interpreter shutdown: the OS reclaims the mapping
+            pass
 
 
 class Arena:
@@ -179,6 +185,7 @@ class Arena:
         cls = type("_ArenaBytes", (ctypes.c_ubyte * self._size,), {})
         raw = cls.from_address(addr)
         raw._segment = seg
+        self._addr = addr
         self._seg = seg
         self._mv = memoryview(raw).cast("B")
         self.last_save = None
@@ -222,6 +229,26 @@ class Arena:
         if shape is None:
             shape = ((self._size - offset) // dtype.itemsize,)
         return np.ndarray(shape, dtype=dtype, buffer=self._mv, offset=offset)
+
+    def pin(self):
+        """Page-locks the segment for CUDA's DMA when torch sees a GPU; returns whether it is.
+
+        save() does this itself before copying a CUDA tensor. Without a GPU (or
+        without torch) nothing is registered and copies go through pageable memory.
+        """
+        self._check()
+        if not self._seg.cuda_registered:
+            from ._tensors import cuda_host_register
+
+            if cuda_host_register(self._addr, self._size):
+                self._seg.cuda_registered = self._addr
+        return bool(self._seg.cuda_registered)
+
+    @property
+    def pinned(self):
+        """Whether CUDA has page-locked this segment (Arena.pin)."""
+        self._check()
+        return bool(self._seg.cuda_registered)
 
     def resize(self, size):
         """Replaces the segment by a new one of `size` bytes; the old bytes are not kept.
@@ -331,12 +358,25 @@ class Client:
     # ---- saves ------------------------------------------------------------
 
     def begin(self, save, dir, rank=0, world_size=1, max_shard_size=None, prefix=None,
-              metadata=None, overwrite=False):
-        """Joins (or creates) save `save`, writing to `dir` under the daemon's root."""
+              metadata=None, overwrite=False, nnodes=1, node_rank=0, leader=None, write_mode=None):
+        """Joins (or creates) save `save`, writing to `dir` under the daemon's root.
+
+        A save spanning nodes (one shardd per node, peers over TCP) gives
+        nnodes > 1, this rank's node_rank, the leader ("host:port" of node 0's
+        shardd peer listener) and optionally write_mode ("owner", "shared"),
+        the same on every rank. shardd.nodes_from_env() reads them from torchrun's
+        environment.
+        """
         keep = []
+        nnodes, node_rank = int(nnodes or 1), int(node_rank or 0)
+        if nnodes > 1 and not leader:
+            raise ValueError("begin: nnodes is %d but no leader (node 0's shardd HOST:PORT) is given"
+                             % nnodes)
         opts = SaveOpts(_bytes(save, "save"), _bytes(dir, "dir"), int(rank), int(world_size),
                         int(max_shard_size or 0), None if prefix is None else _bytes(prefix, "prefix"),
-                        None, 0, 1 if overwrite else 0)
+                        None, 0, 1 if overwrite else 0, nnodes, node_rank,
+                        None if leader is None else _bytes(leader, "leader"),
+                        None if write_mode is None else _bytes(write_mode, "write_mode"))
         if metadata:
             flat = []
             for k, v in metadata.items():

@@ -18,6 +18,10 @@ class SaveOpts(ctypes.Structure):
         ("metadata", ctypes.POINTER(ctypes.c_char_p)),
         ("nmetadata", ctypes.c_size_t),
         ("overwrite", ctypes.c_int),
+        ("nnodes", ctypes.c_int),
+        ("node_rank", ctypes.c_int),
+        ("leader", ctypes.c_char_p),
+        ("write_mode", ctypes.c_char_p),
     ]
 
 
@@ -65,6 +69,7 @@ _PROTOTYPES = {
     "shardd_arena_name": (_s, [_p]),
     "shardd_arena_destroy": (_i, [_p]),
     "shardd_begin": (_i, [_p, ctypes.POINTER(SaveOpts)]),
+    "shardd_save_opts_from_env": (_i, [ctypes.POINTER(SaveOpts), _p, _sz]),
     "shardd_put": (_i, [_p, _s, _desc, _p, _u64]),
     "shardd_put_copy": (_i, [_p, _s, _desc, _p, _u64, _p, _sz]),
     "shardd_put_inline": (_i, [_p, _s, _desc, _p, _sz]),

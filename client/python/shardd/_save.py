@@ -1,14 +1,16 @@
 # save(): one rank's part of a checkpoint in one call, and the torchrun topology it defaults to.
+import ctypes
 import hashlib
 import mmap
 import os
 import re
-import sys
 
-from ._client import Arena, Client
-from ._tensors import prepare
+from . import _lib
+from ._client import Arena, Client, _error
+from ._lib import SaveOpts
+from ._tensors import copy_into, nbytes, prepare, wants_pinned_memory
 
-__all__ = ["save", "PendingSave", "torchrun_env", "default_save_id"]
+__all__ = ["save", "PendingSave", "torchrun_env", "nodes_from_env", "default_save_id"]
 
 # Copies start on cache-line boundaries: cheap padding, full-speed memcpy.
 _ALIGN = 64
@@ -69,26 +71,54 @@ def default_save_id(dir):
     return (prefix + "-" if prefix else "save-") + digest
 
 
-def _topology(rank, world_size):
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    env = torchrun_env()
-    if (env["nnodes"] or 1) > 1:
-        raise ValueError(
-            "the environment describes %d nodes: a save spanning nodes needs peer daemons, which "
-            "this libshardd cannot ask for yet; pass rank= and world_size= for a per-node save"
-            % env["nnodes"])
-    if rank is None:
-        rank = env["rank"] if env["rank"] is not None else 0
-    if world_size is None:
-        world_size = env["world_size"] if env["world_size"] is not None else 1
-    return int(rank), int(world_size)
+def nodes_from_env():
+    """The multi-node topology of a torchrun-style environment, read by libshardd.
+
+    Returns {rank, world_size, nnodes, node_rank, leader} exactly as
+    shardd_save_opts_from_env reads them: RANK and WORLD_SIZE (required),
+    NNODES (else GROUP_WORLD_SIZE, else WORLD_SIZE / LOCAL_WORLD_SIZE), NODE_RANK
+    (else GROUP_RANK), and the leader as $SHARDD_LEADER, else
+    $MASTER_ADDR:$SHARDD_PEER_PORT (default port 7077); leader is None on one
+    node. Raises ShardError (invalid_argument) naming the missing or malformed
+    variable.
+    """
+    lib = _lib.lib()
+    opts = SaveOpts()
+    leader = ctypes.create_string_buffer(1024)
+    rc = lib.shardd_save_opts_from_env(ctypes.byref(opts), leader, len(leader))
+    if rc:
+        raise _error(rc, lib.shardd_last_error(None))
+    return {"rank": opts.rank, "world_size": opts.world_size, "nnodes": opts.nnodes,
+            "node_rank": opts.node_rank,
+            "leader": opts.leader.decode("utf-8", "surrogateescape") if opts.leader else None}
 
 
-def _little_endian(dt):
-    if dt.byteorder == ">" or (dt.byteorder == "=" and sys.byteorder == "big"):
-        return dt.newbyteorder("<")
-    return dt
+def _topology(rank, world_size, nnodes, node_rank, leader):
+    """{rank, world_size, nnodes, node_rank, leader}: what the caller gave, else the environment.
+
+    Given rank and world_size, the environment is not read at all. Otherwise a
+    torchrun environment spanning nodes is read as libshardd reads it, and a
+    one-node one defaults to $RANK/$WORLD_SIZE, else 0/1.
+    """
+    topo = {"rank": rank, "world_size": world_size, "nnodes": None, "node_rank": None,
+            "leader": None}
+    if rank is None or world_size is None:
+        env = torchrun_env()
+        if (env["nnodes"] or 1) > 1 and (nnodes is None or nnodes > 1):
+            topo = nodes_from_env()
+            topo.update({k: v for k, v in (("rank", rank), ("world_size", world_size))
+                         if v is not None})
+        else:
+            topo["rank"] = rank if rank is not None else (env["rank"] or 0)
+            topo["world_size"] = (world_size if world_size is not None
+                                  else env["world_size"] if env["world_size"] is not None else 1)
+    for key, value in (("nnodes", nnodes), ("node_rank", node_rank), ("leader", leader)):
+        if value is not None:
+            topo[key] = value
+    topo["nnodes"] = int(topo["nnodes"] or 1)
+    topo["node_rank"] = int(topo["node_rank"] or 0)
+    topo["rank"], topo["world_size"] = int(topo["rank"]), int(topo["world_size"])
+    return topo
 
 
 class PendingSave:
@@ -125,25 +155,33 @@ class PendingSave:
 
 def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, arena=None,
          max_shard_size=None, metadata=None, files=None, wait=True, timeout=None, prefix=None,
-         overwrite=False, ordered=True, socket=None):
+         overwrite=False, ordered=True, socket=None, nnodes=None, node_rank=None, leader=None,
+         write_mode=None):
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
-    CPU torch tensor (the whole tensor) or a Slice of a global tensor. Every
-    rank of the save calls this with the same dir, save_id and world_size.
-    The bytes are copied into `arena` (grown as needed; a temporary one when
+    torch tensor (the whole tensor; any device, any strides) or a Slice of a
+    global tensor. Every rank of the save calls this with the same dir,
+    save_id and world_size. The bytes are copied into `arena` (grown as needed; a temporary one when
     None), put with index = position in the dict (ordered=False: natural name
     order instead, for ranks whose dicts hold different names), then sealed.
     Once save() returns (wait=False included) the arrays may change.
 
-    rank/world_size default to $RANK/$WORLD_SIZE, else 0/1. metadata: str
-    pairs added to every shard's header; files: {name: bytes or str} written
-    beside the shards. wait=True returns the result dict; wait=False returns
-    a PendingSave. timeout (seconds) applies to each wait. Raises ShardError.
+    rank/world_size default to $RANK/$WORLD_SIZE, else 0/1. Under a torchrun
+    environment spanning nodes (NNODES/GROUP_WORLD_SIZE > 1) the save spans
+    the nodes' daemons, with the topology nodes_from_env() reads; nnodes,
+    node_rank, leader ("host:port" of node 0's peer listener) and write_mode
+    ("owner" or "shared") override it.
+
+    metadata: str pairs added to every shard's header; files: {name: bytes or
+    str} written beside the shards. wait=True returns the result dict;
+    wait=False returns a PendingSave. timeout (seconds) applies to each wait.
+    Raises ShardError.
     """
     if not isinstance(dir, str):
         raise TypeError("dir must be str")
-    rank, world_size = _topology(rank, world_size)
+    topo = _topology(rank, world_size, nnodes, node_rank, leader)
+    topo["write_mode"] = write_mode
     if save_id is None:
         save_id = default_save_id(dir)
     if arena is not None and not isinstance(arena, Arena):
@@ -157,7 +195,7 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
     for i, (name, value) in enumerate(tensors.items()):
         dt, shape, start, count, src = prepare(name, value)
         off = (end + _ALIGN - 1) // _ALIGN * _ALIGN
-        end = off + src.nbytes
+        end = off + nbytes(src)
         items.append((name, dt, shape, start, count, src, off, i if ordered else None))
 
     owns_client = client is None and arena is None
@@ -173,8 +211,10 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
             if arena.size < end:
                 page = mmap.PAGESIZE
                 arena.resize((end + page - 1) // page * page)
-        _run(client, arena, save_id, dir, rank, world_size, items, max_shard_size, prefix,
-             metadata, overwrite, files)
+        if wants_pinned_memory(item[5] for item in items):
+            arena.pin()
+        _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,
+             files)
         if temp_arena is not None:
             # Safe right after seal: the daemon holds its own mapping.
             temp_arena.close()
@@ -191,19 +231,15 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
             client.close()
 
 
-def _run(client, arena, save_id, dir, rank, world_size, items, max_shard_size, prefix, metadata,
-         overwrite, files):
-    import numpy as np
-
-    client.begin(save_id, dir, rank=rank, world_size=world_size, max_shard_size=max_shard_size,
-                 prefix=prefix, metadata=metadata, overwrite=overwrite)
+def _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,
+         files):
+    client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
+                 overwrite=overwrite, **topo)
     try:
         buf = arena.buffer
         for name, dt, shape, start, count, src, off, index in items:
-            if src.nbytes:
-                dst = np.ndarray(src.shape, dtype=_little_endian(src.dtype), buffer=buf, offset=off)
-                np.copyto(dst, src, casting="equiv")
-                del dst
+            if nbytes(src):
+                copy_into(buf, off, src)
             client.put(save_id, name, dt, shape, arena, off, start=start,
                        count=None if start is None else count, index=index)
         del buf

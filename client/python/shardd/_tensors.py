@@ -1,4 +1,4 @@
-# Turns numpy arrays and CPU torch tensors into (safetensors dtype, box, bytes to copy) for save().
+# Turns numpy arrays and torch tensors into (safetensors dtype, box, source) and copies sources into arenas.
 import sys
 
 __all__ = ["Slice", "dtype_name", "DTYPES"]
@@ -96,45 +96,80 @@ def _is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def _torch_bytes(name, t):
-    """(safetensors dtype, shape, uint8 numpy bytes) of a CPU torch tensor."""
-    import numpy as np
-
+def _torch_source(name, t):
+    """(safetensors dtype, shape, tensor) of a torch tensor on any device, ready for copy_into."""
     torch = sys.modules["torch"]
-    if t.device.type != "cpu":
-        raise ValueError("tensor %r is on %s: move it to the CPU first (save copies from host memory)"
-                         % (name, t.device))
     if t.layout != torch.strided:
         raise ValueError("tensor %r has layout %s: only dense tensors can be saved" % (name, t.layout))
+    if t.device.type == "meta":
+        raise ValueError("tensor %r is on the meta device: it has no data to save" % (name,))
     dt = _TORCH.get(str(t.dtype))
     if dt is None:
         raise TypeError("tensor %r: torch dtype %s has no safetensors equivalent" % (name, t.dtype))
-    shape = tuple(t.shape)
     t = t.detach()
     # Lazy conjugate/negative views would otherwise be saved unresolved.
     for fix in ("resolve_conj", "resolve_neg"):
         if hasattr(t, fix):
             t = getattr(t, fix)()
-    flat = t.contiguous().reshape(-1)
-    if flat.numel() == 0:
-        return dt, shape, np.zeros(0, np.uint8)
-    # numpy has no bfloat16 or float8, so go through raw bytes. Older torch
-    # only reinterprets between equal sizes, hence the int16 route.
+    return dt, tuple(t.shape), t
+
+
+def nbytes(src):
+    """Bytes a numpy array or torch tensor takes once copied row-major."""
+    if _is_torch(src):
+        return src.numel() * src.element_size()
+    return src.nbytes
+
+
+def copy_into(buf, offset, src):
+    """Copies src (numpy array or torch tensor, any strides, any device) row-major to buf[offset:].
+
+    A torch tensor is copied by torch itself into a CPU tensor over the arena:
+    one device-to-host copy for a CUDA tensor, no numpy in between. Both
+    torch and safetensors use the host's (little-endian) byte order.
+    """
+    if _is_torch(src):
+        torch = sys.modules["torch"]
+        dst = torch.frombuffer(buf, dtype=src.dtype, count=src.numel(), offset=offset)
+        dst.view(src.shape).copy_(src)
+        return
+    import numpy as np
+
+    dt = src.dtype
+    if dt.byteorder == ">" or (dt.byteorder == "=" and sys.byteorder == "big"):
+        dt = dt.newbyteorder("<")
+    dst = np.ndarray(src.shape, dtype=dt, buffer=buf, offset=offset)
+    np.copyto(dst, src, casting="equiv")
+
+
+def wants_pinned_memory(srcs):
+    """True when some tensor lives on a CUDA device, so a page-locked arena speeds its copy."""
+    return any(_is_torch(s) and s.device.type == "cuda" for s in srcs)
+
+
+def cuda_host_register(addr, size):
+    """Page-locks [addr, addr+size) for CUDA's DMA; False where torch has no usable GPU."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return False
     try:
-        raw = flat.view(torch.uint8).numpy()
-    except RuntimeError:
-        if flat.element_size() == 2:
-            raw = flat.view(torch.int16).numpy().view(np.uint8)
-        else:
-            raw = flat.numpy().view(np.uint8)
-    return dt, shape, raw
+        return int(torch.cuda.cudart().cudaHostRegister(addr, size, 0)) == 0
+    except Exception:  # an old or CPU-only build: the copy still works, only slower
+        return False
+
+
+def cuda_host_unregister(addr):
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.cuda.cudart().cudaHostUnregister(addr)
 
 
 def prepare(name, value):
     """(dtype, global shape, start or None, count, src) for one entry of save()'s dict.
 
-    src is a numpy array (any strides, any byte order) whose elements, copied
-    row-major and little-endian, are the slice's bytes.
+    src is a numpy array (any strides, any byte order) or a torch tensor (any
+    strides, any device) whose elements, copied row-major, are the slice's
+    bytes (copy_into).
     """
     import numpy as np
 
@@ -144,7 +179,7 @@ def prepare(name, value):
     if isinstance(value, Slice):
         box, value = value, value.array
     if _is_torch(value):
-        dt, count, src = _torch_bytes(name, value)
+        dt, count, src = _torch_source(name, value)
     else:
         if not isinstance(value, np.ndarray):
             value = np.asarray(value)

@@ -100,15 +100,17 @@ def as_stored(a):
 # The daemon
 # ---------------------------------------------------------------------------
 class Daemon:
-    def __init__(self):
+    """A shardd on a fresh temporary folder; `root` and `args` (e.g. --peer-listen) share or add."""
+
+    def __init__(self, root=None, args=()):
         self.tmp = tempfile.mkdtemp(prefix="shardd-py-")
-        self.root = os.path.join(self.tmp, "root")
+        self.root = root or os.path.join(self.tmp, "root")
         self.socket = os.path.join(self.tmp, "shardd.sock")
         self.log = open(os.path.join(self.tmp, "shardd.log"), "w+")
         exe = os.environ.get("SHARDD_BIN")
         if not exe:
             raise SystemExit("SHARDD_BIN is not set")
-        self.proc = subprocess.Popen([exe, "--root", self.root, "--socket", self.socket],
+        self.proc = subprocess.Popen([exe, "--root", self.root, "--socket", self.socket] + list(args),
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + WAIT
         # The socket appears only once the daemon accepts.
@@ -536,15 +538,35 @@ class SaveTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             shardd.torchrun_env({"RANK": "zero"})
 
-        saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "NNODES", "GROUP_WORLD_SIZE")}
+        saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "NNODES", "GROUP_WORLD_SIZE",
+                                                "NODE_RANK", "MASTER_ADDR", "SHARDD_LEADER",
+                                                "SHARDD_PEER_PORT")}
         try:
             os.environ.update(RANK="0", WORLD_SIZE="1")
             r = shardd.save({"x": np.ones(3, np.int8)}, "from-env", client=self.client, timeout=WAIT)
             self.assertEqual(r["tensors"], 1)
-            # A single-rank save would wait forever for ranks on other nodes: refused up front.
+            # Spanning nodes: an incomplete environment is refused before the daemon hears of it.
+            for k in ("NODE_RANK", "MASTER_ADDR", "SHARDD_LEADER", "SHARDD_PEER_PORT"):
+                os.environ.pop(k, None)
             os.environ.update(RANK="1", WORLD_SIZE="4", NNODES="2")
-            with self.assertRaises(ValueError):
-                shardd.save({"x": np.ones(3)}, "multi", client=self.client)
+            for missing, add in (("NODE_RANK", {"NODE_RANK": "0"}),
+                                 ("MASTER_ADDR", {"SHARDD_PEER_PORT": "70000"}),
+                                 ("SHARDD_PEER_PORT", {"SHARDD_PEER_PORT": "7078"})):
+                with self.assertRaises(shardd.ShardError) as cm:
+                    shardd.save({"x": np.ones(3)}, "multi", client=self.client)
+                self.assertEqual(cm.exception.name, "invalid_argument")
+                self.assertIn(missing, cm.exception.message)
+                os.environ.update(add)
+            self.assertNotIn("multi", [s["save"] for s in self.client.status()["saves"]])
+            os.environ["MASTER_ADDR"] = "10.0.0.1"
+            self.assertEqual(shardd.nodes_from_env(), {
+                "rank": 1, "world_size": 4, "nnodes": 2, "node_rank": 0, "leader": "10.0.0.1:7078"})
+            os.environ.update(SHARDD_LEADER="[::1]:9", NODE_RANK="3")
+            with self.assertRaises(shardd.ShardError) as cm:
+                shardd.nodes_from_env()
+            self.assertIn("NODE_RANK=3", cm.exception.message)
+            os.environ["NODE_RANK"] = "1"
+            self.assertEqual(shardd.nodes_from_env()["leader"], "[::1]:9")
         finally:
             for k, v in saved.items():
                 if v is None:
