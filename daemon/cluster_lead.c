@@ -110,6 +110,36 @@ static sd_lead *find_lead(sd_cluster *cl, const char *id) {
   return NULL;
 }
 
+/* Room for one more leader state under max_leader_saves: a failed save kept only to tell late
+ * nodes why gives way first (the oldest such). 0, or SHARDD_E_LIMIT with the reason in err. */
+static int lead_room(sd_cluster *cl, const char *id, sd_error *err) {
+  unsigned max = cl->d->cfg ? cl->d->cfg->max_leader_saves : 0, n = 0;
+  sd_lead *forget = NULL;
+  for (sd_lead *L = cl->leads; L; L = L->next) {
+    n++;
+    if (L->state == L_FAILED && !L->busy) forget = L; /* new leads go to the head: the last is the oldest */
+  }
+  if (!max || n < max) return 0;
+  if (forget) {
+    lead_free(forget);
+    return 0;
+  }
+  return sd_fail(err, SHARDD_E_LIMIT, "this daemon already leads %u multi-node saves (max_leader_saves=%u); "
+                 "save '%s' cannot begin", n, max, id);
+}
+
+static const char *const lstate_names[] = {"collecting", "preparing", "writing", "finishing", "failed"};
+
+void sd_lead_status(const sd_cluster *cl, json_t *arr) {
+  for (const sd_lead *L = cl->leads; L; L = L->next) {
+    size_t bytes = sizeof *L + L->nnodes * sizeof *L->nodes + (L->rank_node ? L->ws * sizeof *L->rank_node : 0);
+    json_array_append_new(arr, json_pack("{s:o,s:s,s:i,s:i,s:i,s:I}", "save", sd_msg_string_lossy(L->id), "state",
+                                         lstate_names[L->state], "nnodes", (json_int_t)L->nnodes, "joined",
+                                         (json_int_t)L->njoined, "world_size", (json_int_t)L->ws, "memory_bytes",
+                                         (json_int_t)bytes));
+  }
+}
+
 unsigned sd_lead_active(const sd_cluster *cl) {
   unsigned n = 0;
   for (const sd_lead *L = cl->leads; L; L = L->next) n += L->state != L_FAILED;
@@ -580,6 +610,14 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
                 NULL, 0);
       return;
     }
+  }
+  if (!L && lead_room(cl, id, &err) != 0) {
+    sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
+    json_t *m = json_pack("{s:s,s:s,s:s,s:s,s:s}", "t", "abort", "save", id, "tok", tok, "code",
+                          sd_err_name(err.code), "message", err.msg);
+    if (m && p) sd_peer_send(p, m, NULL, 0);
+    else if (m) sd_cl_local_send(cl, 0, m, NULL, 0);
+    return;
   }
   if (!L) {
     L = lead_new(cl, id, h, &err);

@@ -9,11 +9,13 @@
 
 #include "log.h"
 #include "peer.h"
+#include "sd_escape.h"
 #include "sd_msg.h"
 
 #define READ_BUF (256u << 10)
 #define RETRY_MS 200
-#define MAX_PEERS 1024
+#define MAX_PEERS 1024            /* authenticated connections, and outgoing ones */
+#define HANDSHAKE_TICK_MIN 50
 
 typedef enum { P_RESOLVING, P_CONNECTING, P_HELLO_WAIT, P_AUTH_WAIT, P_READY, P_CLOSING } peer_state;
 
@@ -41,6 +43,8 @@ struct sd_peer {
   uint8_t nonce[SD_PEER_NONCE_LEN], peer_nonce[SD_PEER_NONCE_LEN];
   sd_frame_reader rd;
   uint64_t last_rx, deadline;
+  uint64_t hs_deadline;            /* the handshake must end by then; 0 when not started */
+  int unauth;                      /* incoming, not yet authenticated: counts in net->nunauth */
   qframe *q, **qtail;              /* frames sent before the handshake ended */
   size_t qbytes;
 
@@ -75,6 +79,10 @@ struct sd_peer_net {
   uv_tcp_t listener;
   int listening;
   uv_timer_t hb;
+  uv_timer_t hs;           /* handshake deadlines, and the count of suppressed lines */
+  uint64_t handshake_ms;
+  unsigned max_unauth, nunauth;
+  sd_log_limit strangers;  /* lines strangers cause: at most one a second */
   uint64_t hb_last;        /* when the heartbeat timer last ran, to notice a stalled loop */
   unsigned handles;
   int closing;
@@ -112,13 +120,44 @@ static void sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
   }
 }
 
+/* How logs name a connection. Until an incoming peer proves it holds the token, what it claims
+ * (its name, its listener) is not believed: it is named by the socket's far end. */
 static const char *who(const sd_peer *p) {
-  static char buf[SD_PEER_ADDR_MAX * 2 + SD_PEER_NAME_MAX + 16];
-  if (p->name[0])
-    snprintf(buf, sizeof buf, "'%s' at %s", p->name, p->addr[0] ? p->addr : p->remote);
+  static char buf[4 * SD_ESCAPE_BUF];
+  sd_escbuf name, addr;
+  const char *remote = p->remote[0] ? p->remote : "?";
+  if (!p->outgoing && !p->ever_ready)
+    snprintf(buf, sizeof buf, "%s", remote);
+  else if (!p->outgoing)
+    snprintf(buf, sizeof buf, "'%s' at %s (from %s)", sd_esc(&name, p->name),
+             sd_esc(&addr, p->addr[0] ? p->addr : "?"), remote);
+  else if (p->name[0] && p->ever_ready)
+    snprintf(buf, sizeof buf, "'%s' at %s", sd_esc(&name, p->name), p->addr);
   else
-    snprintf(buf, sizeof buf, "%s", p->addr[0] ? p->addr : p->remote[0] ? p->remote : "?");
+    snprintf(buf, sizeof buf, "%s", p->addr);
   return buf;
+}
+
+/* A line a stranger caused: at most one a second, with the count of those held back. */
+static void log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_stranger(sd_peer_net *net, const char *fmt, ...) {
+  unsigned held = 0;
+  if (!sd_log_limit_ok(&net->strangers, now_ms(net), &held)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (held)
+    sd_log_warn("%s (%u similar lines about unauthenticated peer connections suppressed)", msg, held);
+  else
+    sd_log_warn("%s", msg);
+}
+
+static void unauth_done(sd_peer *p) {
+  if (!p->unauth) return;
+  p->unauth = 0;
+  p->net->nunauth--;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -201,6 +240,9 @@ static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
   va_end(ap);
   p->lost_code = code;
   p->state = P_CLOSING;
+  unauth_done(p);
+  /* Nothing outside this file ever saw an incoming connection that did not log in. */
+  if (!p->outgoing && !p->ever_ready) p->notify = 0;
   if (p->handles == 0) {
     peer_free(p);
     return;
@@ -320,7 +362,10 @@ static void refuse(sd_peer *p, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  sd_log_warn("peer %s (from %s): refused: %s", p->name[0] ? p->name : "?", p->remote, msg);
+  if (!p->outgoing && !p->ever_ready)
+    log_stranger(p->net, "peer connection from %s: refused: %s", who(p), msg);
+  else
+    sd_log_warn("peer %s: refused: %s", who(p), msg);
   /* Tell the other side why, so its operator sees the reason too. */
   json_t *e = json_pack("{s:s,s:s,s:s}", "t", "error", "code", sd_err_name(code), "message", msg);
   if (e) send_now(p, e);
@@ -329,8 +374,14 @@ static void refuse(sd_peer *p, int code, const char *fmt, ...) {
 }
 
 static void go_ready(sd_peer *p) {
+  if (!p->outgoing && p->net->npeers - p->net->nunauth >= MAX_PEERS) {
+    refuse(p, SHARDD_E_LIMIT, "too many peers (at most %d authenticated connections)", MAX_PEERS);
+    return;
+  }
+  unauth_done(p);
   p->state = P_READY;
   p->ever_ready = 1;
+  p->hs_deadline = 0;
   sd_log_info("peer %s: authenticated (%s)", who(p), p->outgoing ? "we connected" : "it connected");
   qframe *f = p->q;
   p->q = NULL;
@@ -426,13 +477,19 @@ static void handshake(sd_peer *p, json_t *h) {
     const char *msg = json_string_value(json_object_get(h, "message"));
     int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
     if (c == SHARDD_E_PROTOCOL) c = SHARDD_E_PEER_LOST;
-    sd_log_warn("peer %s refused us: %s", who(p), msg ? msg : "no reason given");
-    peer_fail(p, c, "%s refused this daemon: %s", who(p), msg ? msg : "no reason given");
+    sd_escbuf m;
+    sd_esc(&m, msg ? msg : "no reason given");
+    if (p->outgoing)
+      sd_log_warn("peer %s refused us: %s", who(p), m.s);
+    else
+      log_stranger(p->net, "peer connection from %s sent an error before logging in: %s", who(p), m.s);
+    peer_fail(p, c, "%s refused this daemon: %s", who(p), m.s);
     return;
   }
   if (p->state == P_HELLO_WAIT) {
     if (!t || strcmp(t, "hello") != 0) {
-      refuse(p, SHARDD_E_PROTOCOL, "expected hello, got '%s'", t ? t : "?");
+      sd_escbuf tb;
+      refuse(p, SHARDD_E_PROTOCOL, "expected hello, got '%.40s'", sd_esc(&tb, t ? t : "?"));
       return;
     }
     if (take_hello(p, h) != 0) return;
@@ -446,7 +503,8 @@ static void handshake(sd_peer *p, json_t *h) {
   }
   /* P_AUTH_WAIT */
   if (!t || strcmp(t, "auth") != 0) {
-    refuse(p, SHARDD_E_PROTOCOL, "expected auth, got '%s'", t ? t : "?");
+    sd_escbuf tb;
+    refuse(p, SHARDD_E_PROTOCOL, "expected auth, got '%.40s'", sd_esc(&tb, t ? t : "?"));
     return;
   }
   const char *proof = json_string_value(json_object_get(h, "proof"));
@@ -492,9 +550,10 @@ static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
     const char *msg = json_string_value(json_object_get(hdr, "message"));
     const char *code = json_string_value(json_object_get(hdr, "code"));
     int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
-    sd_log_warn("peer %s closed the connection: %s", who(p), msg ? msg : "?");
-    peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", who(p),
-              msg ? msg : "?");
+    sd_escbuf m;
+    sd_esc(&m, msg ? msg : "?");
+    sd_log_warn("peer %s closed the connection: %s", who(p), m.s);
+    peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", who(p), m.s);
     json_decref(hdr);
     free(payload);
     return 1;
@@ -551,7 +610,7 @@ static void start_reading(sd_peer *p) {
  * Peers: creation, connecting
  * ------------------------------------------------------------------------ */
 static sd_peer *peer_new(sd_peer_net *net, int outgoing) {
-  if (net->npeers >= MAX_PEERS) return NULL;
+  if (outgoing && net->npeers - net->nunauth >= MAX_PEERS) return NULL;
   sd_peer *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->net = net;
@@ -586,6 +645,7 @@ static void on_connect(uv_connect_t *req, int status) {
   if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
     sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
   p->state = P_HELLO_WAIT;
+  p->hs_deadline = now_ms(p->net) + p->net->handshake_ms;
   start_reading(p);
   if (p->state == P_HELLO_WAIT) send_hello(p);
 }
@@ -681,25 +741,63 @@ sd_peer *sd_peer_connect(sd_peer_net *net, const char *addr, sd_error *err) {
 /* ------------------------------------------------------------------------ *
  * Listening
  * ------------------------------------------------------------------------ */
+static void on_refused_closed(uv_handle_t *h) { free(h); }
+
+/* Accepts and closes at once, so a refused connection does not sit in the backlog. The handle
+ * lives on the heap: its close completes on a later loop iteration. */
+static void drop_incoming(sd_peer_net *net, uv_stream_t *server, const char *why) {
+  uv_tcp_t *tmp = malloc(sizeof *tmp);
+  if (!tmp) {
+    sd_log_error("out of memory refusing a peer connection");
+    return;
+  }
+  uv_tcp_init(net->loop, tmp);
+  if (uv_accept(server, (uv_stream_t *)tmp) == 0) {
+    char remote[SD_PEER_ADDR_MAX] = "?";
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(tmp, (struct sockaddr *)&ss, &len) == 0)
+      sockaddr_str((struct sockaddr *)&ss, remote, sizeof remote);
+    log_stranger(net, "refusing a peer connection from %s: %s", remote, why);
+  }
+  uv_close((uv_handle_t *)tmp, on_refused_closed);
+}
+
+/* Strangers beyond max_unauth push out the oldest one still in its handshake: a flood of
+ * connections that never log in then rotates through the slots, and a real peer, which needs a
+ * round trip or two, still gets in. */
+static void evict_oldest_stranger(sd_peer_net *net) {
+  sd_peer *oldest = NULL;
+  for (sd_peer *p = net->peers; p; p = p->next)
+    if (p->unauth) oldest = p; /* new peers go to the head: the last one is the oldest */
+  if (!oldest) return;
+  log_stranger(net, "peer connection from %s: closed to make room: %u connections have not logged in "
+               "(peer_max_unauth)", who(oldest), net->nunauth);
+  peer_fail(oldest, SHARDD_E_LIMIT, "too many peer connections that have not logged in");
+}
+
 static void on_incoming(uv_stream_t *server, int status) {
   sd_peer_net *net = server->data;
   if (status < 0) {
-    sd_log_warn("peer listener: %s", uv_strerror(status));
+    log_stranger(net, "peer listener: %s", uv_strerror(status));
     return;
   }
+  if (net->npeers - net->nunauth >= MAX_PEERS) {
+    drop_incoming(net, server, "too many peers");
+    return;
+  }
+  if (net->nunauth >= net->max_unauth) evict_oldest_stranger(net);
   sd_peer *p = peer_new(net, 0);
-  uv_tcp_t tmp;
   if (!p) {
-    /* Accept and drop, so the backlog does not fill with a refused peer. */
-    uv_tcp_init(net->loop, &tmp);
-    if (uv_accept(server, (uv_stream_t *)&tmp) == 0) sd_log_warn("refusing a peer connection: too many peers");
-    uv_close((uv_handle_t *)&tmp, NULL);
+    drop_incoming(net, server, "out of memory");
     return;
   }
   uv_tcp_init(net->loop, &p->tcp);
   p->tcp.data = p;
   p->tcp_open = 1;
   p->handles++;
+  p->unauth = 1;
+  net->nunauth++;
   if (uv_accept(server, (uv_stream_t *)&p->tcp) != 0) {
     peer_fail(p, SHARDD_E_PEER_LOST, "accept failed");
     return;
@@ -710,6 +808,7 @@ static void on_incoming(uv_stream_t *server, int status) {
     sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
   sd_log_debug("peer connection from %s", p->remote);
   p->state = P_HELLO_WAIT;
+  p->hs_deadline = now_ms(net) + net->handshake_ms;
   start_reading(p);
 }
 
@@ -763,13 +862,42 @@ static void on_heartbeat(uv_timer_t *t) {
     next = p->next;
     if (p->state == P_CLOSING || p->state == P_RESOLVING || p->state == P_CONNECTING) continue;
     if (judge && now - p->last_rx > net->timeout_ms) {
-      sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", who(p),
-                  (double)(now - p->last_rx) / 1000.0);
+      if (p->unauth)
+        log_stranger(net, "peer connection from %s: nothing heard for %.1f s (--peer-timeout); dropping it",
+                     who(p), (double)(now - p->last_rx) / 1000.0);
+      else
+        sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", who(p),
+                    (double)(now - p->last_rx) / 1000.0);
       peer_fail(p, SHARDD_E_PEER_LOST, "%s went silent for more than %.1f s", who(p),
                 (double)net->timeout_ms / 1000.0);
       continue;
     }
     if (p->state == P_READY) send_frame(p, json_pack("{s:s}", "t", "ping"), NULL, 0, 0);
+  }
+}
+
+/* Connections still in their handshake past peer_handshake_timeout are closed, whatever they
+ * trickle meanwhile; and the count of lines held back by the rate limit is not lost. */
+static void on_handshake_tick(uv_timer_t *t) {
+  sd_peer_net *net = t->data;
+  uint64_t now = now_ms(net);
+  for (sd_peer *p = net->peers, *next; p; p = next) {
+    next = p->next;
+    if (p->state != P_HELLO_WAIT && p->state != P_AUTH_WAIT) continue;
+    if (!p->hs_deadline || now < p->hs_deadline) continue;
+    if (p->unauth)
+      log_stranger(net, "peer connection from %s: no login within %.1f s (peer_handshake_timeout); closing it",
+                   who(p), (double)net->handshake_ms / 1000.0);
+    else
+      sd_log_warn("peer %s: the handshake did not end within %.1f s (peer_handshake_timeout)", who(p),
+                  (double)net->handshake_ms / 1000.0);
+    peer_fail(p, SHARDD_E_PEER_LOST, "%s did not complete the handshake within %.1f s", who(p),
+              (double)net->handshake_ms / 1000.0);
+  }
+  if (net->strangers.suppressed && now >= net->strangers.last_ms + 1000) {
+    sd_log_warn("%u more lines about unauthenticated peer connections suppressed", net->strangers.suppressed);
+    net->strangers.suppressed = 0;
+    net->strangers.last_ms = now;
   }
 }
 
@@ -800,6 +928,15 @@ int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o, 
   uv_timer_start(&net->hb, on_heartbeat, every, every);
   /* Heartbeats alone must not keep a stopping daemon alive. */
   uv_unref((uv_handle_t *)&net->hb);
+  net->handshake_ms = o->handshake_ms ? o->handshake_ms : net->timeout_ms;
+  net->max_unauth = o->max_unauth ? o->max_unauth : 64;
+  uint64_t tick = net->handshake_ms / 4 > HANDSHAKE_TICK_MIN ? net->handshake_ms / 4 : HANDSHAKE_TICK_MIN;
+  if (tick > 1000) tick = 1000; /* also flushes the count of suppressed lines within a second or so */
+  uv_timer_init(loop, &net->hs);
+  net->hs.data = net;
+  net->handles++;
+  uv_timer_start(&net->hs, on_handshake_tick, tick, tick);
+  uv_unref((uv_handle_t *)&net->hs);
   *out = net;
   if (o->listen) {
     int rc = listen_open(net, o->listen, err);
@@ -828,6 +965,7 @@ void sd_peer_net_close(sd_peer_net *net) {
   }
   if (net->listening) uv_close((uv_handle_t *)&net->listener, on_net_handle_closed);
   uv_close((uv_handle_t *)&net->hb, on_net_handle_closed);
+  uv_close((uv_handle_t *)&net->hs, on_net_handle_closed);
 }
 
 void *sd_peer_net_ud(const sd_peer_net *net) { return net->ud; }
@@ -835,6 +973,7 @@ const char *sd_peer_net_listen_addr(const sd_peer_net *net) { return net->listen
 const char *sd_peer_net_node(const sd_peer_net *net) { return net->node; }
 uint64_t sd_peer_net_timeout(const sd_peer_net *net) { return net->timeout_ms; }
 unsigned sd_peer_net_count(const sd_peer_net *net) { return net->npeers; }
+unsigned sd_peer_net_unauth_count(const sd_peer_net *net) { return net->nunauth; }
 uint64_t sd_peer_net_bytes_sent(const sd_peer_net *net) { return net->bytes_tx; }
 uint64_t sd_peer_net_bytes_received(const sd_peer_net *net) { return net->bytes_rx; }
 
@@ -846,6 +985,10 @@ size_t sd_peer_queued(const sd_peer *p) {
 int sd_peer_is_ready(const sd_peer *p) { return p->state == P_READY; }
 int sd_peer_was_ready(const sd_peer *p) { return p->ever_ready; }
 int sd_peer_is_outgoing(const sd_peer *p) { return p->outgoing; }
-const char *sd_peer_addr(const sd_peer *p) { return p->addr[0] ? p->addr : p->remote; }
+const char *sd_peer_addr(const sd_peer *p) {
+  if (!p->outgoing && !p->ever_ready) return p->remote;
+  return p->addr[0] ? p->addr : p->remote;
+}
+const char *sd_peer_describe(const sd_peer *p) { return who(p); }
 const char *sd_peer_name(const sd_peer *p) { return p->name; }
 uint64_t sd_peer_id(const sd_peer *p) { return p->id; }

@@ -107,6 +107,8 @@ typedef struct {
   const uint8_t *token;
   size_t token_len;
   uint64_t timeout_ms;     /* a peer silent this long is lost */
+  uint64_t handshake_ms;   /* a connection not logged in by then is closed; 0: timeout_ms */
+  unsigned max_unauth;     /* incoming connections not yet logged in; past it the oldest goes; 0: 64 */
 } sd_peer_opts;
 
 int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o,
@@ -119,6 +121,8 @@ const char *sd_peer_net_listen_addr(const sd_peer_net *net);
 const char *sd_peer_net_node(const sd_peer_net *net);
 uint64_t sd_peer_net_timeout(const sd_peer_net *net);
 unsigned sd_peer_net_count(const sd_peer_net *net);
+/* Incoming connections that have not logged in yet. */
+unsigned sd_peer_net_unauth_count(const sd_peer_net *net);
 uint64_t sd_peer_net_bytes_sent(const sd_peer_net *net);
 uint64_t sd_peer_net_bytes_received(const sd_peer_net *net);
 
@@ -142,8 +146,12 @@ int sd_peer_is_ready(const sd_peer *p);
 /* It completed the handshake at some point (still true while it closes). */
 int sd_peer_was_ready(const sd_peer *p);
 int sd_peer_is_outgoing(const sd_peer *p);
-/* The address we dialled, or for an incoming peer the listener address it announced. */
+/* The address we dialled, or for an incoming peer the listener address it announced (before
+ * login: the socket's far end). */
 const char *sd_peer_addr(const sd_peer *p);
+/* How logs name it: escaped, and for an incoming peer with the socket's far end (a static
+ * buffer, valid until the next call). */
+const char *sd_peer_describe(const sd_peer *p);
 /* The peer's --node-name, once authenticated. */
 const char *sd_peer_name(const sd_peer *p);
 uint64_t sd_peer_id(const sd_peer *p);
