@@ -447,26 +447,16 @@ static void send_auth(sd_peer *p, const char *role) {
 
 /* The peer's hello: version, name and nonce. */
 static int take_hello(sd_peer *p, json_t *h) {
-  json_t *v = json_object_get(h, "v");
-  if (!json_is_integer(v) || json_integer_value(v) != SD_PEER_PROTO) {
-    char got[32] = "none";
-    if (json_is_integer(v)) snprintf(got, sizeof got, "%lld", (long long)json_integer_value(v));
-    refuse(p, SHARDD_E_UNSUPPORTED_PROTO, "peer protocol version %s is not supported (this daemon speaks %d)",
-           got, SD_PEER_PROTO);
+  sd_peer_hello hello;
+  sd_error err;
+  int rc = sd_peer_hello_parse(h, &hello, &err);
+  if (rc) {
+    refuse(p, rc, "%s", err.msg);
     return -1;
   }
-  const char *name = json_string_value(json_object_get(h, "node"));
-  const char *nonce = json_string_value(json_object_get(h, "nonce"));
-  if (!name || !*name || strlen(name) > SD_PEER_NAME_MAX || !nonce ||
-      sd_peer_unhex(nonce, p->peer_nonce, SD_PEER_NONCE_LEN) != 0) {
-    refuse(p, SHARDD_E_PROTOCOL, "malformed hello (node name or nonce)");
-    return -1;
-  }
-  snprintf(p->name, sizeof p->name, "%s", name);
-  if (!p->outgoing) {
-    const char *listen = json_string_value(json_object_get(h, "listen"));
-    if (listen && strlen(listen) < sizeof p->addr) snprintf(p->addr, sizeof p->addr, "%s", listen);
-  }
+  memcpy(p->peer_nonce, hello.nonce, sizeof p->peer_nonce);
+  snprintf(p->name, sizeof p->name, "%s", hello.name);
+  if (!p->outgoing && hello.listen[0]) snprintf(p->addr, sizeof p->addr, "%s", hello.listen);
   return 0;
 }
 

@@ -49,6 +49,16 @@ int sd_peer_unhex(const char *hex, uint8_t *out, size_t n);
  * space, SD_PEER_TOKEN_MIN..MAX bytes. A file others may read is refused. */
 int sd_peer_token_load(const char *path, uint8_t **token, size_t *len, sd_error *err);
 
+/* What a hello carries (proto/PEERS.md), checked. */
+typedef struct {
+  char name[SD_PEER_NAME_MAX + 1];
+  char listen[SD_PEER_ADDR_MAX];   /* the listener it announces; "" when none (or too long) */
+  uint8_t nonce[SD_PEER_NONCE_LEN];
+} sd_peer_hello;
+/* A hello header -> out. 0; SHARDD_E_UNSUPPORTED_PROTO for another "v"; SHARDD_E_PROTOCOL for
+ * a missing or malformed node name or nonce. The reason is in err. */
+int sd_peer_hello_parse(const json_t *h, sd_peer_hello *out, sd_error *err);
+
 /* "host:port" or "[v6]:port" -> host, port. 0 or SHARDD_E_INVALID_ARGUMENT. */
 int sd_peer_addr_split(const char *addr, char *host, size_t hostlen, unsigned *port, sd_error *err);
 
