@@ -45,6 +45,7 @@ struct sd_peer {
   uint64_t last_rx, deadline;
   uint64_t hs_deadline;            /* the handshake must end by then; 0 when not started */
   int unauth;                      /* incoming, not yet authenticated: counts in net->nunauth */
+  uint64_t source;                 /* its source network (source_of), for fair eviction */
   qframe *q, **qtail;              /* frames sent before the handshake ended */
   size_t qbytes;
 
@@ -753,13 +754,54 @@ static void drop_incoming(sd_peer_net *net, uv_stream_t *server, const char *why
   uv_close((uv_handle_t *)tmp, on_refused_closed);
 }
 
-/* Strangers beyond max_unauth push out the oldest one still in its handshake: a flood of
- * connections that never log in then rotates through the slots, and a real peer, which needs a
- * round trip or two, still gets in. */
-static void evict_oldest_stranger(sd_peer_net *net) {
+/* Which network a connection comes from: an IPv4 address, or an IPv6 /64 (what one host
+ * usually holds); a v4-mapped IPv6 address counts as the IPv4 one. */
+static uint64_t source_of(const struct sockaddr_storage *ss) {
+  if (ss->ss_family == AF_INET) return 1ull << 32 | ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr);
+  if (ss->ss_family != AF_INET6) return 0;
+  const uint8_t *a = ((const struct sockaddr_in6 *)ss)->sin6_addr.s6_addr;
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (memcmp(a, mapped, sizeof mapped) == 0)
+    return 1ull << 32 | (uint64_t)a[12] << 24 | (uint64_t)a[13] << 16 | (uint64_t)a[14] << 8 | a[15];
+  uint64_t k = 0;
+  for (int i = 0; i < 8; i++) k = k << 8 | a[i];
+  return k | 1; /* never 0, never an IPv4 key's exact form in practice */
+}
+
+/* The source holding the most connections that have not logged in (a small open-addressed
+ * count, rebuilt per eviction: max_unauth entries at most). 0 when it cannot tell. */
+static uint64_t busiest_source(const sd_peer_net *net) {
+  size_t cap = 16;
+  while (cap < 2 * (size_t)net->nunauth) cap *= 2;
+  struct {
+    uint64_t key;
+    unsigned n;
+  } *tab = calloc(cap, sizeof *tab);
+  if (!tab) return 0;
+  uint64_t best = 0;
+  unsigned most = 0;
+  for (const sd_peer *p = net->peers; p; p = p->next) {
+    if (!p->unauth) continue;
+    size_t i = (size_t)(p->source * 0x9e3779b97f4a7c15ull >> 40) & (cap - 1);
+    while (tab[i].n && tab[i].key != p->source) i = (i + 1) & (cap - 1);
+    tab[i].key = p->source;
+    if (++tab[i].n >= most) { /* ties go to the source seen later: the older connection */
+      most = tab[i].n;
+      best = p->source;
+    }
+  }
+  free(tab);
+  return best;
+}
+
+/* Strangers beyond max_unauth push out the oldest connection of the source that holds the most
+ * slots. A flood from one host (or one IPv6 /64) then only rotates through its own connections,
+ * and a real peer from elsewhere keeps its slot for its round trip or two of handshake. */
+static void evict_stranger(sd_peer_net *net) {
+  uint64_t source = busiest_source(net);
   sd_peer *oldest = NULL;
   for (sd_peer *p = net->peers; p; p = p->next)
-    if (p->unauth) oldest = p; /* new peers go to the head: the last one is the oldest */
+    if (p->unauth && (!source || p->source == source)) oldest = p; /* new peers go to the head */
   if (!oldest) return;
   log_stranger(net, "peer connection from %s: closed to make room: %u connections have not logged in "
                "(peer_max_unauth)", who(oldest), net->nunauth);
@@ -776,7 +818,6 @@ static void on_incoming(uv_stream_t *server, int status) {
     drop_incoming(net, server, "too many peers");
     return;
   }
-  if (net->nunauth >= net->max_unauth) evict_oldest_stranger(net);
   sd_peer *p = peer_new(net, 0);
   if (!p) {
     drop_incoming(net, server, "out of memory");
@@ -786,16 +827,20 @@ static void on_incoming(uv_stream_t *server, int status) {
   p->tcp.data = p;
   p->tcp_open = 1;
   p->handles++;
-  p->unauth = 1;
-  net->nunauth++;
   if (uv_accept(server, (uv_stream_t *)&p->tcp) != 0) {
     peer_fail(p, SHARDD_E_PEER_LOST, "accept failed");
     return;
   }
   struct sockaddr_storage ss;
   int len = sizeof ss;
+  memset(&ss, 0, sizeof ss);
   if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
     sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
+  p->source = source_of(&ss);
+  /* Counted among strangers once its source is known, so the eviction can weigh it too. */
+  p->unauth = 1;
+  net->nunauth++;
+  if (net->nunauth > net->max_unauth) evict_stranger(net);
   sd_log_debug("peer connection from %s", p->remote);
   p->state = P_HELLO_WAIT;
   p->hs_deadline = now_ms(net) + net->handshake_ms;
@@ -884,7 +929,8 @@ static void on_handshake_tick(uv_timer_t *t) {
     peer_fail(p, SHARDD_E_PEER_LOST, "%s did not complete the handshake within %.1f s", who(p),
               (double)net->handshake_ms / 1000.0);
   }
-  if (net->strangers.suppressed && now >= net->strangers.last_ms + 1000) {
+  /* Only after a quiet spell: while a flood goes on its own next line carries the count. */
+  if (net->strangers.suppressed && now >= net->strangers.last_ms + 2000) {
     sd_log_warn("%u more lines about unauthenticated peer connections suppressed", net->strangers.suppressed);
     net->strangers.suppressed = 0;
     net->strangers.last_ms = now;
@@ -921,7 +967,7 @@ int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o, 
   net->handshake_ms = o->handshake_ms ? o->handshake_ms : net->timeout_ms;
   net->max_unauth = o->max_unauth ? o->max_unauth : 64;
   uint64_t tick = net->handshake_ms / 4 > HANDSHAKE_TICK_MIN ? net->handshake_ms / 4 : HANDSHAKE_TICK_MIN;
-  if (tick > 1000) tick = 1000; /* also flushes the count of suppressed lines within a second or so */
+  if (tick > 1000) tick = 1000; /* also flushes the count of suppressed lines soon after a flood */
   uv_timer_init(loop, &net->hs);
   net->hs.data = net;
   net->handles++;
