@@ -303,6 +303,11 @@ Test(peer_flood, leader_state_is_limited_and_listed) {
   cr_assert_eq(json_integer_value(json_object_get(p, "max_leader_saves")), 3);
   json_decref(p);
   cr_assert(log_has(0, "max_leader_saves=3"));
+  char out[4096];
+  snprintf(H.sock, sizeof H.sock, "%s", N[0].d.sock);
+  cr_assert_eq(h_shardctl(out, sizeof out, "status", NULL), 0, "%s", out);
+  cr_assert(strstr(out, "leader states: 3 of max 3"), "%s", out);
+  cr_assert(strstr(out, "leading greedy-1: collecting, 1 of 4096 nodes joined"), "%s", out);
 
   /* Its connection gone, the saves fail; remembered failures give way to a new save. */
   close(fd);
