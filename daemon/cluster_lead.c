@@ -839,7 +839,7 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, siz
   sd_error e;
   if (!t || !id || sd_save_id_check(id, &e) || !tok || strlen(tok) != 16 || !json_is_integer(jk) ||
       json_integer_value(jk) < 0 || json_integer_value(jk) >= SD_NNODES_MAX) {
-    sd_log_warn("peer %s: malformed '%s' message; ignored", p ? sd_peer_addr(p) : "(local)", t ? t : "?");
+    sd_log_warn("peer %s: malformed '%.40s' message; ignored", p ? sd_peer_addr(p) : "(local)", t ? t : "?");
     json_decref(h);
     return;
   }
@@ -853,7 +853,7 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, siz
   /* Everything else must come from the node that joined, on its connection. */
   if (!L || L->state == L_FAILED || k >= L->nnodes || !L->nodes[k].joined || strcmp(L->nodes[k].tok, tok) != 0 ||
       (p ? L->nodes[k].link != p : !L->nodes[k].local)) {
-    sd_log_debug("save '%s': dropping '%s' from node %u (no such attempt in flight)", id, t, k);
+    sd_log_debug("save '%s': dropping '%.40s' from node %u (no such attempt in flight)", id, t, k);
     json_decref(h);
     return;
   }
