@@ -1,4 +1,4 @@
-/* Peer daemons over TCP: listener, connector with retries, mutual HMAC handshake, frames, heartbeats. */
+/* Peer daemons over TCP: listener, connector with retries, mutual HMAC handshake, frames, heartbeats (strangers: peer_strangers.c). */
 #include <errno.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -9,91 +9,10 @@
 
 #include "log.h"
 #include "peer.h"
+#include "peer_int.h"
 #include "sd_escape.h"
 #include "sd_msg.h"
 
-#define READ_BUF (256u << 10)
-#define RETRY_MS 200
-#define MAX_PEERS 1024            /* authenticated connections, and outgoing ones */
-#define HANDSHAKE_TICK_MIN 50
-
-typedef enum { P_RESOLVING, P_CONNECTING, P_HELLO_WAIT, P_AUTH_WAIT, P_READY, P_CLOSING } peer_state;
-
-typedef struct qframe {
-  uint8_t *buf;
-  size_t len;
-  struct qframe *next;
-} qframe;
-
-typedef struct {
-  uv_write_t req;
-  sd_peer *p;
-  uint8_t *buf;
-  size_t len;
-} wreq;
-
-struct sd_peer {
-  sd_peer_net *net;
-  uint64_t id;
-  int outgoing;
-  peer_state state;
-  char addr[SD_PEER_ADDR_MAX];     /* dialled, or announced by an incoming peer */
-  char remote[SD_PEER_ADDR_MAX];   /* the socket's far end, for logs */
-  char name[SD_PEER_NAME_MAX + 1];
-  uint8_t nonce[SD_PEER_NONCE_LEN], peer_nonce[SD_PEER_NONCE_LEN];
-  sd_frame_reader rd;
-  uint64_t last_rx, deadline;
-  uint64_t hs_deadline;            /* the handshake must end by then; 0 when not started */
-  int unauth;                      /* incoming, not yet authenticated: counts in net->nunauth */
-  uint64_t source;                 /* its source network (source_of), for fair eviction */
-  qframe *q, **qtail;              /* frames sent before the handshake ended */
-  size_t qbytes;
-
-  uv_tcp_t tcp;
-  int tcp_open, tcp_closing;
-  uv_getaddrinfo_t gai;
-  int gai_active;
-  uv_connect_t conn;
-  uv_shutdown_t shut;
-  int linger;                      /* flush what is queued (a refusal) before closing */
-  uv_timer_t retry;
-  int retry_open;
-  unsigned handles;                /* open handles and requests; freed at 0 once closing */
-  char last_err[160];              /* why the last connect attempt failed */
-
-  int lost_code, notify, ever_ready;
-  char lost_why[384];
-  sd_peer *prev, *next;
-};
-
-struct sd_peer_net {
-  uv_loop_t *loop;
-  sd_peer_handlers h;
-  void *ud;
-  char node[SD_PEER_NAME_MAX + 1];
-  uint8_t *token;
-  size_t token_len;
-  uint64_t timeout_ms;
-  char listen_host[SD_PEER_ADDR_MAX];
-  unsigned listen_port;
-  char listen_addr[SD_PEER_ADDR_MAX];
-  uv_tcp_t listener;
-  int listening;
-  uv_timer_t hb;
-  uv_timer_t hs;           /* handshake deadlines, and the count of suppressed lines */
-  uint64_t handshake_ms;
-  unsigned max_unauth, nunauth;
-  sd_log_limit strangers;  /* lines strangers cause: at most one a second */
-  uint64_t hb_last;        /* when the heartbeat timer last ran, to notice a stalled loop */
-  unsigned handles;
-  int closing;
-  sd_peer *peers;
-  unsigned npeers;
-  uint64_t next_id, bytes_tx, bytes_rx;
-  uint8_t rbuf[READ_BUF];
-};
-
-static void peer_fail(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void try_connect(sd_peer *p);
 static void send_hello(sd_peer *p);
 static void on_retry(uv_timer_t *t);
@@ -101,9 +20,8 @@ static void on_retry(uv_timer_t *t);
 /* ------------------------------------------------------------------------ *
  * Small helpers
  * ------------------------------------------------------------------------ */
-static uint64_t now_ms(const sd_peer_net *net) { return uv_now(net->loop); }
 
-static void sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
+void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
   char ip[INET6_ADDRSTRLEN] = "?";
   unsigned port = 0;
   if (sa->sa_family == AF_INET) {
@@ -123,7 +41,7 @@ static void sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
 
 /* How logs name a connection. Until an incoming peer proves it holds the token, what it claims
  * (its name, its listener) is not believed: it is named by the socket's far end. */
-static const char *who(const sd_peer *p) {
+const char *sd_peer_who(const sd_peer *p) {
   static char buf[4 * SD_ESCAPE_BUF];
   sd_escbuf name, addr;
   const char *remote = p->remote[0] ? p->remote : "?";
@@ -137,22 +55,6 @@ static const char *who(const sd_peer *p) {
   else
     snprintf(buf, sizeof buf, "%s", p->addr);
   return buf;
-}
-
-/* A line a stranger caused: at most one a second, with the count of those held back. */
-static void log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_stranger(sd_peer_net *net, const char *fmt, ...) {
-  unsigned held = 0;
-  if (!sd_log_limit_ok(&net->strangers, now_ms(net), &held)) return;
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (held)
-    sd_log_warn("%s (%u similar lines about unauthenticated peer connections suppressed)", msg, held);
-  else
-    sd_log_warn("%s", msg);
 }
 
 static void unauth_done(sd_peer *p) {
@@ -205,7 +107,7 @@ static void on_tcp_closed(uv_handle_t *h) {
       uv_timer_start(&p->retry, on_retry, RETRY_MS, 0);
       return;
     }
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
     return;
   }
   handle_gone(p);
@@ -233,7 +135,7 @@ static void close_handles(sd_peer *p) {
   if (p->gai_active) uv_cancel((uv_req_t *)&p->gai);
 }
 
-static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
+void sd_peer_fail(sd_peer *p, int code, const char *fmt, ...) {
   if (p->state == P_CLOSING) return;
   va_list ap;
   va_start(ap, fmt);
@@ -253,8 +155,8 @@ static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
 
 void sd_peer_close(sd_peer *p, const char *why) {
   if (p->state == P_CLOSING) return;
-  sd_log_debug("peer %s: closing: %s", who(p), why);
-  peer_fail(p, SHARDD_E_PEER_LOST, "%s", why);
+  sd_log_debug("peer %s: closing: %s", sd_peer_who(p), why);
+  sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s", why);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -266,7 +168,7 @@ static void on_write(uv_write_t *req, int status) {
   free(w->buf);
   free(w);
   if (status < 0 && status != UV_ECANCELED && p->state != P_CLOSING)
-    peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s broke: %s", who(p), uv_strerror(status));
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s broke: %s", sd_peer_who(p), uv_strerror(status));
 }
 
 static int write_raw(sd_peer *p, uint8_t *buf, size_t len) {
@@ -283,7 +185,7 @@ static int write_raw(sd_peer *p, uint8_t *buf, size_t len) {
   if (rc < 0) {
     free(buf);
     free(w);
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot write to %s: %s", who(p), uv_strerror(rc));
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot write to %s: %s", sd_peer_who(p), uv_strerror(rc));
     return SHARDD_E_PEER_LOST;
   }
   p->net->bytes_tx += len;
@@ -364,14 +266,14 @@ static void refuse(sd_peer *p, int code, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (!p->outgoing && !p->ever_ready)
-    log_stranger(p->net, "peer connection from %s: refused: %s", who(p), msg);
+    sd_peer_log_stranger(p->net, "peer connection from %s: refused: %s", sd_peer_who(p), msg);
   else
-    sd_log_warn("peer %s: refused: %s", who(p), msg);
+    sd_log_warn("peer %s: refused: %s", sd_peer_who(p), msg);
   /* Tell the other side why, so its operator sees the reason too. */
   json_t *e = json_pack("{s:s,s:s,s:s}", "t", "error", "code", sd_err_name(code), "message", msg);
   if (e) send_now(p, e);
   p->linger = 1;
-  peer_fail(p, code, "%s", msg);
+  sd_peer_fail(p, code, "%s", msg);
 }
 
 static void go_ready(sd_peer *p) {
@@ -383,7 +285,7 @@ static void go_ready(sd_peer *p) {
   p->state = P_READY;
   p->ever_ready = 1;
   p->hs_deadline = 0;
-  sd_log_info("peer %s: authenticated (%s)", who(p), p->outgoing ? "we connected" : "it connected");
+  sd_log_info("peer %s: authenticated (%s)", sd_peer_who(p), p->outgoing ? "we connected" : "it connected");
   qframe *f = p->q;
   p->q = NULL;
   p->qtail = &p->q;
@@ -439,7 +341,7 @@ static void send_auth(sd_peer *p, const char *role) {
   uint8_t mac[SD_PEER_MAC_LEN];
   char hex[2 * SD_PEER_MAC_LEN + 1];
   if (sd_peer_proof(p->net->token, p->net->token_len, role, p->nonce, p->peer_nonce, mac) != 0) {
-    peer_fail(p, SHARDD_E_INTERNAL, "cannot compute the peer proof");
+    sd_peer_fail(p, SHARDD_E_INTERNAL, "cannot compute the peer proof");
     return;
   }
   sd_peer_hex(mac, sizeof mac, hex);
@@ -471,10 +373,10 @@ static void handshake(sd_peer *p, json_t *h) {
     sd_escbuf m;
     sd_esc(&m, msg ? msg : "no reason given");
     if (p->outgoing)
-      sd_log_warn("peer %s refused us: %s", who(p), m.s);
+      sd_log_warn("peer %s refused us: %s", sd_peer_who(p), m.s);
     else
-      log_stranger(p->net, "peer connection from %s sent an error before logging in: %s", who(p), m.s);
-    peer_fail(p, c, "%s refused this daemon: %s", who(p), m.s);
+      sd_peer_log_stranger(p->net, "peer connection from %s sent an error before logging in: %s", sd_peer_who(p), m.s);
+    sd_peer_fail(p, c, "%s refused this daemon: %s", sd_peer_who(p), m.s);
     return;
   }
   if (p->state == P_HELLO_WAIT) {
@@ -543,8 +445,8 @@ static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
     int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
     sd_escbuf m;
     sd_esc(&m, msg ? msg : "?");
-    sd_log_warn("peer %s closed the connection: %s", who(p), m.s);
-    peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", who(p), m.s);
+    sd_log_warn("peer %s closed the connection: %s", sd_peer_who(p), m.s);
+    sd_peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", sd_peer_who(p), m.s);
     json_decref(hdr);
     free(payload);
     return 1;
@@ -573,7 +475,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n == 0) return;
   if (n < 0) {
     if (p->state != P_CLOSING)
-      peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s %s", who(p),
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s %s", sd_peer_who(p),
                 n == UV_EOF ? "was closed by the other side" : uv_strerror((int)n));
     return;
   }
@@ -583,24 +485,24 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   int rc = sd_frame_feed(&p->rd, (const uint8_t *)buf->base, (size_t)n, on_frame, p, &err);
   if (rc && rc != 1 && p->state != P_CLOSING) {
     if (p->state == P_READY)
-      peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", who(p), err.msg);
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", sd_peer_who(p), err.msg);
     else
       refuse(p, SHARDD_E_PROTOCOL, "malformed frame during the handshake: %s", err.msg);
   }
 }
 
-static void start_reading(sd_peer *p) {
+void sd_peer_start_reading(sd_peer *p) {
   p->tcp.data = p;
   uv_tcp_nodelay(&p->tcp, 1);
   p->last_rx = now_ms(p->net);
   int rc = uv_read_start((uv_stream_t *)&p->tcp, on_alloc, on_read);
-  if (rc < 0) peer_fail(p, SHARDD_E_PEER_LOST, "cannot read from %s: %s", who(p), uv_strerror(rc));
+  if (rc < 0) sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot read from %s: %s", sd_peer_who(p), uv_strerror(rc));
 }
 
 /* ------------------------------------------------------------------------ *
  * Peers: creation, connecting
  * ------------------------------------------------------------------------ */
-static sd_peer *peer_new(sd_peer_net *net, int outgoing) {
+sd_peer *sd_peer_new_conn(sd_peer_net *net, int outgoing) {
   if (outgoing && net->npeers - net->nunauth >= MAX_PEERS) return NULL;
   sd_peer *p = calloc(1, sizeof *p);
   if (!p) return NULL;
@@ -634,10 +536,10 @@ static void on_connect(uv_connect_t *req, int status) {
   struct sockaddr_storage ss;
   int len = sizeof ss;
   if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
-    sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
+    sd_peer_sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
   p->state = P_HELLO_WAIT;
   p->hs_deadline = now_ms(p->net) + p->net->handshake_ms;
-  start_reading(p);
+  sd_peer_start_reading(p);
   if (p->state == P_HELLO_WAIT) send_hello(p);
 }
 
@@ -657,7 +559,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
       uv_timer_start(&p->retry, on_retry, RETRY_MS, 0);
       return;
     }
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
     return;
   }
   uv_tcp_init(p->net->loop, &p->tcp);
@@ -681,7 +583,7 @@ static void try_connect(sd_peer *p) {
   unsigned pn = 0;
   sd_error err;
   if (sd_peer_addr_split(p->addr, host, sizeof host, &pn, &err) != 0) {
-    peer_fail(p, SHARDD_E_PEER_LOST, "%s", err.msg);
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s", err.msg);
     return;
   }
   snprintf(port, sizeof port, "%u", pn);
@@ -694,7 +596,7 @@ static void try_connect(sd_peer *p) {
   p->state = P_RESOLVING;
   int rc = uv_getaddrinfo(p->net->loop, &p->gai, on_resolved, host, port, &hints);
   if (rc < 0) {
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot resolve %s: %s", p->addr, uv_strerror(rc));
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot resolve %s: %s", p->addr, uv_strerror(rc));
     return;
   }
   p->gai_active = 1;
@@ -713,7 +615,7 @@ sd_peer *sd_peer_connect(sd_peer_net *net, const char *addr, sd_error *err) {
     sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
     return NULL;
   }
-  sd_peer *p = peer_new(net, 1);
+  sd_peer *p = sd_peer_new_conn(net, 1);
   if (!p) {
     sd_fail(err, SHARDD_E_LIMIT, "cannot open another peer connection (at most %d)", MAX_PEERS);
     return NULL;
@@ -732,121 +634,6 @@ sd_peer *sd_peer_connect(sd_peer_net *net, const char *addr, sd_error *err) {
 /* ------------------------------------------------------------------------ *
  * Listening
  * ------------------------------------------------------------------------ */
-static void on_refused_closed(uv_handle_t *h) { free(h); }
-
-/* Accepts and closes at once, so a refused connection does not sit in the backlog. The handle
- * lives on the heap: its close completes on a later loop iteration. */
-static void drop_incoming(sd_peer_net *net, uv_stream_t *server, const char *why) {
-  uv_tcp_t *tmp = malloc(sizeof *tmp);
-  if (!tmp) {
-    sd_log_error("out of memory refusing a peer connection");
-    return;
-  }
-  uv_tcp_init(net->loop, tmp);
-  if (uv_accept(server, (uv_stream_t *)tmp) == 0) {
-    char remote[SD_PEER_ADDR_MAX] = "?";
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    if (uv_tcp_getpeername(tmp, (struct sockaddr *)&ss, &len) == 0)
-      sockaddr_str((struct sockaddr *)&ss, remote, sizeof remote);
-    log_stranger(net, "refusing a peer connection from %s: %s", remote, why);
-  }
-  uv_close((uv_handle_t *)tmp, on_refused_closed);
-}
-
-/* Which network a connection comes from: an IPv4 address, or an IPv6 /64 (what one host
- * usually holds); a v4-mapped IPv6 address counts as the IPv4 one. */
-static uint64_t source_of(const struct sockaddr_storage *ss) {
-  if (ss->ss_family == AF_INET) return 1ull << 32 | ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr);
-  if (ss->ss_family != AF_INET6) return 0;
-  const uint8_t *a = ((const struct sockaddr_in6 *)ss)->sin6_addr.s6_addr;
-  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (memcmp(a, mapped, sizeof mapped) == 0)
-    return 1ull << 32 | (uint64_t)a[12] << 24 | (uint64_t)a[13] << 16 | (uint64_t)a[14] << 8 | a[15];
-  uint64_t k = 0;
-  for (int i = 0; i < 8; i++) k = k << 8 | a[i];
-  return k | 1; /* never 0, never an IPv4 key's exact form in practice */
-}
-
-/* The source holding the most connections that have not logged in (a small open-addressed
- * count, rebuilt per eviction: max_unauth entries at most). 0 when it cannot tell. */
-static uint64_t busiest_source(const sd_peer_net *net) {
-  size_t cap = 16;
-  while (cap < 2 * (size_t)net->nunauth) cap *= 2;
-  struct {
-    uint64_t key;
-    unsigned n;
-  } *tab = calloc(cap, sizeof *tab);
-  if (!tab) return 0;
-  uint64_t best = 0;
-  unsigned most = 0;
-  for (const sd_peer *p = net->peers; p; p = p->next) {
-    if (!p->unauth) continue;
-    size_t i = (size_t)(p->source * 0x9e3779b97f4a7c15ull >> 40) & (cap - 1);
-    while (tab[i].n && tab[i].key != p->source) i = (i + 1) & (cap - 1);
-    tab[i].key = p->source;
-    if (++tab[i].n >= most) { /* ties go to the source seen later: the older connection */
-      most = tab[i].n;
-      best = p->source;
-    }
-  }
-  free(tab);
-  return best;
-}
-
-/* Strangers beyond max_unauth push out the oldest connection of the source that holds the most
- * slots. A flood from one host (or one IPv6 /64) then only rotates through its own connections,
- * and a real peer from elsewhere keeps its slot for its round trip or two of handshake. */
-static void evict_stranger(sd_peer_net *net) {
-  uint64_t source = busiest_source(net);
-  sd_peer *oldest = NULL;
-  for (sd_peer *p = net->peers; p; p = p->next)
-    if (p->unauth && (!source || p->source == source)) oldest = p; /* new peers go to the head */
-  if (!oldest) return;
-  log_stranger(net, "peer connection from %s: closed to make room: %u connections have not logged in "
-               "(peer_max_unauth)", who(oldest), net->nunauth);
-  peer_fail(oldest, SHARDD_E_LIMIT, "too many peer connections that have not logged in");
-}
-
-static void on_incoming(uv_stream_t *server, int status) {
-  sd_peer_net *net = server->data;
-  if (status < 0) {
-    log_stranger(net, "peer listener: %s", uv_strerror(status));
-    return;
-  }
-  if (net->npeers - net->nunauth >= MAX_PEERS) {
-    drop_incoming(net, server, "too many peers");
-    return;
-  }
-  sd_peer *p = peer_new(net, 0);
-  if (!p) {
-    drop_incoming(net, server, "out of memory");
-    return;
-  }
-  uv_tcp_init(net->loop, &p->tcp);
-  p->tcp.data = p;
-  p->tcp_open = 1;
-  p->handles++;
-  if (uv_accept(server, (uv_stream_t *)&p->tcp) != 0) {
-    peer_fail(p, SHARDD_E_PEER_LOST, "accept failed");
-    return;
-  }
-  struct sockaddr_storage ss;
-  int len = sizeof ss;
-  memset(&ss, 0, sizeof ss);
-  if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
-    sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
-  p->source = source_of(&ss);
-  /* Counted among strangers once its source is known, so the eviction can weigh it too. */
-  p->unauth = 1;
-  net->nunauth++;
-  if (net->nunauth > net->max_unauth) evict_stranger(net);
-  sd_log_debug("peer connection from %s", p->remote);
-  p->state = P_HELLO_WAIT;
-  p->hs_deadline = now_ms(net) + net->handshake_ms;
-  start_reading(p);
-}
-
 static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
   unsigned port;
   int rc = sd_peer_addr_split(addr, net->listen_host, sizeof net->listen_host, &port, err);
@@ -867,12 +654,12 @@ static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
   net->listening = 1;
   rc = uv_tcp_bind(&net->listener, res->ai_addr, 0);
   freeaddrinfo(res);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&net->listener, 128, on_incoming);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&net->listener, 128, sd_peer_on_incoming);
   if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, uv_strerror(rc));
   struct sockaddr_storage ss;
   int len = sizeof ss;
   uv_tcp_getsockname(&net->listener, (struct sockaddr *)&ss, &len);
-  sockaddr_str((struct sockaddr *)&ss, net->listen_addr, sizeof net->listen_addr);
+  sd_peer_sockaddr_str((struct sockaddr *)&ss, net->listen_addr, sizeof net->listen_addr);
   net->listen_port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
                                              : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
   return 0;
@@ -898,42 +685,16 @@ static void on_heartbeat(uv_timer_t *t) {
     if (p->state == P_CLOSING || p->state == P_RESOLVING || p->state == P_CONNECTING) continue;
     if (judge && now - p->last_rx > net->timeout_ms) {
       if (p->unauth)
-        log_stranger(net, "peer connection from %s: nothing heard for %.1f s (--peer-timeout); dropping it",
-                     who(p), (double)(now - p->last_rx) / 1000.0);
+        sd_peer_log_stranger(net, "peer connection from %s: nothing heard for %.1f s (--peer-timeout); dropping it",
+                     sd_peer_who(p), (double)(now - p->last_rx) / 1000.0);
       else
-        sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", who(p),
+        sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", sd_peer_who(p),
                     (double)(now - p->last_rx) / 1000.0);
-      peer_fail(p, SHARDD_E_PEER_LOST, "%s went silent for more than %.1f s", who(p),
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s went silent for more than %.1f s", sd_peer_who(p),
                 (double)net->timeout_ms / 1000.0);
       continue;
     }
     if (p->state == P_READY) send_frame(p, json_pack("{s:s}", "t", "ping"), NULL, 0, 0);
-  }
-}
-
-/* Connections still in their handshake past peer_handshake_timeout are closed, whatever they
- * trickle meanwhile; and the count of lines held back by the rate limit is not lost. */
-static void on_handshake_tick(uv_timer_t *t) {
-  sd_peer_net *net = t->data;
-  uint64_t now = now_ms(net);
-  for (sd_peer *p = net->peers, *next; p; p = next) {
-    next = p->next;
-    if (p->state != P_HELLO_WAIT && p->state != P_AUTH_WAIT) continue;
-    if (!p->hs_deadline || now < p->hs_deadline) continue;
-    if (p->unauth)
-      log_stranger(net, "peer connection from %s: no login within %.1f s (peer_handshake_timeout); closing it",
-                   who(p), (double)net->handshake_ms / 1000.0);
-    else
-      sd_log_warn("peer %s: the handshake did not end within %.1f s (peer_handshake_timeout)", who(p),
-                  (double)net->handshake_ms / 1000.0);
-    peer_fail(p, SHARDD_E_PEER_LOST, "%s did not complete the handshake within %.1f s", who(p),
-              (double)net->handshake_ms / 1000.0);
-  }
-  /* Only after a quiet spell: while a flood goes on its own next line carries the count. */
-  if (net->strangers.suppressed && now >= net->strangers.last_ms + 2000) {
-    sd_log_warn("%u more lines about unauthenticated peer connections suppressed", net->strangers.suppressed);
-    net->strangers.suppressed = 0;
-    net->strangers.last_ms = now;
   }
 }
 
@@ -971,7 +732,7 @@ int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o, 
   uv_timer_init(loop, &net->hs);
   net->hs.data = net;
   net->handles++;
-  uv_timer_start(&net->hs, on_handshake_tick, tick, tick);
+  uv_timer_start(&net->hs, sd_peer_on_handshake_tick, tick, tick);
   uv_unref((uv_handle_t *)&net->hs);
   *out = net;
   if (o->listen) {
@@ -997,7 +758,7 @@ void sd_peer_net_close(sd_peer_net *net) {
   for (sd_peer *p = net->peers, *next; p; p = next) {
     next = p->next;
     p->notify = 0;
-    peer_fail(p, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+    sd_peer_fail(p, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   }
   if (net->listening) uv_close((uv_handle_t *)&net->listener, on_net_handle_closed);
   uv_close((uv_handle_t *)&net->hb, on_net_handle_closed);
@@ -1025,6 +786,6 @@ const char *sd_peer_addr(const sd_peer *p) {
   if (!p->outgoing && !p->ever_ready) return p->remote;
   return p->addr[0] ? p->addr : p->remote;
 }
-const char *sd_peer_describe(const sd_peer *p) { return who(p); }
+const char *sd_peer_describe(const sd_peer *p) { return sd_peer_who(p); }
 const char *sd_peer_name(const sd_peer *p) { return p->name; }
 uint64_t sd_peer_id(const sd_peer *p) { return p->id; }
