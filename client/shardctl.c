@@ -260,6 +260,26 @@ static void put_clean(FILE *out, const char *s, int width) {
   for (; w < width; w++) fputc(' ', out);
 }
 
+/* Multi-node state, when the daemon listens for peers: connections, and the leader states it
+ * holds (each costs memory for every node of its save, so a limit applies). */
+static void print_peers(FILE *out, const json_t *p) {
+  if (!json_is_object(p)) return;
+  const json_t *leading = json_object_get(p, "leader_saves");
+  fprintf(out, "peers: %llu connections (%llu not logged in); leader states: %zu of max %llu\n",
+          (unsigned long long)u64(p, "connections"), (unsigned long long)u64(p, "connections_unauthenticated"),
+          json_array_size(leading), (unsigned long long)u64(p, "max_leader_saves"));
+  size_t i;
+  const json_t *l;
+  json_array_foreach(leading, i, l) {
+    char mem[32];
+    human(u64(l, "memory_bytes"), mem, sizeof mem);
+    fprintf(out, "  leading ");
+    put_clean(out, str(l, "save"), 0);
+    fprintf(out, ": %s, %llu of %llu nodes joined, %s\n", str(l, "state"), (unsigned long long)u64(l, "joined"),
+            (unsigned long long)u64(l, "nnodes"), mem);
+  }
+}
+
 static void print_status_table(FILE *out, const json_t *st) {
   const json_t *saves = json_object_get(st, "saves");
   size_t n = json_array_size(saves), i;
@@ -294,6 +314,7 @@ static void print_status_table(FILE *out, const json_t *st) {
   fprintf(out, "totals: %llu saves committed, %llu failed, %llu bytes written (%s)\n",
           (unsigned long long)u64(t, "saves_committed"), (unsigned long long)u64(t, "saves_failed"),
           (unsigned long long)u64(t, "bytes_written"), total);
+  print_peers(out, json_object_get(st, "peers"));
 }
 
 static int cmd_status(const char *socket, int as_json) {

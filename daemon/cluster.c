@@ -155,7 +155,7 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
   if (!strcmp(t, "join") || !strcmp(t, "manifest") || !strcmp(t, "fail") || !strcmp(t, "done")) {
     /* Nodes speak to their leader on the connection they opened to it. */
     if (sd_peer_is_outgoing(p)) {
-      sd_log_warn("peer %s: '%s' on a connection this daemon opened; ignored", sd_peer_addr(p), t);
+      sd_log_warn("peer %s: '%.40s' on a connection this daemon opened; ignored", sd_peer_addr(p), t);
       json_decref(hdr);
       free(payload);
       return;
@@ -176,7 +176,7 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
 static void on_lost(sd_peer_net *net, sd_peer *p, int code, const char *why) {
   sd_cluster *cl = sd_peer_net_ud(net);
   if (cl->shutting) return;
-  sd_log_info("peer connection %s %s ended: %s", sd_peer_is_outgoing(p) ? "to" : "from", sd_peer_addr(p), why);
+  sd_log_info("peer connection %s %s ended: %s", sd_peer_is_outgoing(p) ? "to" : "from", sd_peer_describe(p), why);
   sd_lead_peer_lost(cl, p, code, why);
   sd_node_peer_lost(cl, p, code, why);
 }
@@ -213,7 +213,9 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
                       .node_name = cl->node,
                       .token = token,
                       .token_len = tlen,
-                      .timeout_ms = (uint64_t)(cfg->peer_timeout ? cfg->peer_timeout : 30) * 1000};
+                      .timeout_ms = (uint64_t)(cfg->peer_timeout ? cfg->peer_timeout : 30) * 1000,
+                      .handshake_ms = (uint64_t)cfg->peer_handshake_timeout * 1000,
+                      .max_unauth = cfg->peer_max_unauth};
     sd_peer_handlers h = {.on_frame = on_frame, .on_lost = on_lost};
     rc = sd_peer_net_init(&cl->net, d->loop, &o, &h, cl, err);
   }
@@ -454,8 +456,13 @@ void sd_cluster_status(sd_daemon *d, json_t *m) {
   json_object_set_new(p, "node", sd_msg_string_lossy(cl->node));
   json_object_set_new(p, "listen", sd_msg_string_lossy(sd_peer_net_listen_addr(cl->net)));
   json_object_set_new(p, "connections", json_integer(sd_peer_net_count(cl->net)));
+  json_object_set_new(p, "connections_unauthenticated", json_integer(sd_peer_net_unauth_count(cl->net)));
   json_object_set_new(p, "saves_leading", json_integer(sd_lead_active(cl)));
   json_object_set_new(p, "saves_led", json_integer((json_int_t)cl->saves_led));
+  json_t *leading = json_array();
+  sd_lead_status(cl, leading);
+  json_object_set_new(p, "leader_saves", leading);
+  json_object_set_new(p, "max_leader_saves", json_integer(d->cfg ? d->cfg->max_leader_saves : 0));
   json_object_set_new(p, "bytes_local", json_integer((json_int_t)cl->bytes_local));
   json_object_set_new(p, "bytes_forwarded", json_integer((json_int_t)cl->bytes_fwd));
   json_object_set_new(p, "bytes_received", json_integer((json_int_t)cl->bytes_recv));

@@ -210,5 +210,7 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, s
 void sd_lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
 void sd_lead_shutdown(sd_cluster *cl);
 unsigned sd_lead_active(const sd_cluster *cl);
+/* One entry per leader state (status): save, state, nnodes, joined, world_size, memory_bytes. */
+void sd_lead_status(const sd_cluster *cl, json_t *arr);
 
 #endif

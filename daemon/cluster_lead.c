@@ -110,6 +110,36 @@ static sd_lead *find_lead(sd_cluster *cl, const char *id) {
   return NULL;
 }
 
+/* Room for one more leader state under max_leader_saves: a failed save kept only to tell late
+ * nodes why gives way first (the oldest such). 0, or SHARDD_E_LIMIT with the reason in err. */
+static int lead_room(sd_cluster *cl, const char *id, sd_error *err) {
+  unsigned max = cl->d->cfg ? cl->d->cfg->max_leader_saves : 0, n = 0;
+  sd_lead *forget = NULL;
+  for (sd_lead *L = cl->leads; L; L = L->next) {
+    n++;
+    if (L->state == L_FAILED && !L->busy) forget = L; /* new leads go to the head: the last is the oldest */
+  }
+  if (!max || n < max) return 0;
+  if (forget) {
+    lead_free(forget);
+    return 0;
+  }
+  return sd_fail(err, SHARDD_E_LIMIT, "this daemon already leads %u multi-node saves (max_leader_saves=%u); "
+                 "save '%s' cannot begin", n, max, id);
+}
+
+static const char *const lstate_names[] = {"collecting", "preparing", "writing", "finishing", "failed"};
+
+void sd_lead_status(const sd_cluster *cl, json_t *arr) {
+  for (const sd_lead *L = cl->leads; L; L = L->next) {
+    size_t bytes = sizeof *L + L->nnodes * sizeof *L->nodes + (L->rank_node ? L->ws * sizeof *L->rank_node : 0);
+    json_array_append_new(arr, json_pack("{s:o,s:s,s:i,s:i,s:i,s:I}", "save", sd_msg_string_lossy(L->id), "state",
+                                         lstate_names[L->state], "nnodes", (json_int_t)L->nnodes, "joined",
+                                         (json_int_t)L->njoined, "world_size", (json_int_t)L->ws, "memory_bytes",
+                                         (json_int_t)bytes));
+  }
+}
+
 unsigned sd_lead_active(const sd_cluster *cl) {
   unsigned n = 0;
   for (const sd_lead *L = cl->leads; L; L = L->next) n += L->state != L_FAILED;
@@ -581,6 +611,14 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
       return;
     }
   }
+  if (!L && lead_room(cl, id, &err) != 0) {
+    sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
+    json_t *m = json_pack("{s:s,s:s,s:s,s:s,s:s}", "t", "abort", "save", id, "tok", tok, "code",
+                          sd_err_name(err.code), "message", err.msg);
+    if (m && p) sd_peer_send(p, m, NULL, 0);
+    else if (m) sd_cl_local_send(cl, 0, m, NULL, 0);
+    return;
+  }
   if (!L) {
     L = lead_new(cl, id, h, &err);
     if (!L) {
@@ -801,7 +839,7 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, siz
   sd_error e;
   if (!t || !id || sd_save_id_check(id, &e) || !tok || strlen(tok) != 16 || !json_is_integer(jk) ||
       json_integer_value(jk) < 0 || json_integer_value(jk) >= SD_NNODES_MAX) {
-    sd_log_warn("peer %s: malformed '%s' message; ignored", p ? sd_peer_addr(p) : "(local)", t ? t : "?");
+    sd_log_warn("peer %s: malformed '%.40s' message; ignored", p ? sd_peer_addr(p) : "(local)", t ? t : "?");
     json_decref(h);
     return;
   }
@@ -815,7 +853,7 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, siz
   /* Everything else must come from the node that joined, on its connection. */
   if (!L || L->state == L_FAILED || k >= L->nnodes || !L->nodes[k].joined || strcmp(L->nodes[k].tok, tok) != 0 ||
       (p ? L->nodes[k].link != p : !L->nodes[k].local)) {
-    sd_log_debug("save '%s': dropping '%s' from node %u (no such attempt in flight)", id, t, k);
+    sd_log_debug("save '%s': dropping '%.40s' from node %u (no such attempt in flight)", id, t, k);
     json_decref(h);
     return;
   }

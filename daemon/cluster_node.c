@@ -620,7 +620,7 @@ void sd_node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *pay
   const char *tok = json_string_value(json_object_get(hdr, "tok"));
   sd_csave *cs = sd_cl_find_csave(cl, id);
   if (!cs || !t || !tok || strcmp(tok, cs->tok) != 0 || (p ? cs->link != p : !cs->is_leader) || cs->failing) {
-    sd_log_debug("dropping '%s' for save '%s': not for a save of ours in flight", t ? t : "?", id ? id : "?");
+    sd_log_debug("dropping '%.40s' for save '%.128s': not for a save of ours in flight", t ? t : "?", id ? id : "?");
     json_decref(hdr);
     free(payload);
     return;

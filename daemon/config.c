@@ -75,6 +75,13 @@ const sd_config_key sd_config_keys[] = {
     SD_KEY_NUM("peer_timeout", peer_timeout, "30", 1, 3600, SD_FIXED,
                "seconds a silent peer daemon is given before its saves fail with peer_lost"),
     SD_KEY_STR("node_name", node_name, "", SD_FIXED, "this daemon's name among its peers (empty: the host name)"),
+    /* hostile peers (issue 16, peer side) */
+    SD_KEY_NUM("peer_handshake_timeout", peer_handshake_timeout, "10", 1, 3600, SD_FIXED,
+               "seconds a peer connection has to log in (prove the token) before it is closed"),
+    SD_KEY_NUM("peer_max_unauth", peer_max_unauth, "64", 1, 100000, SD_FIXED,
+               "peer connections not yet logged in at once; past it the oldest is closed"),
+    SD_KEY_NUM("max_leader_saves", max_leader_saves, "64", 1, 1000000, SD_RELOAD,
+               "multi-node saves this daemon leads at once, recently failed ones included"),
 };
 const size_t sd_config_nkeys = sizeof sd_config_keys / sizeof sd_config_keys[0];
 

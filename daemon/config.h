@@ -64,6 +64,10 @@ typedef struct sd_config {
   char *peer_token_file;   /* the shared secret peers prove they hold */
   unsigned peer_timeout;   /* seconds a silent peer is given before its saves fail */
   char *node_name;         /* this daemon's name among its peers; "": the host name */
+  /* hostile peers (issue 16, peer side: peer.c, cluster_lead.c) */
+  unsigned peer_handshake_timeout; /* seconds a peer connection has to log in */
+  unsigned peer_max_unauth;        /* peer connections not logged in at once */
+  unsigned max_leader_saves;       /* leader states (cluster_lead.c), failed ones kept for late nodes included */
 
   /* ---- derived; not keys ---- */
   char *config_path;       /* the file read, NULL when none */

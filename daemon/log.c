@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "sd_escape.h"
 
 static sd_log_level current = SD_LOG_INFO;
 static int syslog_prefix;
@@ -61,17 +62,29 @@ void sd_log(sd_log_level level, const char *fmt, ...) {
     strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
     n = snprintf(line, sizeof line, "%s.%03d shardd %s: ", stamp, (int)(tv.tv_usec / 1000), names[level]);
   }
+  if (n < 0 || (size_t)n >= sizeof line) return;
+  char msg[2048];
   va_list ap;
   va_start(ap, fmt);
-  if (n >= 0 && (size_t)n < sizeof line) n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+  int m = vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  if (n < 0) return;
-  if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
-  /* One record, one line: a newline from a client-supplied name must not
-   * forge a second record (with its own priority) in the journal. */
-  for (int i = 0; i < n; i++)
-    if (line[i] == '\n' || line[i] == '\r') line[i] = ' ';
+  if (m < 0) return;
+  size_t mlen = (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
+  /* One record, one printable line: a newline from a client or peer must not forge a second
+   * record (with its own priority) in the journal, nor an escape sequence drive the terminal. */
+  n += (int)sd_escape(msg, mlen, mlen, line + n, sizeof line - (size_t)n - 1);
   line[n++] = '\n';
   fwrite(line, 1, (size_t)n, stderr);
   fflush(stderr);
+}
+
+int sd_log_limit_ok(sd_log_limit *l, uint64_t now_ms, unsigned *suppressed) {
+  if (l->last_ms && now_ms < l->last_ms + 1000) {
+    l->suppressed++;
+    return 0;
+  }
+  l->last_ms = now_ms ? now_ms : 1;
+  *suppressed = l->suppressed;
+  l->suppressed = 0;
+  return 1;
 }

@@ -1,4 +1,4 @@
-/* Peer daemons over TCP: listener, connector with retries, mutual HMAC handshake, frames, heartbeats. */
+/* Peer daemons over TCP: listener, connector with retries, mutual HMAC handshake, frames, heartbeats (strangers: peer_strangers.c). */
 #include <errno.h>
 #include <netdb.h>
 #include <stdarg.h>
@@ -9,82 +9,10 @@
 
 #include "log.h"
 #include "peer.h"
+#include "peer_int.h"
+#include "sd_escape.h"
 #include "sd_msg.h"
 
-#define READ_BUF (256u << 10)
-#define RETRY_MS 200
-#define MAX_PEERS 1024
-
-typedef enum { P_RESOLVING, P_CONNECTING, P_HELLO_WAIT, P_AUTH_WAIT, P_READY, P_CLOSING } peer_state;
-
-typedef struct qframe {
-  uint8_t *buf;
-  size_t len;
-  struct qframe *next;
-} qframe;
-
-typedef struct {
-  uv_write_t req;
-  sd_peer *p;
-  uint8_t *buf;
-  size_t len;
-} wreq;
-
-struct sd_peer {
-  sd_peer_net *net;
-  uint64_t id;
-  int outgoing;
-  peer_state state;
-  char addr[SD_PEER_ADDR_MAX];     /* dialled, or announced by an incoming peer */
-  char remote[SD_PEER_ADDR_MAX];   /* the socket's far end, for logs */
-  char name[SD_PEER_NAME_MAX + 1];
-  uint8_t nonce[SD_PEER_NONCE_LEN], peer_nonce[SD_PEER_NONCE_LEN];
-  sd_frame_reader rd;
-  uint64_t last_rx, deadline;
-  qframe *q, **qtail;              /* frames sent before the handshake ended */
-  size_t qbytes;
-
-  uv_tcp_t tcp;
-  int tcp_open, tcp_closing;
-  uv_getaddrinfo_t gai;
-  int gai_active;
-  uv_connect_t conn;
-  uv_shutdown_t shut;
-  int linger;                      /* flush what is queued (a refusal) before closing */
-  uv_timer_t retry;
-  int retry_open;
-  unsigned handles;                /* open handles and requests; freed at 0 once closing */
-  char last_err[160];              /* why the last connect attempt failed */
-
-  int lost_code, notify, ever_ready;
-  char lost_why[384];
-  sd_peer *prev, *next;
-};
-
-struct sd_peer_net {
-  uv_loop_t *loop;
-  sd_peer_handlers h;
-  void *ud;
-  char node[SD_PEER_NAME_MAX + 1];
-  uint8_t *token;
-  size_t token_len;
-  uint64_t timeout_ms;
-  char listen_host[SD_PEER_ADDR_MAX];
-  unsigned listen_port;
-  char listen_addr[SD_PEER_ADDR_MAX];
-  uv_tcp_t listener;
-  int listening;
-  uv_timer_t hb;
-  uint64_t hb_last;        /* when the heartbeat timer last ran, to notice a stalled loop */
-  unsigned handles;
-  int closing;
-  sd_peer *peers;
-  unsigned npeers;
-  uint64_t next_id, bytes_tx, bytes_rx;
-  uint8_t rbuf[READ_BUF];
-};
-
-static void peer_fail(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void try_connect(sd_peer *p);
 static void send_hello(sd_peer *p);
 static void on_retry(uv_timer_t *t);
@@ -92,9 +20,8 @@ static void on_retry(uv_timer_t *t);
 /* ------------------------------------------------------------------------ *
  * Small helpers
  * ------------------------------------------------------------------------ */
-static uint64_t now_ms(const sd_peer_net *net) { return uv_now(net->loop); }
 
-static void sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
+void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
   char ip[INET6_ADDRSTRLEN] = "?";
   unsigned port = 0;
   if (sa->sa_family == AF_INET) {
@@ -112,13 +39,28 @@ static void sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
   }
 }
 
-static const char *who(const sd_peer *p) {
-  static char buf[SD_PEER_ADDR_MAX * 2 + SD_PEER_NAME_MAX + 16];
-  if (p->name[0])
-    snprintf(buf, sizeof buf, "'%s' at %s", p->name, p->addr[0] ? p->addr : p->remote);
+/* How logs name a connection. Until an incoming peer proves it holds the token, what it claims
+ * (its name, its listener) is not believed: it is named by the socket's far end. */
+const char *sd_peer_who(const sd_peer *p) {
+  static char buf[4 * SD_ESCAPE_BUF];
+  sd_escbuf name, addr;
+  const char *remote = p->remote[0] ? p->remote : "?";
+  if (!p->outgoing && !p->ever_ready)
+    snprintf(buf, sizeof buf, "%s", remote);
+  else if (!p->outgoing)
+    snprintf(buf, sizeof buf, "'%s' at %s (from %s)", sd_esc(&name, p->name),
+             sd_esc(&addr, p->addr[0] ? p->addr : "?"), remote);
+  else if (p->name[0] && p->ever_ready)
+    snprintf(buf, sizeof buf, "'%s' at %s", sd_esc(&name, p->name), p->addr);
   else
-    snprintf(buf, sizeof buf, "%s", p->addr[0] ? p->addr : p->remote[0] ? p->remote : "?");
+    snprintf(buf, sizeof buf, "%s", p->addr);
   return buf;
+}
+
+static void unauth_done(sd_peer *p) {
+  if (!p->unauth) return;
+  p->unauth = 0;
+  p->net->nunauth--;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -165,7 +107,7 @@ static void on_tcp_closed(uv_handle_t *h) {
       uv_timer_start(&p->retry, on_retry, RETRY_MS, 0);
       return;
     }
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
     return;
   }
   handle_gone(p);
@@ -193,7 +135,7 @@ static void close_handles(sd_peer *p) {
   if (p->gai_active) uv_cancel((uv_req_t *)&p->gai);
 }
 
-static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
+void sd_peer_fail(sd_peer *p, int code, const char *fmt, ...) {
   if (p->state == P_CLOSING) return;
   va_list ap;
   va_start(ap, fmt);
@@ -201,6 +143,9 @@ static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
   va_end(ap);
   p->lost_code = code;
   p->state = P_CLOSING;
+  unauth_done(p);
+  /* Nothing outside this file ever saw an incoming connection that did not log in. */
+  if (!p->outgoing && !p->ever_ready) p->notify = 0;
   if (p->handles == 0) {
     peer_free(p);
     return;
@@ -210,8 +155,8 @@ static void peer_fail(sd_peer *p, int code, const char *fmt, ...) {
 
 void sd_peer_close(sd_peer *p, const char *why) {
   if (p->state == P_CLOSING) return;
-  sd_log_debug("peer %s: closing: %s", who(p), why);
-  peer_fail(p, SHARDD_E_PEER_LOST, "%s", why);
+  sd_log_debug("peer %s: closing: %s", sd_peer_who(p), why);
+  sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s", why);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -223,7 +168,7 @@ static void on_write(uv_write_t *req, int status) {
   free(w->buf);
   free(w);
   if (status < 0 && status != UV_ECANCELED && p->state != P_CLOSING)
-    peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s broke: %s", who(p), uv_strerror(status));
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s broke: %s", sd_peer_who(p), uv_strerror(status));
 }
 
 static int write_raw(sd_peer *p, uint8_t *buf, size_t len) {
@@ -240,7 +185,7 @@ static int write_raw(sd_peer *p, uint8_t *buf, size_t len) {
   if (rc < 0) {
     free(buf);
     free(w);
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot write to %s: %s", who(p), uv_strerror(rc));
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot write to %s: %s", sd_peer_who(p), uv_strerror(rc));
     return SHARDD_E_PEER_LOST;
   }
   p->net->bytes_tx += len;
@@ -320,18 +265,27 @@ static void refuse(sd_peer *p, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  sd_log_warn("peer %s (from %s): refused: %s", p->name[0] ? p->name : "?", p->remote, msg);
+  if (!p->outgoing && !p->ever_ready)
+    sd_peer_log_stranger(p->net, "peer connection from %s: refused: %s", sd_peer_who(p), msg);
+  else
+    sd_log_warn("peer %s: refused: %s", sd_peer_who(p), msg);
   /* Tell the other side why, so its operator sees the reason too. */
   json_t *e = json_pack("{s:s,s:s,s:s}", "t", "error", "code", sd_err_name(code), "message", msg);
   if (e) send_now(p, e);
   p->linger = 1;
-  peer_fail(p, code, "%s", msg);
+  sd_peer_fail(p, code, "%s", msg);
 }
 
 static void go_ready(sd_peer *p) {
+  if (!p->outgoing && p->net->npeers - p->net->nunauth >= MAX_PEERS) {
+    refuse(p, SHARDD_E_LIMIT, "too many peers (at most %d authenticated connections)", MAX_PEERS);
+    return;
+  }
+  unauth_done(p);
   p->state = P_READY;
   p->ever_ready = 1;
-  sd_log_info("peer %s: authenticated (%s)", who(p), p->outgoing ? "we connected" : "it connected");
+  p->hs_deadline = 0;
+  sd_log_info("peer %s: authenticated (%s)", sd_peer_who(p), p->outgoing ? "we connected" : "it connected");
   qframe *f = p->q;
   p->q = NULL;
   p->qtail = &p->q;
@@ -387,7 +341,7 @@ static void send_auth(sd_peer *p, const char *role) {
   uint8_t mac[SD_PEER_MAC_LEN];
   char hex[2 * SD_PEER_MAC_LEN + 1];
   if (sd_peer_proof(p->net->token, p->net->token_len, role, p->nonce, p->peer_nonce, mac) != 0) {
-    peer_fail(p, SHARDD_E_INTERNAL, "cannot compute the peer proof");
+    sd_peer_fail(p, SHARDD_E_INTERNAL, "cannot compute the peer proof");
     return;
   }
   sd_peer_hex(mac, sizeof mac, hex);
@@ -396,26 +350,16 @@ static void send_auth(sd_peer *p, const char *role) {
 
 /* The peer's hello: version, name and nonce. */
 static int take_hello(sd_peer *p, json_t *h) {
-  json_t *v = json_object_get(h, "v");
-  if (!json_is_integer(v) || json_integer_value(v) != SD_PEER_PROTO) {
-    char got[32] = "none";
-    if (json_is_integer(v)) snprintf(got, sizeof got, "%lld", (long long)json_integer_value(v));
-    refuse(p, SHARDD_E_UNSUPPORTED_PROTO, "peer protocol version %s is not supported (this daemon speaks %d)",
-           got, SD_PEER_PROTO);
+  sd_peer_hello hello;
+  sd_error err;
+  int rc = sd_peer_hello_parse(h, &hello, &err);
+  if (rc) {
+    refuse(p, rc, "%s", err.msg);
     return -1;
   }
-  const char *name = json_string_value(json_object_get(h, "node"));
-  const char *nonce = json_string_value(json_object_get(h, "nonce"));
-  if (!name || !*name || strlen(name) > SD_PEER_NAME_MAX || !nonce ||
-      sd_peer_unhex(nonce, p->peer_nonce, SD_PEER_NONCE_LEN) != 0) {
-    refuse(p, SHARDD_E_PROTOCOL, "malformed hello (node name or nonce)");
-    return -1;
-  }
-  snprintf(p->name, sizeof p->name, "%s", name);
-  if (!p->outgoing) {
-    const char *listen = json_string_value(json_object_get(h, "listen"));
-    if (listen && strlen(listen) < sizeof p->addr) snprintf(p->addr, sizeof p->addr, "%s", listen);
-  }
+  memcpy(p->peer_nonce, hello.nonce, sizeof p->peer_nonce);
+  snprintf(p->name, sizeof p->name, "%s", hello.name);
+  if (!p->outgoing && hello.listen[0]) snprintf(p->addr, sizeof p->addr, "%s", hello.listen);
   return 0;
 }
 
@@ -426,13 +370,19 @@ static void handshake(sd_peer *p, json_t *h) {
     const char *msg = json_string_value(json_object_get(h, "message"));
     int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
     if (c == SHARDD_E_PROTOCOL) c = SHARDD_E_PEER_LOST;
-    sd_log_warn("peer %s refused us: %s", who(p), msg ? msg : "no reason given");
-    peer_fail(p, c, "%s refused this daemon: %s", who(p), msg ? msg : "no reason given");
+    sd_escbuf m;
+    sd_esc(&m, msg ? msg : "no reason given");
+    if (p->outgoing)
+      sd_log_warn("peer %s refused us: %s", sd_peer_who(p), m.s);
+    else
+      sd_peer_log_stranger(p->net, "peer connection from %s sent an error before logging in: %s", sd_peer_who(p), m.s);
+    sd_peer_fail(p, c, "%s refused this daemon: %s", sd_peer_who(p), m.s);
     return;
   }
   if (p->state == P_HELLO_WAIT) {
     if (!t || strcmp(t, "hello") != 0) {
-      refuse(p, SHARDD_E_PROTOCOL, "expected hello, got '%s'", t ? t : "?");
+      sd_escbuf tb;
+      refuse(p, SHARDD_E_PROTOCOL, "expected hello, got '%.40s'", sd_esc(&tb, t ? t : "?"));
       return;
     }
     if (take_hello(p, h) != 0) return;
@@ -446,7 +396,8 @@ static void handshake(sd_peer *p, json_t *h) {
   }
   /* P_AUTH_WAIT */
   if (!t || strcmp(t, "auth") != 0) {
-    refuse(p, SHARDD_E_PROTOCOL, "expected auth, got '%s'", t ? t : "?");
+    sd_escbuf tb;
+    refuse(p, SHARDD_E_PROTOCOL, "expected auth, got '%.40s'", sd_esc(&tb, t ? t : "?"));
     return;
   }
   const char *proof = json_string_value(json_object_get(h, "proof"));
@@ -492,9 +443,10 @@ static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
     const char *msg = json_string_value(json_object_get(hdr, "message"));
     const char *code = json_string_value(json_object_get(hdr, "code"));
     int c = code ? sd_err_from_name(code) : SHARDD_E_PEER_LOST;
-    sd_log_warn("peer %s closed the connection: %s", who(p), msg ? msg : "?");
-    peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", who(p),
-              msg ? msg : "?");
+    sd_escbuf m;
+    sd_esc(&m, msg ? msg : "?");
+    sd_log_warn("peer %s closed the connection: %s", sd_peer_who(p), m.s);
+    sd_peer_fail(p, c == SHARDD_E_PROTOCOL ? SHARDD_E_PEER_LOST : c, "%s closed the connection: %s", sd_peer_who(p), m.s);
     json_decref(hdr);
     free(payload);
     return 1;
@@ -523,7 +475,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   if (n == 0) return;
   if (n < 0) {
     if (p->state != P_CLOSING)
-      peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s %s", who(p),
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "connection to %s %s", sd_peer_who(p),
                 n == UV_EOF ? "was closed by the other side" : uv_strerror((int)n));
     return;
   }
@@ -533,25 +485,25 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   int rc = sd_frame_feed(&p->rd, (const uint8_t *)buf->base, (size_t)n, on_frame, p, &err);
   if (rc && rc != 1 && p->state != P_CLOSING) {
     if (p->state == P_READY)
-      peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", who(p), err.msg);
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", sd_peer_who(p), err.msg);
     else
       refuse(p, SHARDD_E_PROTOCOL, "malformed frame during the handshake: %s", err.msg);
   }
 }
 
-static void start_reading(sd_peer *p) {
+void sd_peer_start_reading(sd_peer *p) {
   p->tcp.data = p;
   uv_tcp_nodelay(&p->tcp, 1);
   p->last_rx = now_ms(p->net);
   int rc = uv_read_start((uv_stream_t *)&p->tcp, on_alloc, on_read);
-  if (rc < 0) peer_fail(p, SHARDD_E_PEER_LOST, "cannot read from %s: %s", who(p), uv_strerror(rc));
+  if (rc < 0) sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot read from %s: %s", sd_peer_who(p), uv_strerror(rc));
 }
 
 /* ------------------------------------------------------------------------ *
  * Peers: creation, connecting
  * ------------------------------------------------------------------------ */
-static sd_peer *peer_new(sd_peer_net *net, int outgoing) {
-  if (net->npeers >= MAX_PEERS) return NULL;
+sd_peer *sd_peer_new_conn(sd_peer_net *net, int outgoing) {
+  if (outgoing && net->npeers - net->nunauth >= MAX_PEERS) return NULL;
   sd_peer *p = calloc(1, sizeof *p);
   if (!p) return NULL;
   p->net = net;
@@ -584,9 +536,10 @@ static void on_connect(uv_connect_t *req, int status) {
   struct sockaddr_storage ss;
   int len = sizeof ss;
   if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
-    sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
+    sd_peer_sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
   p->state = P_HELLO_WAIT;
-  start_reading(p);
+  p->hs_deadline = now_ms(p->net) + p->net->handshake_ms;
+  sd_peer_start_reading(p);
   if (p->state == P_HELLO_WAIT) send_hello(p);
 }
 
@@ -606,7 +559,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
       uv_timer_start(&p->retry, on_retry, RETRY_MS, 0);
       return;
     }
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot reach %s: %s", p->addr, p->last_err);
     return;
   }
   uv_tcp_init(p->net->loop, &p->tcp);
@@ -630,7 +583,7 @@ static void try_connect(sd_peer *p) {
   unsigned pn = 0;
   sd_error err;
   if (sd_peer_addr_split(p->addr, host, sizeof host, &pn, &err) != 0) {
-    peer_fail(p, SHARDD_E_PEER_LOST, "%s", err.msg);
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s", err.msg);
     return;
   }
   snprintf(port, sizeof port, "%u", pn);
@@ -643,7 +596,7 @@ static void try_connect(sd_peer *p) {
   p->state = P_RESOLVING;
   int rc = uv_getaddrinfo(p->net->loop, &p->gai, on_resolved, host, port, &hints);
   if (rc < 0) {
-    peer_fail(p, SHARDD_E_PEER_LOST, "cannot resolve %s: %s", p->addr, uv_strerror(rc));
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "cannot resolve %s: %s", p->addr, uv_strerror(rc));
     return;
   }
   p->gai_active = 1;
@@ -662,7 +615,7 @@ sd_peer *sd_peer_connect(sd_peer_net *net, const char *addr, sd_error *err) {
     sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
     return NULL;
   }
-  sd_peer *p = peer_new(net, 1);
+  sd_peer *p = sd_peer_new_conn(net, 1);
   if (!p) {
     sd_fail(err, SHARDD_E_LIMIT, "cannot open another peer connection (at most %d)", MAX_PEERS);
     return NULL;
@@ -681,38 +634,6 @@ sd_peer *sd_peer_connect(sd_peer_net *net, const char *addr, sd_error *err) {
 /* ------------------------------------------------------------------------ *
  * Listening
  * ------------------------------------------------------------------------ */
-static void on_incoming(uv_stream_t *server, int status) {
-  sd_peer_net *net = server->data;
-  if (status < 0) {
-    sd_log_warn("peer listener: %s", uv_strerror(status));
-    return;
-  }
-  sd_peer *p = peer_new(net, 0);
-  uv_tcp_t tmp;
-  if (!p) {
-    /* Accept and drop, so the backlog does not fill with a refused peer. */
-    uv_tcp_init(net->loop, &tmp);
-    if (uv_accept(server, (uv_stream_t *)&tmp) == 0) sd_log_warn("refusing a peer connection: too many peers");
-    uv_close((uv_handle_t *)&tmp, NULL);
-    return;
-  }
-  uv_tcp_init(net->loop, &p->tcp);
-  p->tcp.data = p;
-  p->tcp_open = 1;
-  p->handles++;
-  if (uv_accept(server, (uv_stream_t *)&p->tcp) != 0) {
-    peer_fail(p, SHARDD_E_PEER_LOST, "accept failed");
-    return;
-  }
-  struct sockaddr_storage ss;
-  int len = sizeof ss;
-  if (uv_tcp_getpeername(&p->tcp, (struct sockaddr *)&ss, &len) == 0)
-    sockaddr_str((struct sockaddr *)&ss, p->remote, sizeof p->remote);
-  sd_log_debug("peer connection from %s", p->remote);
-  p->state = P_HELLO_WAIT;
-  start_reading(p);
-}
-
 static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
   unsigned port;
   int rc = sd_peer_addr_split(addr, net->listen_host, sizeof net->listen_host, &port, err);
@@ -733,12 +654,12 @@ static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
   net->listening = 1;
   rc = uv_tcp_bind(&net->listener, res->ai_addr, 0);
   freeaddrinfo(res);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&net->listener, 128, on_incoming);
+  if (rc == 0) rc = uv_listen((uv_stream_t *)&net->listener, 128, sd_peer_on_incoming);
   if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, uv_strerror(rc));
   struct sockaddr_storage ss;
   int len = sizeof ss;
   uv_tcp_getsockname(&net->listener, (struct sockaddr *)&ss, &len);
-  sockaddr_str((struct sockaddr *)&ss, net->listen_addr, sizeof net->listen_addr);
+  sd_peer_sockaddr_str((struct sockaddr *)&ss, net->listen_addr, sizeof net->listen_addr);
   net->listen_port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
                                              : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
   return 0;
@@ -763,9 +684,13 @@ static void on_heartbeat(uv_timer_t *t) {
     next = p->next;
     if (p->state == P_CLOSING || p->state == P_RESOLVING || p->state == P_CONNECTING) continue;
     if (judge && now - p->last_rx > net->timeout_ms) {
-      sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", who(p),
-                  (double)(now - p->last_rx) / 1000.0);
-      peer_fail(p, SHARDD_E_PEER_LOST, "%s went silent for more than %.1f s", who(p),
+      if (p->unauth)
+        sd_peer_log_stranger(net, "peer connection from %s: nothing heard for %.1f s (--peer-timeout); dropping it",
+                     sd_peer_who(p), (double)(now - p->last_rx) / 1000.0);
+      else
+        sd_log_warn("peer %s: nothing heard for %.1f s (--peer-timeout); dropping it", sd_peer_who(p),
+                    (double)(now - p->last_rx) / 1000.0);
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s went silent for more than %.1f s", sd_peer_who(p),
                 (double)net->timeout_ms / 1000.0);
       continue;
     }
@@ -800,6 +725,15 @@ int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o, 
   uv_timer_start(&net->hb, on_heartbeat, every, every);
   /* Heartbeats alone must not keep a stopping daemon alive. */
   uv_unref((uv_handle_t *)&net->hb);
+  net->handshake_ms = o->handshake_ms ? o->handshake_ms : net->timeout_ms;
+  net->max_unauth = o->max_unauth ? o->max_unauth : 64;
+  uint64_t tick = net->handshake_ms / 4 > HANDSHAKE_TICK_MIN ? net->handshake_ms / 4 : HANDSHAKE_TICK_MIN;
+  if (tick > 1000) tick = 1000; /* also flushes the count of suppressed lines soon after a flood */
+  uv_timer_init(loop, &net->hs);
+  net->hs.data = net;
+  net->handles++;
+  uv_timer_start(&net->hs, sd_peer_on_handshake_tick, tick, tick);
+  uv_unref((uv_handle_t *)&net->hs);
   *out = net;
   if (o->listen) {
     int rc = listen_open(net, o->listen, err);
@@ -824,10 +758,11 @@ void sd_peer_net_close(sd_peer_net *net) {
   for (sd_peer *p = net->peers, *next; p; p = next) {
     next = p->next;
     p->notify = 0;
-    peer_fail(p, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+    sd_peer_fail(p, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   }
   if (net->listening) uv_close((uv_handle_t *)&net->listener, on_net_handle_closed);
   uv_close((uv_handle_t *)&net->hb, on_net_handle_closed);
+  uv_close((uv_handle_t *)&net->hs, on_net_handle_closed);
 }
 
 void *sd_peer_net_ud(const sd_peer_net *net) { return net->ud; }
@@ -835,6 +770,7 @@ const char *sd_peer_net_listen_addr(const sd_peer_net *net) { return net->listen
 const char *sd_peer_net_node(const sd_peer_net *net) { return net->node; }
 uint64_t sd_peer_net_timeout(const sd_peer_net *net) { return net->timeout_ms; }
 unsigned sd_peer_net_count(const sd_peer_net *net) { return net->npeers; }
+unsigned sd_peer_net_unauth_count(const sd_peer_net *net) { return net->nunauth; }
 uint64_t sd_peer_net_bytes_sent(const sd_peer_net *net) { return net->bytes_tx; }
 uint64_t sd_peer_net_bytes_received(const sd_peer_net *net) { return net->bytes_rx; }
 
@@ -846,6 +782,10 @@ size_t sd_peer_queued(const sd_peer *p) {
 int sd_peer_is_ready(const sd_peer *p) { return p->state == P_READY; }
 int sd_peer_was_ready(const sd_peer *p) { return p->ever_ready; }
 int sd_peer_is_outgoing(const sd_peer *p) { return p->outgoing; }
-const char *sd_peer_addr(const sd_peer *p) { return p->addr[0] ? p->addr : p->remote; }
+const char *sd_peer_addr(const sd_peer *p) {
+  if (!p->outgoing && !p->ever_ready) return p->remote;
+  return p->addr[0] ? p->addr : p->remote;
+}
+const char *sd_peer_describe(const sd_peer *p) { return sd_peer_who(p); }
 const char *sd_peer_name(const sd_peer *p) { return p->name; }
 uint64_t sd_peer_id(const sd_peer *p) { return p->id; }

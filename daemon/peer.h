@@ -49,6 +49,16 @@ int sd_peer_unhex(const char *hex, uint8_t *out, size_t n);
  * space, SD_PEER_TOKEN_MIN..MAX bytes. A file others may read is refused. */
 int sd_peer_token_load(const char *path, uint8_t **token, size_t *len, sd_error *err);
 
+/* What a hello carries (proto/PEERS.md), checked. */
+typedef struct {
+  char name[SD_PEER_NAME_MAX + 1];
+  char listen[SD_PEER_ADDR_MAX];   /* the listener it announces; "" when none (or too long) */
+  uint8_t nonce[SD_PEER_NONCE_LEN];
+} sd_peer_hello;
+/* A hello header -> out. 0; SHARDD_E_UNSUPPORTED_PROTO for another "v"; SHARDD_E_PROTOCOL for
+ * a missing or malformed node name or nonce. The reason is in err. */
+int sd_peer_hello_parse(const json_t *h, sd_peer_hello *out, sd_error *err);
+
 /* "host:port" or "[v6]:port" -> host, port. 0 or SHARDD_E_INVALID_ARGUMENT. */
 int sd_peer_addr_split(const char *addr, char *host, size_t hostlen, unsigned *port, sd_error *err);
 
@@ -107,6 +117,8 @@ typedef struct {
   const uint8_t *token;
   size_t token_len;
   uint64_t timeout_ms;     /* a peer silent this long is lost */
+  uint64_t handshake_ms;   /* a connection not logged in by then is closed; 0: timeout_ms */
+  unsigned max_unauth;     /* incoming connections not yet logged in; past it the oldest goes; 0: 64 */
 } sd_peer_opts;
 
 int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o,
@@ -119,6 +131,8 @@ const char *sd_peer_net_listen_addr(const sd_peer_net *net);
 const char *sd_peer_net_node(const sd_peer_net *net);
 uint64_t sd_peer_net_timeout(const sd_peer_net *net);
 unsigned sd_peer_net_count(const sd_peer_net *net);
+/* Incoming connections that have not logged in yet. */
+unsigned sd_peer_net_unauth_count(const sd_peer_net *net);
 uint64_t sd_peer_net_bytes_sent(const sd_peer_net *net);
 uint64_t sd_peer_net_bytes_received(const sd_peer_net *net);
 
@@ -142,8 +156,12 @@ int sd_peer_is_ready(const sd_peer *p);
 /* It completed the handshake at some point (still true while it closes). */
 int sd_peer_was_ready(const sd_peer *p);
 int sd_peer_is_outgoing(const sd_peer *p);
-/* The address we dialled, or for an incoming peer the listener address it announced. */
+/* The address we dialled, or for an incoming peer the listener address it announced (before
+ * login: the socket's far end). */
 const char *sd_peer_addr(const sd_peer *p);
+/* How logs name it: escaped, and for an incoming peer with the socket's far end (a static
+ * buffer, valid until the next call). */
+const char *sd_peer_describe(const sd_peer *p);
 /* The peer's --node-name, once authenticated. */
 const char *sd_peer_name(const sd_peer *p);
 uint64_t sd_peer_id(const sd_peer *p);

@@ -16,6 +16,29 @@
 #define PROOF_LABEL "shardd-peer-v1"
 
 /* ------------------------------------------------------------------------ *
+ * The hello
+ * ------------------------------------------------------------------------ */
+int sd_peer_hello_parse(const json_t *h, sd_peer_hello *out, sd_error *err) {
+  memset(out, 0, sizeof *out);
+  json_t *v = json_object_get(h, "v");
+  if (!json_is_integer(v) || json_integer_value(v) != SD_PEER_PROTO) {
+    char got[32] = "none";
+    if (json_is_integer(v)) snprintf(got, sizeof got, "%lld", (long long)json_integer_value(v));
+    return sd_fail(err, SHARDD_E_UNSUPPORTED_PROTO,
+                   "peer protocol version %s is not supported (this daemon speaks %d)", got, SD_PEER_PROTO);
+  }
+  const char *name = json_string_value(json_object_get(h, "node"));
+  const char *nonce = json_string_value(json_object_get(h, "nonce"));
+  if (!name || !*name || strlen(name) > SD_PEER_NAME_MAX || !nonce ||
+      sd_peer_unhex(nonce, out->nonce, SD_PEER_NONCE_LEN) != 0)
+    return sd_fail(err, SHARDD_E_PROTOCOL, "malformed hello (node name or nonce)");
+  snprintf(out->name, sizeof out->name, "%s", name);
+  const char *listen = json_string_value(json_object_get(h, "listen"));
+  if (listen && strlen(listen) < sizeof out->listen) snprintf(out->listen, sizeof out->listen, "%s", listen);
+  return 0;
+}
+
+/* ------------------------------------------------------------------------ *
  * Proofs
  * ------------------------------------------------------------------------ */
 int sd_peer_proof(const uint8_t *token, size_t token_len, const char *role,

@@ -130,3 +130,28 @@ put("coverage", "random-empties", bytes([0, 2, 3, 4, 4, 0, 3, 0, 4, 3, 0, 0, 4, 
 put("coverage", "scaled-grid", bytes([2, 0, 0, 0, 0, 0, 0, 1, 0, 4, 2, 0b10, 3, 0b100, 1, 2, 0, 1, 0, 0x2]))
 put("coverage", "wide", bytes([3, 3]) + b"\xff" * 8 + b"\x01" + b"\x10" * 8 + b"\x20" + b"\xff" * 8 + b"\x30"
     + bytes([2]) + b"\x00" * 60)
+
+# -------------------------------------------------------------- handshake
+# Byte 0: bit 0 we dialled; bits 1..7 read size - 1. The rest: frames (u32 big-endian header
+# length, header JSON) as a stranger sends them before login.
+def frame(h):
+    b = h if isinstance(h, bytes) else json.dumps(h, separators=(",", ":")).encode()
+    return struct.pack(">I", len(b)) + b
+
+
+NONCE = "ab" * 32
+hello = {"t": "hello", "v": 1, "node": "node-b", "nonce": NONCE, "listen": "127.0.0.1:7077"}
+put("handshake", "hello-auth", b"\xfe" + frame(hello) + frame({"t": "auth", "proof": "00" * 32}))
+put("handshake", "hello-auth-bytewise", b"\x00" + frame(hello) + frame({"t": "auth", "proof": "0" * 63}))
+put("handshake", "connector-side", b"\x07" + frame(dict(hello, listen="[::1]:9")) + frame({"t": "auth"}))
+put("handshake", "error-escapes", b"\x10" + frame({"t": "error", "code": "protocol",
+                                                   "message": "\x1b[2J\x1b]0;owned\x07\r\nfake line \u009b" + "x" * 400}))
+put("handshake", "hello-v2", b"\x20" + frame(dict(hello, v=2)))
+put("handshake", "hello-bad-nonce", b"\x20" + frame(dict(hello, nonce="zz" * 32)))
+put("handshake", "hello-long-name", b"\x20" + frame(dict(hello, node="n" * 200, listen="h" * 400)))
+put("handshake", "auth-first", b"\x20" + frame({"t": "auth", "proof": "11" * 32}))
+put("handshake", "not-object", b"\x20" + frame(b"[1,2]"))
+put("handshake", "bad-json", b"\x20" + frame(b'{"t":"hel'))
+put("handshake", "len-field", b"\x20" + frame({"t": "hello", "len": 5}) + b"abcde")
+put("handshake", "too-long", b"\x20" + struct.pack(">I", 1 << 20) + b"{")
+put("handshake", "half-frame", b"\x00" + struct.pack(">I", 100) + b'{"t":"hello"')

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan+UBSan) and runs each for a bounded time on a copy of its seeds.
 #
-#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     default: 20 s, all targets
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     default: 15 s, all targets
 #   tests/fuzz/run.sh 0                                    only replay the seed corpora
 #
 # Env: FUZZ_OUT (build dir, default build-fuzz), FUZZ_CC (default clang),
@@ -11,10 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-secs=${1:-20}
+secs=${1:-15}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(request reader coverage)
+[ ${#targets[@]} -gt 0 ] || targets=(request reader coverage handshake)
 out=${FUZZ_OUT:-build-fuzz}
 cc=${FUZZ_CC:-clang}
 
@@ -34,23 +34,25 @@ fi
 
 # ------------------------------------------------------------------------
 # Build: the proto sources the targets use, plus the daemon's pure path
-# checks, instrumented; each target links them directly.
+# checks and peer frames and login, instrumented; each target links them directly.
 # ------------------------------------------------------------------------
 # All of proto/ (the sdcore library: pure, jansson only), so a new file there needs no edit here.
 proto_srcs=()
 for f in proto/*.c; do proto_srcs+=("$(basename "$f" .c)"); done
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 cflags=(-std=gnu11 -g -O1 -Wall -Wextra -Iinclude -Iproto -Idaemon -D_GNU_SOURCE
-        $(pkg-config --cflags jansson) $(pkg-config --cflags libuv))
-libs=($(pkg-config --libs jansson) -lm)
+        $(pkg-config --cflags jansson) $(pkg-config --cflags libuv) $(pkg-config --cflags libcrypto))
+libs=($(pkg-config --libs jansson) $(pkg-config --libs libcrypto) -lm)
+daemon_srcs=(pathsafe peer_frame peer_auth)
 
 # Everything is recompiled when any source or header they include changed
 # (a stale object built against an old struct layout would fake crashes).
 stamp="$out/obj/.stamp"
 objs=()
 for s in "${proto_srcs[@]}"; do objs+=("$out/obj/$s.o"); done
-objs+=("$out/obj/pathsafe.o")
-if [ ! -f "$stamp" ] || [ -n "$(find proto include daemon/pathsafe.c daemon/*.h tests/fuzz/run.sh \
+for s in "${daemon_srcs[@]}"; do objs+=("$out/obj/$s.o"); done
+if [ ! -f "$stamp" ] || [ -n "$(find proto include daemon/pathsafe.c daemon/peer_frame.c daemon/peer_auth.c \
+                                  daemon/*.h tests/fuzz/run.sh \
                                   -newer "$stamp" -type f -print -quit)" ]; then
   rm -f "$stamp"
   pids=()
@@ -58,8 +60,10 @@ if [ ! -f "$stamp" ] || [ -n "$(find proto include daemon/pathsafe.c daemon/*.h 
     "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "proto/$s.c" -o "$out/obj/$s.o" &
     pids+=($!)
   done
-  "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c daemon/pathsafe.c -o "$out/obj/pathsafe.o" &
-  pids+=($!)
+  for s in "${daemon_srcs[@]}"; do
+    "$cc" "${cflags[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "daemon/$s.c" -o "$out/obj/$s.o" &
+    pids+=($!)
+  done
   for p in "${pids[@]}"; do wait "$p"; done
   touch "$stamp"
 fi

@@ -18,108 +18,20 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "peer_util.h"
 
 #define NODES 3
 #define PER_NODE 2
 #define WORLD (NODES * PER_NODE)
 #define INTRUDER NODES /* a 4th daemon, started by the wrong-token test with another secret */
 
-typedef struct {
-  h_daemon d;
-  char addr[64];           /* its peer listener, "127.0.0.1:PORT" */
-} node_t;
-
-static node_t N[NODES + 1];
 static char token_path[PATH_MAX], bad_token_path[PATH_MAX];
-static int rank_node[H_MAX_RANKS];
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void write_token(const char *path, const char *secret) {
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
-  cr_assert_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
-  close(fd);
-}
 
 /* ------------------------------------------------------------------------ *
  * Daemons
  * ------------------------------------------------------------------------ */
-static json_t *node_status(int i) {
-  shardd_client *c = NULL;
-  int rc = shardd_connect(N[i].d.sock, &c);
-  cr_assert_eq(rc, 0, "node %d: %s", i, shardd_last_error(NULL));
-  char *js = NULL;
-  rc = shardd_status(c, &js);
-  cr_assert_eq(rc, 0, "node %d status: %s", i, shardd_last_error(c));
-  shardd_close(c);
-  json_t *st = json_loads(js, 0, NULL);
-  shardd_free(js);
-  cr_assert_not_null(st);
-  return st;
-}
-
-static void start_node(int i, const char *token) {
-  h_daemon *d = &N[i].d;
-  snprintf(d->base, sizeof d->base, "%s", H.base);
-  snprintf(d->root, sizeof d->root, "%s", H.root);
-  snprintf(d->sock, sizeof d->sock, "%s/node%d.sock", H.base, i);
-  snprintf(d->log, sizeof d->log, "%s/node%d.log", H.base, i);
-  char name[16];
-  snprintf(name, sizeof name, "node%d", i);
-  int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  cr_assert(logfd >= 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(logfd, 1);
-    dup2(logfd, 2);
-    const char *bin = getenv("SHARDD");
-    /* Port 0: the kernel picks a free one; status tells us which. */
-    execl(bin, bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", "--peer-listen", "127.0.0.1:0",
-          "--peer-token-file", token, "--peer-timeout", "2", "--node-name", name, (char *)NULL);
-    _exit(127);
-  }
-  close(logfd);
-  d->pid = pid;
-  for (int tries = 0;; tries++) {
-    shardd_client *c = NULL;
-    if (shardd_connect(d->sock, &c) == 0) {
-      shardd_close(c);
-      break;
-    }
-    int st;
-    cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "node %d exited before accepting; see %s", i, d->log);
-    cr_assert_lt(tries, 4000, "node %d did not accept", i);
-    sleep_ms(5);
-  }
-  json_t *st = node_status(i);
-  const char *listen = json_string_value(json_object_get(json_object_get(st, "peers"), "listen"));
-  cr_assert_not_null(listen, "node %d status has no peers.listen", i);
-  snprintf(N[i].addr, sizeof N[i].addr, "%s", listen);
-  json_decref(st);
-}
-
 static void setup(void) {
-  memset(&H, 0, sizeof H);
-  memset(N, 0, sizeof N);
-  snprintf(H.base, sizeof H.base, "/tmp/shardd-peers-XXXXXX");
-  cr_assert_not_null(mkdtemp(H.base));
-  snprintf(H.root, sizeof H.root, "%s/root", H.base);
-  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
-  cr_assert_eq(mkdir(H.outside, 0755), 0);
+  pu_scratch("peers");
   snprintf(token_path, sizeof token_path, "%s/token", H.base);
   snprintf(bad_token_path, sizeof bad_token_path, "%s/bad-token", H.base);
   write_token(token_path, "the-cluster-secret-0123456789abcdef\n");
@@ -129,27 +41,10 @@ static void setup(void) {
   snprintf(H.sock, sizeof H.sock, "%s", N[0].d.sock);
   snprintf(H.log, sizeof H.log, "%s", N[0].d.log);
   for (int r = 0; r < H_MAX_RANKS; r++) rank_node[r] = r / PER_NODE;
+  node_rank_of[INTRUDER] = 1; /* it claims node 1's place */
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(p);
-  return 0;
-}
-
-static void teardown(void) {
-  /* Every surviving daemon must stop cleanly (exit 0, socket removed). */
-  for (int i = 0; i <= NODES; i++)
-    if (N[i].d.pid) h_daemon_stop(&N[i].d);
-  const char *keep = getenv("H_KEEP");
-  if (keep && *keep && strcmp(keep, "0") != 0) {
-    fprintf(stderr, "kept %s\n", H.base);
-    return;
-  }
-  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+static void teardown(void) { pu_teardown(); }
 
 static void kill_node(int i, int sig) {
   cr_assert(N[i].d.pid > 0);
@@ -167,37 +62,11 @@ static void expect_clean(const char *rel) {
   h_expect_unpublished(rel);
 }
 
-static int log_has(int i, const char *needle) {
-  char *log = h_slurp(N[i].d.log, NULL);
-  int found = log && strstr(log, needle);
-  free(log);
-  return found;
-}
-
 TestSuite(peers, .init = setup, .fini = teardown, .timeout = 120);
 
 /* ------------------------------------------------------------------------ *
  * Ranks: the harness's scripted rank, pointed at its node's daemon
  * ------------------------------------------------------------------------ */
-static void peer_rank(int idx, void *arg) {
-  h_script *s = arg;
-  int node = rank_node[idx];
-  snprintf(H.sock, sizeof H.sock, "%s", N[node].d.sock);
-  s->opts.node_rank = node == INTRUDER ? 1 : node;
-  h_rank_main(idx, s);
-}
-
-static void start_ranks(h_script *s, pid_t *pids) {
-  if (!s->sh) s->sh = h_shared_new();
-  for (int r = 0; r < s->opts.world_size; r++) pids[r] = h_fork(peer_rank, r, s);
-}
-
-static void run_ranks(h_script *s) {
-  pid_t pids[H_MAX_RANKS];
-  start_ranks(s, pids);
-  h_reap_all(s, pids);
-}
-
 static shardd_save_opts cluster_opts(const char *save, const char *dir, uint64_t mss) {
   shardd_save_opts o = {.save = save, .dir = dir, .world_size = WORLD, .max_shard_size = mss, .nnodes = NODES,
                         .leader = N[0].addr};
@@ -677,49 +546,6 @@ Test(peers, a_daemon_with_the_wrong_token_is_refused) {
   json_decref(st);
   h_expect_unpublished("ck/intr");
   h_shared_free(s.sh);
-}
-
-/* A raw TCP client: frames with a wrong version, or before authenticating. */
-static int tcp_connect(const char *addr) {
-  char host[64];
-  int port;
-  cr_assert_eq(sscanf(addr, "%63[^:]:%d", host, &port), 2);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, host, &sa.sin_addr);
-  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
-  struct timeval tv = {10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
-static void send_frame(int fd, const char *json) {
-  uint8_t len[4] = {0, 0, (uint8_t)(strlen(json) >> 8), (uint8_t)strlen(json)};
-  cr_assert_eq(write(fd, len, 4), 4);
-  cr_assert_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
-}
-
-/* The next frame's header, or NULL once the daemon closed the connection. */
-static json_t *read_frame(int fd) {
-  uint8_t len[4];
-  size_t got = 0;
-  while (got < 4) {
-    ssize_t r = read(fd, len + got, 4 - got);
-    if (r <= 0) return NULL;
-    got += (size_t)r;
-  }
-  size_t n = (size_t)len[0] << 24 | (size_t)len[1] << 16 | (size_t)len[2] << 8 | len[3];
-  cr_assert_lt(n, 65536);
-  char *buf = malloc(n + 1);
-  got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, buf + got, n - got);
-    cr_assert_gt(r, 0);
-    got += (size_t)r;
-  }
-  json_t *j = json_loadb(buf, n, 0, NULL);
-  free(buf);
-  return j;
 }
 
 Test(peers, a_peer_speaking_another_version_is_refused_with_a_reason) {

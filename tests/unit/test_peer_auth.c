@@ -137,3 +137,35 @@ Test(peer_auth, addresses) {
     cr_assert_eq(sd_peer_addr_split(bad[i], host, sizeof host, &port, &err), SHARDD_E_INVALID_ARGUMENT, "'%s'",
                  bad[i]);
 }
+
+static int hello(const char *js, sd_peer_hello *out, sd_error *err) {
+  json_t *h = json_loads(js, 0, NULL);
+  cr_assert_not_null(h, "%s", js);
+  int rc = sd_peer_hello_parse(h, out, err);
+  json_decref(h);
+  return rc;
+}
+
+#define N64 "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+
+Test(peer_auth, hello_fields) {
+  sd_peer_hello h;
+  sd_error err;
+  cr_assert_eq(hello("{\"t\":\"hello\",\"v\":1,\"node\":\"n1\",\"nonce\":\"" N64 "\",\"listen\":\"10.0.0.1:7077\"}", &h,
+                     &err), 0);
+  cr_assert_str_eq(h.name, "n1");
+  cr_assert_str_eq(h.listen, "10.0.0.1:7077");
+  cr_assert_eq(h.nonce[1], 0x11);
+  /* No listener announced (a node that does not listen): accepted, listen empty. */
+  cr_assert_eq(hello("{\"v\":1,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), 0);
+  cr_assert_str_eq(h.listen, "");
+  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
+  cr_assert(strstr(err.msg, "version 2"), "%s", err.msg);
+  cr_assert_eq(hello("{\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
+  cr_assert_eq(hello("{\"v\":1,\"node\":\"\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":1,\"node\":\"n1\",\"nonce\":\"0011\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":1,\"node\":7,\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
+  char big[512];
+  snprintf(big, sizeof big, "{\"v\":1,\"node\":\"%0129d\",\"nonce\":\"" N64 "\"}", 0);
+  cr_assert_eq(hello(big, &h, &err), SHARDD_E_PROTOCOL, "a node name over %d bytes", SD_PEER_NAME_MAX);
+}

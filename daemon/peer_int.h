@@ -1,0 +1,112 @@
+/* Peer connections, shared by peer.c (connections, frames, handshake) and peer_strangers.c (before login). */
+#ifndef SD_PEER_INT_H
+#define SD_PEER_INT_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "log.h"
+#include "peer.h"
+
+#define READ_BUF (256u << 10)
+#define RETRY_MS 200
+#define MAX_PEERS 1024            /* authenticated connections, and outgoing ones */
+#define HANDSHAKE_TICK_MIN 50
+
+typedef enum { P_RESOLVING, P_CONNECTING, P_HELLO_WAIT, P_AUTH_WAIT, P_READY, P_CLOSING } peer_state;
+
+typedef struct qframe {
+  uint8_t *buf;
+  size_t len;
+  struct qframe *next;
+} qframe;
+
+typedef struct {
+  uv_write_t req;
+  sd_peer *p;
+  uint8_t *buf;
+  size_t len;
+} wreq;
+
+struct sd_peer {
+  sd_peer_net *net;
+  uint64_t id;
+  int outgoing;
+  peer_state state;
+  char addr[SD_PEER_ADDR_MAX];     /* dialled, or announced by an incoming peer */
+  char remote[SD_PEER_ADDR_MAX];   /* the socket's far end, for logs */
+  char name[SD_PEER_NAME_MAX + 1];
+  uint8_t nonce[SD_PEER_NONCE_LEN], peer_nonce[SD_PEER_NONCE_LEN];
+  sd_frame_reader rd;
+  uint64_t last_rx, deadline;
+  uint64_t hs_deadline;            /* the handshake must end by then; 0 when not started */
+  int unauth;                      /* incoming, not yet authenticated: counts in net->nunauth */
+  uint64_t source;                 /* its source network (source_of), for fair eviction */
+  qframe *q, **qtail;              /* frames sent before the handshake ended */
+  size_t qbytes;
+
+  uv_tcp_t tcp;
+  int tcp_open, tcp_closing;
+  uv_getaddrinfo_t gai;
+  int gai_active;
+  uv_connect_t conn;
+  uv_shutdown_t shut;
+  int linger;                      /* flush what is queued (a refusal) before closing */
+  uv_timer_t retry;
+  int retry_open;
+  unsigned handles;                /* open handles and requests; freed at 0 once closing */
+  char last_err[160];              /* why the last connect attempt failed */
+
+  int lost_code, notify, ever_ready;
+  char lost_why[384];
+  sd_peer *prev, *next;
+};
+
+struct sd_peer_net {
+  uv_loop_t *loop;
+  sd_peer_handlers h;
+  void *ud;
+  char node[SD_PEER_NAME_MAX + 1];
+  uint8_t *token;
+  size_t token_len;
+  uint64_t timeout_ms;
+  char listen_host[SD_PEER_ADDR_MAX];
+  unsigned listen_port;
+  char listen_addr[SD_PEER_ADDR_MAX];
+  uv_tcp_t listener;
+  int listening;
+  uv_timer_t hb;
+  uv_timer_t hs;           /* handshake deadlines, and the count of suppressed lines */
+  uint64_t handshake_ms;
+  unsigned max_unauth, nunauth;
+  sd_log_limit strangers;  /* lines strangers cause: at most one a second */
+  uint64_t hb_last;        /* when the heartbeat timer last ran, to notice a stalled loop */
+  unsigned handles;
+  int closing;
+  sd_peer *peers;
+  unsigned npeers;
+  uint64_t next_id, bytes_tx, bytes_rx;
+  uint8_t rbuf[READ_BUF];
+};
+
+static inline uint64_t now_ms(const sd_peer_net *net) { return uv_now(net->loop); }
+
+/* peer.c */
+/* Closes with a reason for on_lost (not logged); frees at once when no handle is open. */
+void sd_peer_fail(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* How logs name a connection (a static buffer). */
+const char *sd_peer_who(const sd_peer *p);
+/* A new connection in the net's list; NULL past the cap on outgoing and authenticated ones. */
+sd_peer *sd_peer_new_conn(sd_peer_net *net, int outgoing);
+void sd_peer_start_reading(sd_peer *p);
+void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n);
+
+/* peer_strangers.c */
+/* A line a stranger caused: at most one a second, with the count of those held back. */
+void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The listener's connection callback. */
+void sd_peer_on_incoming(uv_stream_t *server, int status);
+/* The timer closing connections past peer_handshake_timeout. */
+void sd_peer_on_handshake_tick(uv_timer_t *t);
+
+#endif

@@ -1,0 +1,237 @@
+/* Multi-node tests: daemons listening for peers on loopback, their ranks, and a raw peer-protocol client. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "peer.h"
+#include "peer_util.h"
+
+pu_node N[PU_MAX_NODES];
+int rank_node[H_MAX_RANKS];
+int node_rank_of[PU_MAX_NODES];
+
+void pu_reset(void) {
+  memset(N, 0, sizeof N);
+  for (int i = 0; i < PU_MAX_NODES; i++) node_rank_of[i] = i;
+}
+
+void pu_scratch(const char *tag) {
+  memset(&H, 0, sizeof H);
+  pu_reset();
+  snprintf(H.base, sizeof H.base, "/tmp/shardd-%s-XXXXXX", tag);
+  cr_assert_not_null(mkdtemp(H.base));
+  snprintf(H.root, sizeof H.root, "%s/root", H.base);
+  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
+  cr_assert_eq(mkdir(H.outside, 0755), 0);
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(p);
+  return 0;
+}
+
+void pu_teardown(void) {
+  /* Every surviving daemon must stop cleanly (exit 0, socket removed). */
+  for (int i = 0; i < PU_MAX_NODES; i++)
+    if (N[i].d.pid) h_daemon_stop(&N[i].d);
+  const char *keep = getenv("H_KEEP");
+  if (keep && *keep && strcmp(keep, "0") != 0) {
+    fprintf(stderr, "kept %s\n", H.base);
+    return;
+  }
+  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
+double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void write_token(const char *path, const char *secret) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  cr_assert(fd >= 0, "%s: %s", path, strerror(errno));
+  cr_assert_eq(write(fd, secret, strlen(secret)), (ssize_t)strlen(secret));
+  close(fd);
+}
+
+json_t *node_status(int i) {
+  shardd_client *c = NULL;
+  int rc = shardd_connect(N[i].d.sock, &c);
+  cr_assert_eq(rc, 0, "node %d: %s", i, shardd_last_error(NULL));
+  char *js = NULL;
+  rc = shardd_status(c, &js);
+  cr_assert_eq(rc, 0, "node %d status: %s", i, shardd_last_error(c));
+  shardd_close(c);
+  json_t *st = json_loads(js, 0, NULL);
+  shardd_free(js);
+  cr_assert_not_null(st);
+  return st;
+}
+
+void start_node(int i, const char *token) { start_node_with(i, token, NULL); }
+
+void start_node_with(int i, const char *token, const char *const *extra) {
+  h_daemon *d = &N[i].d;
+  snprintf(d->base, sizeof d->base, "%s", H.base);
+  snprintf(d->root, sizeof d->root, "%s", H.root);
+  snprintf(d->sock, sizeof d->sock, "%s/node%d.sock", H.base, i);
+  snprintf(d->log, sizeof d->log, "%s/node%d.log", H.base, i);
+  char name[16];
+  snprintf(name, sizeof name, "node%d", i);
+  int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  cr_assert(logfd >= 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dup2(logfd, 1);
+    dup2(logfd, 2);
+    const char *bin = getenv("SHARDD");
+    /* Port 0: the kernel picks a free one; status tells us which. */
+    const char *argv[64] = {bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", "--peer-listen",
+                            "127.0.0.1:0", "--peer-token-file", token, "--peer-timeout", "2", "--node-name", name};
+    size_t n = 15;
+    for (size_t k = 0; extra && extra[k] && n < 63; k++) argv[n++] = extra[k];
+    argv[n] = NULL;
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  close(logfd);
+  d->pid = pid;
+  for (int tries = 0;; tries++) {
+    shardd_client *c = NULL;
+    if (shardd_connect(d->sock, &c) == 0) {
+      shardd_close(c);
+      break;
+    }
+    int st;
+    cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "node %d exited before accepting; see %s", i, d->log);
+    cr_assert_lt(tries, 4000, "node %d did not accept", i);
+    sleep_ms(5);
+  }
+  json_t *st = node_status(i);
+  const char *listen = json_string_value(json_object_get(json_object_get(st, "peers"), "listen"));
+  cr_assert_not_null(listen, "node %d status has no peers.listen", i);
+  snprintf(N[i].addr, sizeof N[i].addr, "%s", listen);
+  json_decref(st);
+}
+
+int log_has(int i, const char *needle) {
+  char *log = h_slurp(N[i].d.log, NULL);
+  int found = log && strstr(log, needle);
+  free(log);
+  return found;
+}
+
+void peer_rank(int idx, void *arg) {
+  h_script *s = arg;
+  int node = rank_node[idx];
+  snprintf(H.sock, sizeof H.sock, "%s", N[node].d.sock);
+  s->opts.node_rank = node_rank_of[node];
+  h_rank_main(idx, s);
+}
+
+void start_ranks(h_script *s, pid_t *pids) {
+  if (!s->sh) s->sh = h_shared_new();
+  for (int r = 0; r < s->opts.world_size; r++) pids[r] = h_fork(peer_rank, r, s);
+}
+
+void run_ranks(h_script *s) {
+  pid_t pids[H_MAX_RANKS];
+  start_ranks(s, pids);
+  h_reap_all(s, pids);
+}
+
+int tcp_connect(const char *addr) {
+  char host[64];
+  int port;
+  cr_assert_eq(sscanf(addr, "%63[^:]:%d", host, &port), 2);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, host, &sa.sin_addr);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "%s", strerror(errno));
+  struct timeval tv = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void send_frame(int fd, const char *json) {
+  uint8_t len[4] = {0, 0, (uint8_t)(strlen(json) >> 8), (uint8_t)strlen(json)};
+  cr_assert_eq(write(fd, len, 4), 4);
+  cr_assert_eq(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+}
+
+json_t *read_frame(int fd) {
+  uint8_t len[4];
+  size_t got = 0;
+  while (got < 4) {
+    ssize_t r = read(fd, len + got, 4 - got);
+    if (r <= 0) return NULL;
+    got += (size_t)r;
+  }
+  size_t n = (size_t)len[0] << 24 | (size_t)len[1] << 16 | (size_t)len[2] << 8 | len[3];
+  cr_assert_lt(n, 65536);
+  char *buf = malloc(n + 1);
+  got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, buf + got, n - got);
+    cr_assert_gt(r, 0);
+    got += (size_t)r;
+  }
+  json_t *j = json_loadb(buf, n, 0, NULL);
+  free(buf);
+  return j;
+}
+
+void peer_login(int fd, const char *token_path, const char *name) {
+  size_t tlen = 0;
+  char *token = h_slurp(token_path, &tlen);
+  cr_assert_not_null(token);
+  while (tlen && (token[tlen - 1] == '\n' || token[tlen - 1] == ' ')) tlen--;
+  uint8_t nonce[SD_PEER_NONCE_LEN], theirs[SD_PEER_NONCE_LEN], mac[SD_PEER_MAC_LEN];
+  char nhex[2 * SD_PEER_NONCE_LEN + 1], phex[2 * SD_PEER_MAC_LEN + 1], hello[512];
+  cr_assert_eq(sd_peer_random(nonce, sizeof nonce), 0);
+  sd_peer_hex(nonce, sizeof nonce, nhex);
+  snprintf(hello, sizeof hello, "{\"t\":\"hello\",\"v\":1,\"node\":\"%s\",\"nonce\":\"%s\",\"listen\":\"127.0.0.1:1\"}",
+           name, nhex);
+  send_frame(fd, hello);
+  json_t *h = read_frame(fd);
+  cr_assert_not_null(h, "no hello from the daemon");
+  cr_assert_str_eq(json_string_value(json_object_get(h, "t")), "hello");
+  cr_assert_eq(sd_peer_unhex(json_string_value(json_object_get(h, "nonce")), theirs, sizeof theirs), 0);
+  json_decref(h);
+  cr_assert_eq(sd_peer_proof((const uint8_t *)token, tlen, "connector", nonce, theirs, mac), 0);
+  free(token);
+  sd_peer_hex(mac, sizeof mac, phex);
+  char auth[128];
+  snprintf(auth, sizeof auth, "{\"t\":\"auth\",\"proof\":\"%s\"}", phex);
+  send_frame(fd, auth);
+  json_t *a = read_frame(fd);
+  cr_assert_not_null(a, "the daemon closed the connection instead of logging us in");
+  cr_assert_str_eq(json_string_value(json_object_get(a, "t")), "auth", "%s", json_dumps(a, 0));
+  json_decref(a);
+}
