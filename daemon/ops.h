@@ -33,6 +33,7 @@ typedef struct sd_daemon {
   size_t hist_cap, hist_len, hist_head;
 
   uint64_t saves_committed, saves_failed, bytes_committed;
+  uint64_t inline_bytes;          /* inline put data and file contents held by saves in flight */
   struct sd_cluster *cluster;     /* peer daemons (cluster.c); NULL without --peer-listen */
 
   int shutting_down;

@@ -366,6 +366,14 @@ static void sweep_start(sd_daemon *d) {
   uv_unref((uv_handle_t *)&sweep_timer); /* never what keeps the daemon running */
 }
 
+int sd_session_in_group(const sd_session *s, long gid) {
+  if (gid < 0) return 0;
+  if ((long)s->gid == gid) return 1;
+  for (size_t i = 0; i < s->ngroups; i++)
+    if ((long)s->groups[i] == gid) return 1;
+  return 0;
+}
+
 /* Supplementary groups of the peer, for the trusted-group shm check. */
 static void read_groups(sd_session *s, int fd) {
   socklen_t len = 0;

@@ -57,4 +57,7 @@ void sd_session_remove_member(sd_session *s, struct sd_save *save);
 /* A pending wait was answered or dropped: an idle half-closed peer is closed. */
 void sd_session_wait_done(sd_session *s);
 
+/* 1 when the peer's primary or supplementary groups include gid (gid < 0: none configured). */
+int sd_session_in_group(const sd_session *s, long gid);
+
 #endif
