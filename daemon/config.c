@@ -64,7 +64,8 @@ const sd_config_key sd_config_keys[] = {
     SD_KEY_NUM("line_timeout", line_timeout, "60", 0, 86400, SD_RELOAD,
                "seconds a partial request line may stall before the connection is closed (0: never)"),
     SD_KEY_STR("trusted_group", trusted_group, "", SD_FIXED,
-               "members of this group may attach shm segments the group owns (empty: only their own)"),
+               "members of this group may attach shm segments the group owns and overwrite any checkpoint"
+               " (empty: none)"),
     SD_KEY_MODE("file_mode", file_mode, "0644", SD_RELOAD, "permission bits of checkpoint files"),
     SD_KEY_MODE("dir_mode", dir_mode, "0755", SD_RELOAD, "permission bits of checkpoint folders"),
     /* local hardening (issue 16): inline bytes held in memory, descriptors kept free */

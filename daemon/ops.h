@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "acceptor.h"
 #include "config.h"
 #include "publish.h"
 
@@ -19,7 +20,7 @@ typedef struct sd_daemon {
   int root_fd;
   sd_writer *writer;
   char node[256];                 /* host name, for hello */
-  uv_pipe_t server;
+  sd_acceptor server;             /* the client socket */
   int listening;
 
   struct sd_save *saves;          /* in flight */
