@@ -424,15 +424,20 @@ static sd_session *oldest_silent(sd_daemon *d) {
   return found;
 }
 
-static void log_refused(sd_daemon *d, pid_t pid, uid_t uid, const char *why) {
-  static uint64_t count, logged, at;
+/* Refusals and evictions are counted apart, so neither hides the other. */
+typedef struct {
+  uint64_t count, logged, at;
+} rate_log;
+static rate_log refusals, evictions;
+
+static void log_refused(sd_daemon *d, rate_log *rl, pid_t pid, uid_t uid, const char *why) {
   uint64_t now = uv_now(d->loop);
-  count++;
-  if (at && now - at < REFUSE_LOG_MS) return;
-  sd_log_warn("client (pid %d, uid %u) refused: %s (%llu refused since the last report)", (int)pid, (unsigned)uid,
-              why, (unsigned long long)(count - logged));
-  logged = count;
-  at = now ? now : 1;
+  rl->count++;
+  if (rl->at && now - rl->at < REFUSE_LOG_MS) return;
+  sd_log_warn("client (pid %d, uid %u) refused: %s (%llu like it since the last report)", (int)pid, (unsigned)uid,
+              why, (unsigned long long)(rl->count - rl->logged));
+  rl->logged = rl->count;
+  rl->at = now ? now : 1;
 }
 
 /* No session, no queue: one line if the socket takes it now, then closed,
@@ -441,7 +446,7 @@ static void refuse(sd_daemon *d, int fd, const sd_error *err) {
   struct ucred cred = {0};
   socklen_t clen = sizeof cred;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) cred.pid = 0;
-  log_refused(d, cred.pid, cred.uid, err->msg);
+  log_refused(d, &refusals, cred.pid, cred.uid, err->msg);
   size_t len = 0;
   json_t *msg = sd_msg_error_from(NULL, err);
   char *line = msg ? sd_msg_dump(msg, &len) : NULL;
@@ -461,7 +466,7 @@ static int admit(sd_daemon *d, int fd, sd_error *err) {
   sd_error why = {0};
   sd_fail(&why, SHARDD_E_LIMIT, "closing this connection: it sent no request for %llu ms and the daemon is full (%s)",
           (unsigned long long)(uv_now(d->loop) - victim->since), err->msg);
-  log_refused(d, victim->pid, victim->uid, why.msg);
+  log_refused(d, &evictions, victim->pid, victim->uid, why.msg);
   sd_session_send(victim, sd_msg_error_from(NULL, &why));
   sd_session_close(victim);
   sd_error_clear(err);
