@@ -1,4 +1,4 @@
-/* Accepting connections without starving: descriptor limit raised at start, a budget check, the spare-descriptor trick on EMFILE. */
+/* Accepting connections without starving: the descriptor limit, a budget, the spare descriptor on EMFILE. */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -82,13 +82,14 @@ static int drop_one(sd_acceptor *a, int e) {
   close(spare_fd);
   spare_fd = -1;
   int c = accept4(a->fd, NULL, NULL, SOCK_CLOEXEC);
-  if (c >= 0) {
-    close(c);
-    a->dropped++;
-  }
+  int ae = errno;
+  if (c >= 0) close(c);
   spare_open();
-  log_dropped(a, e);
-  return c >= 0 || errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  if (c >= 0) {
+    a->dropped++;
+    log_dropped(a, e);
+  }
+  return c >= 0 || ae == EAGAIN || ae == EWOULDBLOCK ? 0 : -1;
 }
 
 static void on_poll(uv_poll_t *h, int status, int events) {

@@ -1,4 +1,4 @@
-/* Checkpoint ownership on disk: an extended attribute on the published folder, so the checkpoint's files stay as they are. */
+/* Checkpoint ownership on disk: an xattr on the published folder; the checkpoint's files stay as they are. */
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>

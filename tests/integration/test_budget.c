@@ -1,4 +1,4 @@
-/* Resource budgets: a connection flood under a 1,024 descriptor limit, the spare descriptor, inline bytes per save and daemon-wide. */
+/* Resource budgets: a connection flood under 1,024 descriptors, the spare descriptor, inline bytes. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -81,7 +81,8 @@ Test(budget, connection_flood_under_1024_descriptors_leaves_the_socket_answering
   /* A fresh connection is answered: the oldest silent connection makes room. */
   nap(1200);
   for (int k = 0; k < 3; k++) cr_assert(status_answered(), "status %d on a fresh connection was not answered", k);
-  cr_assert_eq(x_log_count("sent no request for"), 1, "no silent connection was closed to make room, or not rate-limited");
+  cr_assert_eq(x_log_count("sent no request for"), 1,
+               "no silent connection was closed to make room, or its log line is not rate-limited");
   cr_assert_eq(x_log_count("out of descriptors"), 0, "the reserve did not keep the table from filling up");
   cr_log_info("flood: %d of %d refused at once", refused, FLOOD);
   flood_end(c);
@@ -112,12 +113,14 @@ Test(budget, without_a_reserve_the_spare_descriptor_keeps_the_listener_alive) {
 /* ------------------------------------------------------------------------ */
 /* A U8 tensor of n bytes (value i & 0xff), inline. */
 static json_t *put_bytes(x_conn *c, const char *save, const char *name, size_t n) {
-  uint8_t *raw = malloc(n);
+  uint8_t *raw = malloc(n + 1);
   char *b64 = malloc(sd_b64_encoded_len(n) + 1);
   cr_assert(raw && b64);
   for (size_t i = 0; i < n; i++) raw[i] = (uint8_t)i;
   sd_b64_encode(raw, n, b64);
-  json_t *r = x_callf(c, "{\"op\":\"put\",\"save\":\"%s\",\"name\":\"%s\",\"dtype\":\"U8\",\"shape\":[%zu],\"data\":\"%s\"}",
+  json_t *r = x_callf(c,
+                      "{\"op\":\"put\",\"save\":\"%s\",\"name\":\"%s\",\"dtype\":\"U8\",\"shape\":[%zu],"
+                      "\"data\":\"%s\"}",
                       save, name, n, b64);
   free(raw);
   free(b64);
@@ -125,7 +128,7 @@ static json_t *put_bytes(x_conn *c, const char *save, const char *name, size_t n
 }
 
 static json_t *file_bytes(x_conn *c, const char *save, const char *path, size_t n) {
-  char *raw = malloc(n), *b64 = malloc(sd_b64_encoded_len(n) + 1);
+  char *raw = malloc(n + 1), *b64 = malloc(sd_b64_encoded_len(n) + 1);
   cr_assert(raw && b64);
   memset(raw, 'x', n);
   sd_b64_encode(raw, n, b64);
