@@ -3,11 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
-#include "owner.h"
+#include "save_guard.h"
 #include "cluster.h"
 #include "planner.h"
 #include "save.h"
@@ -95,32 +94,8 @@ static void kv_free(sd_kv *kv, size_t n) {
   free(kv);
 }
 
-/* Inline bytes live in the daemon's memory until the save ends: capped per
- * save and daemon-wide, so one client cannot grow the daemon without bound. */
-static int inline_check(const sd_save *save, const char *what, const char *name, uint64_t len, sd_error *err) {
-  const sd_config *cfg = save->d->cfg;
-  if (!cfg) return 0;
-  if (len > cfg->max_inline_bytes_per_save || save->inline_bytes > cfg->max_inline_bytes_per_save - len)
-    return sd_fail(err, SHARDD_E_LIMIT,
-                   "%s '%s': %llu inline bytes would bring save '%s' to %llu (max_inline_bytes_per_save=%llu)", what,
-                   name, (unsigned long long)len, save->id, (unsigned long long)(save->inline_bytes + len),
-                   (unsigned long long)cfg->max_inline_bytes_per_save);
-  uint64_t all = save->d->inline_bytes;
-  if (len > cfg->max_inline_bytes || all > cfg->max_inline_bytes - len)
-    return sd_fail(err, SHARDD_E_LIMIT,
-                   "%s '%s': %llu inline bytes would bring the daemon's saves to %llu (max_inline_bytes=%llu)", what,
-                   name, (unsigned long long)len, (unsigned long long)(all + len),
-                   (unsigned long long)cfg->max_inline_bytes);
-  return 0;
-}
-
-static void inline_add(sd_save *save, uint64_t len) {
-  save->inline_bytes += len;
-  save->d->inline_bytes += len;
-}
-
 static void save_free(sd_save *save) {
-  save->d->inline_bytes -= save->inline_bytes;
+  sd_save_inline_release(save);
   if (save->cl) sd_cluster_save_free(save);
   for (size_t i = 0; i < save->ntensors; i++) {
     sd_save_tensor *t = save->tensors[i];
@@ -527,27 +502,6 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   return sd_cluster_begin_check(save, a, err);
 }
 
-/* overwrite replaces only what the caller's uid committed: the daemon
- * writes every checkpoint, so the file system cannot tell users apart. */
-static int may_overwrite(sd_daemon *d, const sd_session *s, const char *dir, sd_error *err) {
-  int found = 0;
-  uid_t owner = 0;
-  int rc = sd_owner_of(d->root_fd, dir, &found, &owner, err);
-  if (rc) return rc;
-  long trusted = d->cfg ? d->cfg->trusted_gid : -1;
-  if (sd_session_in_group(s, trusted)) return 0;
-  if (found && owner == s->uid) return 0;
-  if (found)
-    return sd_fail(err, SHARDD_E_PERMISSION,
-                   "'%s' was committed by uid %u; uid %u may not overwrite it (only its owner%s may)", dir,
-                   (unsigned)owner, (unsigned)s->uid, trusted >= 0 ? " or members of trusted_group" : "");
-  /* Made before owners were recorded, or not by shardd: only who could replace it by hand anyway. */
-  if (s->uid == 0 || s->uid == geteuid()) return 0;
-  return sd_fail(err, SHARDD_E_PERMISSION,
-                 "'%s' has no recorded owner; uid %u may not overwrite it (only root, the daemon's uid %u%s may)",
-                 dir, (unsigned)s->uid, (unsigned)geteuid(), trusted >= 0 ? " or members of trusted_group" : "");
-}
-
 static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a, sd_save **out, sd_error *err) {
   int rc = sd_path_check_rel(a->dir, err);
   if (rc) return rc;
@@ -563,7 +517,7 @@ static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a
   if (exists && !a->overwrite)
     return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
                    a->dir);
-  if (exists && s && (rc = may_overwrite(d, s, a->dir, err)) != 0) return rc;
+  if (exists && s && (rc = sd_save_may_overwrite(d, s, a->dir, err)) != 0) return rc;
   sd_save *save = save_new(d, a);
   if (!save) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory creating save '%s'", a->save);
   /* Newest last, so status lists saves in the order they began. */
@@ -696,7 +650,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
       return err->code;
     }
   }
-  if (a->data && inline_check(save, "tensor", a->name, a->len, err)) return err->code;
+  if (a->data && sd_save_inline_check(save, "tensor", a->name, a->len, err)) return err->code;
   sd_rank *rk = &save->ranks[rank];
   sd_slice *sl = calloc(1, sizeof *sl + 2 * a->ndim * sizeof(uint64_t));
   if (!sl || (a->region && rank_hold_region(rk, a->region) != 0) ||
@@ -733,7 +687,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   sl->rank = rank;
   sl->region = a->region;
   sl->offset = a->offset;
-  if (a->data) inline_add(save, a->len);
+  if (a->data) sd_save_inline_add(save, a->len);
   sl->data = a->data;
   a->data = NULL;
   sl->len = a->len;
@@ -771,7 +725,7 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     sd_save_fail_err(save, err);
     return err->code;
   }
-  if (inline_check(save, "file", name, len, err)) {
+  if (sd_save_inline_check(save, "file", name, len, err)) {
     free(data);
     return err->code;
   }
@@ -791,7 +745,7 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   }
   save->files[save->nfiles++] = (sd_save_artifact){.name = copy, .data = data, .len = len, .rank = rank};
-  inline_add(save, len);
+  sd_save_inline_add(save, len);
   save->bytes_put += len;
   return 0;
 }
