@@ -64,9 +64,17 @@ const sd_config_key sd_config_keys[] = {
     SD_KEY_NUM("line_timeout", line_timeout, "60", 0, 86400, SD_RELOAD,
                "seconds a partial request line may stall before the connection is closed (0: never)"),
     SD_KEY_STR("trusted_group", trusted_group, "", SD_FIXED,
-               "members of this group may attach shm segments the group owns (empty: only their own)"),
+               "members of this group may attach shm segments the group owns and overwrite any checkpoint"
+               " (empty: none)"),
     SD_KEY_MODE("file_mode", file_mode, "0644", SD_RELOAD, "permission bits of checkpoint files"),
     SD_KEY_MODE("dir_mode", dir_mode, "0755", SD_RELOAD, "permission bits of checkpoint folders"),
+    /* local hardening (issue 16): inline bytes held in memory, descriptors kept free */
+    SD_KEY_BYTES("max_inline_bytes_per_save", max_inline_bytes_per_save, "67108864", 1, 1ULL << 40, SD_RELOAD,
+                 "bytes of inline put data and file contents one save may hold in memory"),
+    SD_KEY_BYTES("max_inline_bytes", max_inline_bytes, "268435456", 1, 1ULL << 40, SD_RELOAD,
+                 "bytes of inline put data and file contents all saves together may hold in memory"),
+    SD_KEY_NUM("fd_reserve", fd_reserve, "64", 0, 1000000, SD_RELOAD,
+               "descriptors kept free for the writer's files: connections are refused past the limit minus these"),
     /* peer daemons (issue 4) */
     SD_KEY_STR("peer_listen", peer_listen, "", SD_FIXED,
                "ADDR:PORT to listen on for peer daemons; multi-node saves need it (empty: off)"),

@@ -59,6 +59,10 @@ typedef struct sd_config {
   char *trusted_group;     /* members may attach shm owned by this group; "" none */
   unsigned file_mode;      /* checkpoint files */
   unsigned dir_mode;       /* checkpoint folders */
+  /* local hardening (issue 16) */
+  uint64_t max_inline_bytes_per_save; /* inline put data + file contents held by one save */
+  uint64_t max_inline_bytes;          /* the same, all saves together */
+  unsigned fd_reserve;     /* descriptors connections may not take (writer's files, refusals) */
   /* peer daemons (issue 4, cluster.c, proto/PEERS.md) */
   char *peer_listen;       /* "ADDR:PORT" for peer daemons; "" (default): no multi-node saves */
   char *peer_token_file;   /* the shared secret peers prove they hold */

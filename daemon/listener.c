@@ -14,14 +14,9 @@
 #include "log.h"
 #include "session.h"
 
-static void on_connection(uv_stream_t *server, int status) {
-  sd_daemon *d = server->data;
-  if (status < 0) {
-    sd_log_warn("accept failed: %s", uv_strerror(status));
-    return;
-  }
-  sd_session_accept(d, server);
-}
+static void on_connection(void *ud, int fd) { sd_session_accept(ud, fd); }
+
+#define BACKLOG 128
 
 /* A socket file nobody answers on is left over from a crash: remove it.
  * One somebody answers on belongs to a running daemon: refuse to steal it. */
@@ -95,11 +90,13 @@ int sd_listener_open(sd_daemon *d, sd_error *err) {
     return sd_fail(err, SHARDD_E_PERMISSION, "cannot give socket '%s' group %ld: %s", path, d->cfg->socket_gid,
                    strerror(e));
   }
-  uv_pipe_init(d->loop, &d->server, 0);
-  d->server.data = d;
-  if ((rc = uv_pipe_open(&d->server, fd)) != 0 ||
-      (rc = uv_listen((uv_stream_t *)&d->server, 128, on_connection)) != 0) {
-    uv_close((uv_handle_t *)&d->server, NULL);
+  if (listen(fd, BACKLOG) != 0) {
+    e = errno;
+    close(fd);
+    unlink(tmp);
+    return sd_fail(err, SHARDD_E_IO, "cannot listen on '%s': %s", path, strerror(e));
+  }
+  if ((rc = sd_acceptor_start(&d->server, d->loop, fd, "the client socket", on_connection, d)) != 0) {
     unlink(tmp);
     return sd_fail(err, SHARDD_E_IO, "cannot listen on '%s': %s", path, uv_strerror(rc));
   }
@@ -108,7 +105,7 @@ int sd_listener_open(sd_daemon *d, sd_error *err) {
   if (rc != 0 && errno == EINVAL) rc = rename(tmp, path);
   if (rc != 0) {
     e = errno;
-    uv_close((uv_handle_t *)&d->server, NULL);
+    sd_acceptor_stop(&d->server);
     unlink(tmp);
     return sd_fail(err, SHARDD_E_IO, "cannot move the socket to '%s': %s", path, strerror(e));
   }
@@ -121,11 +118,8 @@ static int adopted;
 
 int sd_listener_adopt(sd_daemon *d, int fd, sd_error *err) {
   int rc;
-  uv_pipe_init(d->loop, &d->server, 0);
-  d->server.data = d;
-  if ((rc = uv_pipe_open(&d->server, fd)) != 0 ||
-      (rc = uv_listen((uv_stream_t *)&d->server, 128, on_connection)) != 0) {
-    uv_close((uv_handle_t *)&d->server, NULL);
+  /* systemd made it listen already (Backlog= in shardd.socket). */
+  if ((rc = sd_acceptor_start(&d->server, d->loop, fd, "the client socket", on_connection, d)) != 0) {
     return sd_fail(err, SHARDD_E_IO, "cannot accept on the socket systemd passed (fd %d): %s", fd,
                    uv_strerror(rc));
   }
@@ -137,7 +131,7 @@ int sd_listener_adopt(sd_daemon *d, int fd, sd_error *err) {
 void sd_listener_close(sd_daemon *d) {
   if (!d->listening) return;
   d->listening = 0;
-  uv_close((uv_handle_t *)&d->server, NULL);
+  sd_acceptor_stop(&d->server);
   if (adopted) return;
   if (unlink(d->cfg->socket_path) != 0 && errno != ENOENT)
     sd_log_warn("cannot remove %s: %s", d->cfg->socket_path, strerror(errno));

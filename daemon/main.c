@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "acceptor.h"
 #include "cluster.h"
 #include "config.h"
 #include "listener.h"
@@ -181,6 +182,7 @@ int main(int argc, char **argv) {
   }
   apply_log_settings(&cfg);
   signal(SIGPIPE, SIG_IGN);
+  sd_fd_limit_raise();
   sd_metrics_start();
 
   sd_error err = {0};

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "save.h"
+#include "sd_artifact.h"
 #include "sd_base64.h"
 #include "sd_msg.h"
 #include "session.h"
@@ -298,7 +299,8 @@ static json_t *op_file(sd_session *s, json_t *req, json_t *id) {
   size_t dlen = 0, got = 0;
   uint8_t *bytes = NULL;
   if (find_rank(s, req, &save, &rank, &err) || sd_msg_str(req, "path", 1, &path, NULL, &err) < 0 ||
-      sd_path_check_name(path, &err) || sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0)
+      sd_path_check_name(path, &err) || sd_artifact_name_check(save->prefix, path, &err) ||
+      sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0)
     return fail(id, &err);
   if (sd_b64_decode(data, dlen, &bytes, &got, &err) != 0) {
     if (!err.code) err.code = SHARDD_E_INVALID_ARGUMENT;

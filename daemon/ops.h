@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "acceptor.h"
 #include "config.h"
 #include "publish.h"
 
@@ -19,7 +20,7 @@ typedef struct sd_daemon {
   int root_fd;
   sd_writer *writer;
   char node[256];                 /* host name, for hello */
-  uv_pipe_t server;
+  sd_acceptor server;             /* the client socket */
   int listening;
 
   struct sd_save *saves;          /* in flight */
@@ -33,6 +34,7 @@ typedef struct sd_daemon {
   size_t hist_cap, hist_len, hist_head;
 
   uint64_t saves_committed, saves_failed, bytes_committed;
+  uint64_t inline_bytes;          /* inline put data and file contents held by saves in flight */
   struct sd_cluster *cluster;     /* peer daemons (cluster.c); NULL without --peer-listen */
 
   int shutting_down;

@@ -11,6 +11,7 @@
 
 #include "crashpoint.h"
 #include "log.h"
+#include "owner.h"
 #include "publish_int.h"
 
 #define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
@@ -39,6 +40,8 @@ struct sd_publish {
   int root_fd, parent_fd, tmp_fd;
   unsigned created_parents;
   int overwrite;
+  int record_owner;
+  uid_t owner_uid;
 
   size_t nfiles;           /* shards, then artifacts, then the index */
   pub_file *files;
@@ -672,6 +675,12 @@ static int make_files(sd_publish *p, sd_error *err) {
   }
   /* Exactly the configured modes, whatever the daemon's umask; the folder's
    * last, so a mode without owner write cannot stop the files being made. */
+  /* Set before the rename, so the folder is never visible without its owner. */
+  int orc = !rc && p->record_owner ? sd_owner_record(p->tmp_fd, p->owner_uid) : 0;
+  if (orc < 0)
+    sd_log_warn("cannot record the owner (uid %u) of '%s': %s; only root, the daemon's uid and trusted_group"
+                " members may overwrite it",
+                (unsigned)p->owner_uid, p->rel_dir, strerror(-orc));
   if (!rc && fchmod(p->tmp_fd, p->dir_mode) < 0)
     rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of the folder for '%s': %s", p->rel_dir, strerror(errno));
   return rc;
@@ -691,6 +700,8 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
   p->overwrite = req->overwrite;
   p->file_mode = req->file_mode ? req->file_mode & 07777 : 0644;
   p->dir_mode = req->dir_mode ? req->dir_mode & 07777 : 0755;
+  p->record_owner = req->record_owner;
+  p->owner_uid = req->owner_uid;
   p->on_released = req->on_released;
   p->on_done = req->on_done;
   p->ud = req->ud;

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "sd_error.h"
@@ -86,6 +87,8 @@ typedef struct {
   int overwrite;           /* replace an existing ROOT/rel_dir atomically */
   unsigned file_mode;      /* checkpoint files (0: 0644), set exactly, whatever the umask */
   unsigned dir_mode;       /* the checkpoint folder (0: 0755) */
+  int record_owner;        /* set owner_uid on the folder (owner.h); a failure is logged, not fatal */
+  uid_t owner_uid;
   const sd_plan *plan;     /* file names, headers, sizes */
   const sd_write_op *ops;  /* data writes; everything must stay valid until done */
   size_t nops;

@@ -6,6 +6,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "save_guard.h"
 #include "cluster.h"
 #include "planner.h"
 #include "save.h"
@@ -94,6 +95,7 @@ static void kv_free(sd_kv *kv, size_t n) {
 }
 
 static void save_free(sd_save *save) {
+  sd_save_inline_release(save);
   if (save->cl) sd_cluster_save_free(save);
   for (size_t i = 0; i < save->ntensors; i++) {
     sd_save_tensor *t = save->tensors[i];
@@ -404,6 +406,8 @@ static void start_write(sd_save *save) {
       .overwrite = save->overwrite,
       .file_mode = d->cfg->file_mode,
       .dir_mode = d->cfg->dir_mode,
+      .record_owner = 1,
+      .owner_uid = save->owner_uid,
       .plan = &p->plan,
       .ops = p->ops,
       .nops = p->nops,
@@ -498,7 +502,7 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   return sd_cluster_begin_check(save, a, err);
 }
 
-static int create_save(sd_daemon *d, const sd_begin_args *a, sd_save **out, sd_error *err) {
+static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a, sd_save **out, sd_error *err) {
   int rc = sd_path_check_rel(a->dir, err);
   if (rc) return rc;
   for (sd_save *s = d->saves; s; s = s->next)
@@ -513,6 +517,7 @@ static int create_save(sd_daemon *d, const sd_begin_args *a, sd_save **out, sd_e
   if (exists && !a->overwrite)
     return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
                    a->dir);
+  if (exists && s && (rc = sd_save_may_overwrite(d, s, a->dir, err)) != 0) return rc;
   sd_save *save = save_new(d, a);
   if (!save) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory creating save '%s'", a->save);
   /* Newest last, so status lists saves in the order they began. */
@@ -556,7 +561,7 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
       return err->code;
     }
   } else {
-    rc = create_save(d, a, &save, err);
+    rc = create_save(d, s, a, &save, err);
     if (rc) return rc;
     if (a->nnodes > 1 && (rc = sd_cluster_begin_new(save, a, err)) != 0) {
       unlink_save(d, save);
@@ -645,6 +650,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
       return err->code;
     }
   }
+  if (a->data && sd_save_inline_check(save, "tensor", a->name, a->len, err)) return err->code;
   sd_rank *rk = &save->ranks[rank];
   sd_slice *sl = calloc(1, sizeof *sl + 2 * a->ndim * sizeof(uint64_t));
   if (!sl || (a->region && rank_hold_region(rk, a->region) != 0) ||
@@ -681,6 +687,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   sl->rank = rank;
   sl->region = a->region;
   sl->offset = a->offset;
+  if (a->data) sd_save_inline_add(save, a->len);
   sl->data = a->data;
   a->data = NULL;
   sl->len = a->len;
@@ -718,6 +725,10 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     sd_save_fail_err(save, err);
     return err->code;
   }
+  if (sd_save_inline_check(save, "file", name, len, err)) {
+    free(data);
+    return err->code;
+  }
   if (save->nfiles == save->fcap) {
     size_t ncap = save->fcap ? save->fcap * 2 : 4;
     sd_save_artifact *nf = realloc(save->files, ncap * sizeof *nf);
@@ -734,6 +745,7 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   }
   save->files[save->nfiles++] = (sd_save_artifact){.name = copy, .data = data, .len = len, .rank = rank};
+  sd_save_inline_add(save, len);
   save->bytes_put += len;
   return 0;
 }

@@ -92,6 +92,7 @@ typedef struct sd_save {
   sd_save_artifact *files;
   size_t nfiles, fcap;
   uint64_t bytes_put;
+  uint64_t inline_bytes;   /* of bytes_put, held in memory (counted in d->inline_bytes) */
 
   sd_waiter *waiters;
   sd_error err;            /* the first failure */

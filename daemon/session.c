@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
@@ -279,6 +280,7 @@ static void pump(sd_session *s) {
       return;
     }
     s->partial_since = 0;
+    s->spoke = 1;
     sd_ops_dispatch(s, line, len);
   }
   s->pumping = 0;
@@ -366,6 +368,14 @@ static void sweep_start(sd_daemon *d) {
   uv_unref((uv_handle_t *)&sweep_timer); /* never what keeps the daemon running */
 }
 
+int sd_session_in_group(const sd_session *s, long gid) {
+  if (gid < 0) return 0;
+  if ((long)s->gid == gid) return 1;
+  for (size_t i = 0; i < s->ngroups; i++)
+    if ((long)s->groups[i] == gid) return 1;
+  return 0;
+}
+
 /* Supplementary groups of the peer, for the trusted-group shm check. */
 static void read_groups(sd_session *s, int fd) {
   socklen_t len = 0;
@@ -384,34 +394,120 @@ static void read_groups(sd_session *s, int fd) {
 /* ------------------------------------------------------------------------ *
  * Accept
  * ------------------------------------------------------------------------ */
-void sd_session_accept(sd_daemon *d, uv_stream_t *server) {
+/* A connection silent this long may be closed to make room when the daemon is full. */
+#define SILENT_EVICT_MS 1000
+/* Refusals are logged at once, then at most this often with a count: a flood must not flood the log. */
+#define REFUSE_LOG_MS 10000
+
+static int over_limit(sd_daemon *d, int fd, sd_error *err) {
+  const sd_config *cfg = d->cfg;
+  if (cfg->max_connections && d->nsessions >= cfg->max_connections)
+    return sd_fail(err, SHARDD_E_LIMIT, "too many connections (max_connections=%u); try again later",
+                   cfg->max_connections);
+  if (sd_fd_over_budget(fd, cfg->fd_reserve))
+    return sd_fail(err, SHARDD_E_LIMIT,
+                   "too many open descriptors (descriptor limit %llu, fd_reserve=%u kept for the writer);"
+                   " try again later",
+                   (unsigned long long)sd_fd_limit(), cfg->fd_reserve);
+  return 0;
+}
+
+/* The oldest connection that never sent a request and holds nothing: no
+ * save, no region, no wait. Sessions are listed newest first. */
+static sd_session *oldest_silent(sd_daemon *d) {
+  uint64_t now = uv_now(d->loop);
+  sd_session *found = NULL;
+  for (sd_session *s = d->sessions; s; s = s->next)
+    if (!s->closing && !s->spoke && !s->nmembers && !s->regions.n && !s->pending_waits &&
+        now - s->since >= SILENT_EVICT_MS)
+      found = s;
+  return found;
+}
+
+/* Refusals and evictions are counted apart, so neither hides the other. */
+typedef struct {
+  uint64_t count, logged, at;
+} rate_log;
+static rate_log refusals, evictions;
+
+static void log_refused(sd_daemon *d, rate_log *rl, pid_t pid, uid_t uid, const char *why) {
+  uint64_t now = uv_now(d->loop);
+  rl->count++;
+  if (rl->at && now - rl->at < REFUSE_LOG_MS) return;
+  sd_log_warn("client (pid %d, uid %u) refused: %s (%llu like it since the last report)", (int)pid, (unsigned)uid,
+              why, (unsigned long long)(rl->count - rl->logged));
+  rl->logged = rl->count;
+  rl->at = now ? now : 1;
+}
+
+/* No session, no queue: one line if the socket takes it now, then closed,
+ * so a refusal holds no descriptor past this call. */
+static void refuse(sd_daemon *d, int fd, const sd_error *err) {
+  struct ucred cred = {0};
+  socklen_t clen = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) cred.pid = 0;
+  log_refused(d, &refusals, cred.pid, cred.uid, err->msg);
+  size_t len = 0;
+  json_t *msg = sd_msg_error_from(NULL, err);
+  char *line = msg ? sd_msg_dump(msg, &len) : NULL;
+  json_decref(msg);
+  if (line && send(fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+    sd_log_debug("refused client: %s", strerror(errno));
+  free(line);
+  close(fd);
+}
+
+/* Makes room for fd when the daemon is full: 0 when there is room (now or
+ * once a silent connection closes), else err says which limit. */
+static int admit(sd_daemon *d, int fd, sd_error *err) {
+  if (!over_limit(d, fd, err)) return 0;
+  sd_session *victim = oldest_silent(d);
+  if (!victim) return err->code;
+  sd_error why = {0};
+  sd_fail(&why, SHARDD_E_LIMIT, "closing this connection: it sent no request for %llu ms and the daemon is full (%s)",
+          (unsigned long long)(uv_now(d->loop) - victim->since), err->msg);
+  log_refused(d, &evictions, victim->pid, victim->uid, why.msg);
+  sd_session_send(victim, sd_msg_error_from(NULL, &why));
+  sd_session_close(victim);
+  sd_error_clear(err);
+  return 0;
+}
+
+void sd_session_accept(sd_daemon *d, int fd) {
+  sd_error lim = {0};
+  if (admit(d, fd, &lim)) {
+    refuse(d, fd, &lim);
+    return;
+  }
   sd_session *s = calloc(1, sizeof *s);
   if (!s) {
     sd_log_error("out of memory accepting a client");
+    close(fd);
     return;
   }
   s->d = d;
   if (uv_pipe_init(d->loop, &s->pipe, 0) != 0) {
+    close(fd);
     free(s);
     return;
   }
   s->pipe.data = s;
   sd_linebuf_init(&s->lb, d->cfg->max_line);
   s->id = ++d->next_session_id;
+  s->since = uv_now(d->loop);
   s->next = d->sessions;
   if (d->sessions) d->sessions->prev = s;
   d->sessions = s;
   d->nsessions++;
-  if (uv_accept(server, (uv_stream_t *)&s->pipe) != 0) {
+  if (uv_pipe_open(&s->pipe, fd) != 0) {
+    close(fd);
     s->closing = 1;
     uv_close((uv_handle_t *)&s->pipe, on_closed);
     return;
   }
-  uv_os_fd_t fd;
   struct ucred cred;
   socklen_t clen = sizeof cred;
-  if (uv_fileno((uv_handle_t *)&s->pipe, &fd) != 0 ||
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
     sd_log_warn("cannot read the credentials of a client; refusing it");
     s->closing = 1;
     uv_close((uv_handle_t *)&s->pipe, on_closed);
@@ -422,16 +518,6 @@ void sd_session_accept(sd_daemon *d, uv_stream_t *server) {
   s->pid = cred.pid;
   read_groups(s, fd);
   sweep_start(d);
-  if (d->cfg->max_connections && d->nsessions > d->cfg->max_connections) {
-    sd_error err = {0};
-    sd_fail(&err, SHARDD_E_LIMIT, "too many connections (max_connections=%u); try again later",
-            d->cfg->max_connections);
-    sd_log_warn("client %llu (pid %d, uid %u) refused: %s", (unsigned long long)s->id, (int)s->pid,
-                (unsigned)s->uid, err.msg);
-    sd_session_send(s, sd_msg_error_from(NULL, &err));
-    sd_session_close(s);
-    return;
-  }
   sd_log_debug("client %llu connected (pid %d, uid %u)", (unsigned long long)s->id, (int)s->pid,
                (unsigned)s->uid);
   sd_metrics_connection();

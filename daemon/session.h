@@ -36,12 +36,17 @@ typedef struct sd_session {
   sd_member *members;       /* saves this connection is a rank of */
   size_t nmembers, mcap;
   unsigned pending_waits;
+  uint64_t since;           /* loop time (ms) it connected */
+  int spoke;                /* it sent at least one request */
   int reading, paused, eof, eof_handled, pumping, closing;
   struct sd_session *prev, *next;
 } sd_session;
 
-/* Accepts a pending connection on server. */
-void sd_session_accept(sd_daemon *d, uv_stream_t *server);
+/* Takes over fd, a connection just accepted on the client socket. Past
+ * max_connections or the descriptor budget (fd_reserve), the oldest
+ * connection that has said nothing for a while makes room; without one,
+ * the new connection gets limit_exceeded and is closed. */
+void sd_session_accept(sd_daemon *d, int fd);
 /* Queues msg (reference stolen) as one line; dropped once the session closes. */
 void sd_session_send(sd_session *s, json_t *msg);
 /* Hands what replies wait in this batch to the socket now, before slow work
@@ -56,5 +61,8 @@ int sd_session_add_member(sd_session *s, struct sd_save *save, uint32_t rank);
 void sd_session_remove_member(sd_session *s, struct sd_save *save);
 /* A pending wait was answered or dropped: an idle half-closed peer is closed. */
 void sd_session_wait_done(sd_session *s);
+
+/* 1 when the peer's primary or supplementary groups include gid (gid < 0: none configured). */
+int sd_session_in_group(const sd_session *s, long gid);
 
 #endif

@@ -314,12 +314,27 @@ Test(failures, different_bytes_for_one_file_is_a_conflict) {
   h_expect_serving();
 }
 
-Test(failures, file_named_like_a_shard_is_refused_at_planning) {
+/* Rank 0 sends its file only once every rank has begun: otherwise its
+ * disconnect could end the save before rank 1 begins a fresh one. */
+static void all_begun_hook(const h_script *s, int rank, int point, shardd_client *c) {
+  (void)c;
+  if (rank == 0 && point == H_AT_BEGIN && h_await(s->sh, H_SYNC_BEGUN, s->opts.world_size))
+    h_result_fail(&s->sh->r[rank], "sync", SHARDD_E_TIMEOUT, NULL);
+}
+
+/* Refused at the request now (test_hostile.c has every reserved name): the
+ * rank that sent it gives up, and its disconnect fails the save for the other. */
+Test(failures, file_named_like_a_shard_is_refused_at_the_request) {
   const h_file files[] = {{.rank = 0, .path = "model.safetensors", .data = "x", .len = 1}};
   h_script s = {.opts = {.save = "clash", .dir = "clash", .world_size = 2}, .puts = conflict_puts, .nputs = 2,
-                .files = files, .nfiles = 1, .seed = 51, .wait_after_fail = 1};
+                .files = files, .nfiles = 1, .seed = 51, .hook = all_begun_hook};
   h_run(&s);
-  h_expect_failed(&s, SHARDD_E_INVALID_ARGUMENT, "model.safetensors", (char *)NULL);
+  const h_result *r0 = &s.sh->r[0], *r1 = &s.sh->r[1];
+  cr_assert_eq(r0->rc, SHARDD_E_INVALID_ARGUMENT, "rank 0: %s %s", r0->step, r0->msg);
+  cr_assert_str_eq(r0->step, "file");
+  cr_assert(strstr(r0->msg, "'model.safetensors'"), "the message does not name the file: %s", r0->msg);
+  int got1 = r1->waited ? r1->wrc : r1->rc;
+  cr_assert_eq(got1, SHARDD_E_CLIENT_LOST, "rank 1: %s", r1->waited ? r1->wmsg : r1->msg);
   h_expect_unpublished("clash");
   h_expect_serving();
 }

@@ -372,3 +372,36 @@ Test(hostile, thousands_of_connect_disconnect_cycles) {
   shm_unlink(name);
   x_serving();
 }
+
+/* A `file` may not take the name of a file the daemon writes: refused at
+ * the request, whatever shape the save ends up with. */
+Test(hostile, file_artifacts_named_like_the_index_a_shard_or_a_temporary_folder) {
+  x_conn *c = x_connect();
+  x_ok(x_call(c, "{\"op\":\"begin\",\"save\":\"art\",\"dir\":\"art/ck\",\"rank\":0,\"world_size\":1}"), "begin");
+  x_ok(x_call(c, "{\"op\":\"put\",\"save\":\"art\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[1],\"data\":\"AQ==\"}"),
+       "put");
+  const char *names[] = {"model.safetensors.index.json", "model.safetensors", "model-00001-of-00002.safetensors",
+                         "model-00002-of-00002.safetensors", ".shardd-tmp-art"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    json_t *r = x_callf(c, "{\"op\":\"file\",\"save\":\"art\",\"path\":\"%s\",\"data\":\"e30=\"}", names[i]);
+    char frag[96];
+    snprintf(frag, sizeof frag, "file '%s'", names[i]);
+    x_err(r, "invalid_argument", frag, names[i]);
+  }
+  /* the refusals did not fail the save: it commits as a single file the reader accepts */
+  x_ok(x_call(c, "{\"op\":\"file\",\"save\":\"art\",\"path\":\"config.json\",\"data\":\"e30=\"}"), "config.json");
+  x_ok(x_call(c, "{\"op\":\"seal\",\"save\":\"art\"}"), "seal");
+  x_ok(x_call(c, "{\"op\":\"wait\",\"save\":\"art\"}"), "wait");
+  h_verify_ok("art/ck");
+  char p[PATH_MAX];
+  cr_assert_eq(h_dir_count(h_path(p, sizeof p, "art/ck")), 2, "model.safetensors and config.json, nothing else");
+  /* with another prefix, the names follow it */
+  x_ok(x_call(c, "{\"op\":\"begin\",\"save\":\"ema\",\"dir\":\"art/ema\",\"rank\":0,\"world_size\":1,"
+                 "\"prefix\":\"ema\"}"),
+       "begin ema");
+  x_err(x_call(c, "{\"op\":\"file\",\"save\":\"ema\",\"path\":\"ema.safetensors.index.json\",\"data\":\"e30=\"}"),
+        "invalid_argument", "ema.safetensors.index.json", "ema's index");
+  x_ok(x_call(c, "{\"op\":\"abort\",\"save\":\"ema\"}"), "abort ema");
+  x_close(c);
+  x_serving();
+}

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "xclient.h"
@@ -272,5 +273,94 @@ Test(perms, symlink_planted_inside_the_root_is_refused) {
   x_ok(x_call(c, "{\"op\":\"wait\",\"save\":\"sl\"}"), "wait");
   h_verify_ok("real/ck");
   x_close(c);
+  x_serving();
+}
+
+/* ------------------------------------------------------------------------ *
+ * Checkpoint ownership: the uid that committed a folder is recorded on it
+ * (xattr user.shardd.owner); overwrite is its owner's (or the trusted group's)
+ * ------------------------------------------------------------------------ */
+#define U_THIRD 4245
+
+/* The steps of a one-rank save of dir, inline, with or without overwrite. */
+static void save_steps(step *s, char lines[4][256], const char *save, const char *dir, int overwrite, int value) {
+  snprintf(lines[0], 256, "{\"op\":\"begin\",\"save\":\"%s\",\"dir\":\"%s\",\"rank\":0,\"world_size\":1%s}", save, dir,
+           overwrite ? ",\"overwrite\":true" : "");
+  snprintf(lines[1], 256,
+           "{\"op\":\"put\",\"save\":\"%s\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[1],\"data\":\"%s\"}", save,
+           value == 1 ? "AQ==" : value == 2 ? "Ag==" : "Aw==");
+  snprintf(lines[2], 256, "{\"op\":\"seal\",\"save\":\"%s\"}", save);
+  snprintf(lines[3], 256, "{\"op\":\"wait\",\"save\":\"%s\"}", save);
+  for (int i = 0; i < 4; i++) s[i] = (step){lines[i], "\"ok\":true"};
+}
+
+static unsigned recorded_owner(const char *rel) {
+  char p[PATH_MAX], v[32] = "";
+  ssize_t n = getxattr(h_path(p, sizeof p, rel), "user.shardd.owner", v, sizeof v - 1);
+  cr_assert(n > 0, "%s has no user.shardd.owner: %s", rel, strerror(errno));
+  v[n] = 0;
+  return (unsigned)strtoul(v, NULL, 10);
+}
+
+Test(perms, overwrite_only_of_checkpoints_the_callers_uid_committed) {
+  need_root();
+  open_up();
+  const char *flags[] = {"--socket-mode", "0666", NULL};
+  x_start(flags);
+  step s[4];
+  char l[4][256];
+  save_steps(s, l, "o1", "owned/ck", 0, 1);
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's first save");
+  cr_assert_eq(recorded_owner("owned/ck"), U_OTHER, "the owner recorded on the folder");
+  char p[PATH_MAX];
+  uint64_t before = x_tree_hash(h_path(p, sizeof p, "owned/ck"));
+  /* another uid: refused at begin, naming the folder and its owner */
+  save_steps(s, l, "o2", "owned/ck", 1, 2);
+  s[0].want = "committed by uid 4243";
+  cr_assert_eq(run_as(U_THIRD, G_OTHER, s, 1), 0, "another uid overwrote the checkpoint");
+  s[0].want = "\"code\":\"permission_denied\"";
+  cr_assert_eq(run_as(U_THIRD, G_OTHER, s, 1), 0, "the refusal's code");
+  /* root is no exception */
+  x_conn *c = x_connect();
+  x_err(x_call(c, l[0]), "permission_denied", "'owned/ck' was committed by uid 4243", "root's overwrite");
+  cr_assert_eq(x_tree_hash(h_path(p, sizeof p, "owned/ck")), before, "the refused overwrites touched the checkpoint");
+  /* the same uid replaces its own checkpoint */
+  s[0].want = "\"ok\":true";
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's overwrite");
+  const uint8_t two = 2;
+  h_check_bytes("owned/ck", "w", &two, 1);
+  cr_assert_eq(recorded_owner("owned/ck"), U_OTHER);
+  /* a folder nobody recorded (made before this, or by hand): root and the daemon's uid only */
+  cr_assert_eq(mkdir(h_path(p, sizeof p, "legacy"), 0777), 0);
+  save_steps(s, l, "o3", "legacy", 1, 3);
+  s[0].want = "has no recorded owner";
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 1), 0, "a user overwrote a folder without an owner");
+  x_ok(x_call(c, l[0]), "root (the daemon's uid) overwrites a folder without an owner");
+  x_ok(x_call(c, l[1]), "put");
+  x_ok(x_call(c, l[2]), "seal");
+  x_ok(x_call(c, l[3]), "wait");
+  cr_assert_eq(recorded_owner("legacy"), 0, "root's overwrite records root");
+  x_close(c);
+  x_serving();
+}
+
+Test(perms, trusted_group_members_may_overwrite_any_checkpoint) {
+  need_root();
+  open_up();
+  const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
+  x_start(flags);
+  step s[4];
+  char l[4][256];
+  save_steps(s, l, "t1", "team/ck", 0, 1);
+  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 4), 0, "the first save");
+  save_steps(s, l, "t2", "team/ck", 1, 2);
+  s[0].want = "members of trusted_group";
+  cr_assert_eq(run_as(U_THIRD, G_OTHER, s, 1), 0, "a non-member overwrote another uid's checkpoint");
+  s[0].want = "\"ok\":true";
+  cr_assert_eq(run_as(U_THIRD, G_TRUST, s, 4), 0, "a member of the trusted group cannot overwrite");
+  const uint8_t two = 2;
+  h_check_bytes("team/ck", "w", &two, 1);
+  cr_assert_eq(recorded_owner("team/ck"), U_THIRD, "the new owner is the member who overwrote it");
+  h_verify_ok("team/ck");
   x_serving();
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -65,7 +66,9 @@ static void dump_log(void) {
   free(log);
 }
 
-void x_start(const char *const *extra) {
+void x_start(const char *const *extra) { x_start_nofile(extra, 0); }
+
+void x_start_nofile(const char *const *extra, unsigned nofile) {
   const char *bin = getenv("SHARDD");
   cr_assert(bin && *bin, "SHARDD is not set (meson test sets it)");
   const char *argv[96];
@@ -94,6 +97,8 @@ void x_start(const char *const *extra) {
   cr_assert(pid >= 0, "fork: %s", strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    struct rlimit rl = {nofile, nofile};
+    if (nofile && setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
     int nul = open("/dev/null", O_RDONLY);
     dup2(nul, 0);
     dup2(logfd, 1);

@@ -31,6 +31,9 @@ void x_fini(void);
 /* Starts H with the NULL-terminated extra flags (may be NULL). The
  * environment (SHARDD_TEST_CRASH_AT, ...) is inherited. */
 void x_start(const char *const *extra);
+/* x_start with the daemon's soft and hard RLIMIT_NOFILE set to nofile in
+ * the child before exec (`ulimit -n`); 0 leaves them alone. */
+void x_start_nofile(const char *const *extra, unsigned nofile);
 /* H was killed (by itself or by us): reaps it, asserts it died of SIGKILL. */
 void x_reap_killed(void);
 /* Number of times the daemon's log holds `needle`. */

@@ -1,0 +1,56 @@
+/* What a save may hold and replace: inline bytes against their limits, overwrite against the folder's recorded owner. */
+#include <unistd.h>
+
+#include "owner.h"
+#include "save_guard.h"
+#include "session.h"
+
+/* Inline bytes live in the daemon's memory until the save ends: capped per
+ * save and daemon-wide, so one client cannot grow the daemon without bound. */
+int sd_save_inline_check(const sd_save *save, const char *what, const char *name, uint64_t len, sd_error *err) {
+  const sd_config *cfg = save->d->cfg;
+  if (!cfg) return 0;
+  if (len > cfg->max_inline_bytes_per_save || save->inline_bytes > cfg->max_inline_bytes_per_save - len)
+    return sd_fail(err, SHARDD_E_LIMIT,
+                   "%s '%s': %llu inline bytes would bring save '%s' to %llu (max_inline_bytes_per_save=%llu)", what,
+                   name, (unsigned long long)len, save->id, (unsigned long long)(save->inline_bytes + len),
+                   (unsigned long long)cfg->max_inline_bytes_per_save);
+  uint64_t all = save->d->inline_bytes;
+  if (len > cfg->max_inline_bytes || all > cfg->max_inline_bytes - len)
+    return sd_fail(err, SHARDD_E_LIMIT,
+                   "%s '%s': %llu inline bytes would bring the daemon's saves to %llu (max_inline_bytes=%llu)", what,
+                   name, (unsigned long long)len, (unsigned long long)(all + len),
+                   (unsigned long long)cfg->max_inline_bytes);
+  return 0;
+}
+
+void sd_save_inline_add(sd_save *save, uint64_t len) {
+  save->inline_bytes += len;
+  save->d->inline_bytes += len;
+}
+
+void sd_save_inline_release(sd_save *save) {
+  save->d->inline_bytes -= save->inline_bytes;
+  save->inline_bytes = 0;
+}
+
+/* overwrite replaces only what the caller's uid committed: the daemon
+ * writes every checkpoint, so the file system cannot tell users apart. */
+int sd_save_may_overwrite(sd_daemon *d, const sd_session *s, const char *dir, sd_error *err) {
+  int found = 0;
+  uid_t owner = 0;
+  int rc = sd_owner_of(d->root_fd, dir, &found, &owner, err);
+  if (rc) return rc;
+  long trusted = d->cfg ? d->cfg->trusted_gid : -1;
+  if (sd_session_in_group(s, trusted)) return 0;
+  if (found && owner == s->uid) return 0;
+  if (found)
+    return sd_fail(err, SHARDD_E_PERMISSION,
+                   "'%s' was committed by uid %u; uid %u may not overwrite it (only its owner%s may)", dir,
+                   (unsigned)owner, (unsigned)s->uid, trusted >= 0 ? " or members of trusted_group" : "");
+  /* Made before owners were recorded, or not by shardd: only who could replace it by hand anyway. */
+  if (s->uid == 0 || s->uid == geteuid()) return 0;
+  return sd_fail(err, SHARDD_E_PERMISSION,
+                 "'%s' has no recorded owner; uid %u may not overwrite it (only root, the daemon's uid %u%s may)",
+                 dir, (unsigned)s->uid, (unsigned)geteuid(), trusted >= 0 ? " or members of trusted_group" : "");
+}
