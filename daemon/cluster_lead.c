@@ -10,6 +10,7 @@
 
 #include "cluster_int.h"
 #include "log.h"
+#include "owner.h"
 #include "publish_int.h"
 #include "sd_base64.h"
 #include "sd_msg.h"
@@ -36,6 +37,8 @@ typedef struct sd_lead {
   sd_kv *md;
   size_t nmd;
   int overwrite;
+  int has_owner;           /* node 0's join named the uid that began the save */
+  uid_t owner_uid;         /* recorded on the folder, as a one-node save does */
   uint32_t ws, nnodes;
   sd_write_mode mode;
   lnode *nodes;
@@ -259,6 +262,13 @@ static int job_finish(fsjob *j) {
   if (!rc && L->plan.plan.needs_index)
     rc = write_file(tfd, L->plan.plan.index_name, (const uint8_t *)L->plan.index_json, L->plan.index_len,
                     L->file_mode, err, L->dir);
+  if (!rc && L->has_owner) {
+    /* Before the folder's fsync and rename: it is never visible without its owner. */
+    int orc = sd_owner_record(tfd, L->owner_uid);
+    if (orc < 0)
+      sd_log_warn("cannot record the owner (uid %u) of '%s': %s; only root, the daemon's uid and trusted_group"
+                  " members may overwrite it", (unsigned)L->owner_uid, L->dir, strerror(-orc));
+  }
   if (!rc && fsync(tfd) < 0) rc = sd_fail(err, errno_code(errno), "%s: fsync of the new folder: %s", L->dir, strerror(errno));
   close(tfd);
   if (rc) return rc;
@@ -653,6 +663,12 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
   n->local = p == NULL;
   n->link = p;
   snprintf(n->tok, sizeof n->tok, "%s", tok);
+  json_t *owner = json_object_get(h, "owner_uid");
+  if (!p && json_is_integer(owner) && json_integer_value(owner) >= 0) {
+    /* Only this node's own uid means anything on this file system. */
+    L->has_owner = 1;
+    L->owner_uid = (uid_t)json_integer_value(owner);
+  }
   const char *addr = p ? sd_peer_addr(p) : json_string_value(json_object_get(h, "leader"));
   snprintf(n->addr, sizeof n->addr, "%s", addr ? addr : "");
   snprintf(n->name, sizeof n->name, "%s", p ? sd_peer_name(p) : cl->node);

@@ -87,10 +87,11 @@ int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
   json_t *md = json_object();
   for (size_t i = 0; i < save->nmetadata; i++)
     json_object_set_new(md, save->metadata[i].key, json_string(save->metadata[i].value));
-  json_t *j = json_pack("{s:s,s:i,s:i,s:s,s:s,s:I,s:b,s:s,s:s,s:o}", "t", "join", "nnodes", (int)cs->nnodes,
+  json_t *j = json_pack("{s:s,s:i,s:i,s:s,s:s,s:I,s:b,s:s,s:s,s:o,s:I}", "t", "join", "nnodes", (int)cs->nnodes,
                         "world_size", (int)save->world_size, "dir", save->dir, "prefix", save->prefix,
                         "max_shard_size", (json_int_t)save->max_shard_size, "overwrite", save->overwrite,
-                        "write_mode", mode_str(cs->mode), "leader", cs->leader, "metadata", md);
+                        "write_mode", mode_str(cs->mode), "leader", cs->leader, "metadata", md, "owner_uid",
+                        (json_int_t)save->owner_uid);
   sd_node_to_leader(cs, j);
   sd_log_debug("save '%s': node %u of %u, leader %s%s", save->id, cs->node_rank, cs->nnodes, cs->leader,
                cs->is_leader ? " (this daemon)" : "");

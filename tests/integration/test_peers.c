@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -182,6 +183,12 @@ Test(peers, split_tensors_are_forwarded_to_the_file_owner) {
   h_check_script(&s);
   totals t = report("split", ckpt_data("ck/split"));
   cr_assert_gt(t.fwd, 0, "slices of other nodes' files must be forwarded");
+  /* The leader records who began the save, as a one-node save does (test_perms.c). */
+  char p[PATH_MAX], v[32] = "";
+  ssize_t n = getxattr(h_path(p, sizeof p, "ck/split"), "user.shardd.owner", v, sizeof v - 1);
+  cr_assert(n > 0, "ck/split has no user.shardd.owner: %s", strerror(errno));
+  v[n] = 0;
+  cr_assert_eq(strtoul(v, NULL, 10), (unsigned long)getuid(), "owner %s, ranks run as uid %u", v, (unsigned)getuid());
   h_shared_free(s.sh);
 }
 
