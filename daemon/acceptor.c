@@ -139,6 +139,7 @@ int sd_acceptor_start(sd_acceptor *a, uv_loop_t *loop, int listen_fd, const char
   a->poll.data = a;
   uv_timer_init(loop, &a->retry);
   a->retry.data = a;
+  a->open_handles = 2;
   uv_unref((uv_handle_t *)&a->retry);
   rc = uv_poll_start(&a->poll, UV_READABLE, on_poll);
   if (rc) {
@@ -149,7 +150,10 @@ int sd_acceptor_start(sd_acceptor *a, uv_loop_t *loop, int listen_fd, const char
   return 0;
 }
 
-static void on_closed(uv_handle_t *h) { (void)h; }
+static void on_closed(uv_handle_t *h) {
+  sd_acceptor *a = h->data;
+  if (--a->open_handles == 0 && a->on_stopped) a->on_stopped(a->ud);
+}
 
 void sd_acceptor_stop(sd_acceptor *a) {
   if (a->closing) return;

@@ -38,6 +38,10 @@ typedef struct sd_acceptor {
   uint64_t logged_at;       /* loop time of the last EMFILE log line; 0: none yet */
   uint64_t dropped_logged;
   int polling, closing;
+  unsigned open_handles;
+  /* Optional: called once both handles are closed after sd_acceptor_stop, so an
+   * owner that frees the memory holding the acceptor knows when it may. */
+  void (*on_stopped)(void *ud);
 } sd_acceptor;
 
 /* Takes over listen_fd (a listening socket; closed on failure too). Returns 0 or a libuv error. */

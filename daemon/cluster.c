@@ -215,7 +215,9 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
                       .token_len = tlen,
                       .timeout_ms = (uint64_t)(cfg->peer_timeout ? cfg->peer_timeout : 30) * 1000,
                       .handshake_ms = (uint64_t)cfg->peer_handshake_timeout * 1000,
-                      .max_unauth = cfg->peer_max_unauth};
+                      .max_unauth = cfg->peer_max_unauth,
+                      /* Strangers stop twice as early as local clients, so the Unix socket keeps room too. */
+                      .fd_reserve = 2 * cfg->fd_reserve};
     sd_peer_handlers h = {.on_frame = on_frame, .on_lost = on_lost};
     rc = sd_peer_net_init(&cl->net, d->loop, &o, &h, cl, err);
   }

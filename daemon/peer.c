@@ -74,6 +74,12 @@ static void net_maybe_free(sd_peer_net *net) {
   free(net);
 }
 
+static void on_listener_stopped(void *ud) {
+  sd_peer_net *net = ud;
+  net->handles--;
+  net_maybe_free(net);
+}
+
 static void peer_free(sd_peer *p) {
   sd_peer_net *net = p->net;
   if (p->prev) p->prev->next = p->next;
@@ -648,17 +654,25 @@ static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
   int g = getaddrinfo(net->listen_host, ports, &hints, &res);
   if (g != 0 || !res)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "--peer-listen %s: %s", addr, gai_strerror(g));
-  uv_tcp_init(net->loop, &net->listener);
-  net->listener.data = net;
+  /* A plain socket for the acceptor: libuv's own accept would drop connections unlogged on EMFILE. */
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), on = 1;
+  rc = fd < 0 ? -errno : 0;
+  if (!rc && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) < 0) rc = -errno;
+  if (!rc && bind(fd, res->ai_addr, res->ai_addrlen) < 0) rc = -errno;
+  if (!rc && listen(fd, 128) < 0) rc = -errno;
+  freeaddrinfo(res);
+  if (rc < 0) {
+    if (fd >= 0) close(fd);
+    return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, strerror(-rc));
+  }
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  getsockname(fd, (struct sockaddr *)&ss, &len);
+  rc = sd_acceptor_start(&net->listener, net->loop, fd, "the peer listener", sd_peer_on_incoming, net);
+  if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, uv_strerror(rc));
+  net->listener.on_stopped = on_listener_stopped;
   net->handles++;
   net->listening = 1;
-  rc = uv_tcp_bind(&net->listener, res->ai_addr, 0);
-  freeaddrinfo(res);
-  if (rc == 0) rc = uv_listen((uv_stream_t *)&net->listener, 128, sd_peer_on_incoming);
-  if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, uv_strerror(rc));
-  struct sockaddr_storage ss;
-  int len = sizeof ss;
-  uv_tcp_getsockname(&net->listener, (struct sockaddr *)&ss, &len);
   sd_peer_sockaddr_str((struct sockaddr *)&ss, net->listen_addr, sizeof net->listen_addr);
   net->listen_port = ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
                                              : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
@@ -727,6 +741,7 @@ int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o, 
   uv_unref((uv_handle_t *)&net->hb);
   net->handshake_ms = o->handshake_ms ? o->handshake_ms : net->timeout_ms;
   net->max_unauth = o->max_unauth ? o->max_unauth : 64;
+  net->fd_reserve = o->fd_reserve;
   uint64_t tick = net->handshake_ms / 4 > HANDSHAKE_TICK_MIN ? net->handshake_ms / 4 : HANDSHAKE_TICK_MIN;
   if (tick > 1000) tick = 1000; /* also flushes the count of suppressed lines soon after a flood */
   uv_timer_init(loop, &net->hs);
@@ -760,7 +775,7 @@ void sd_peer_net_close(sd_peer_net *net) {
     p->notify = 0;
     sd_peer_fail(p, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   }
-  if (net->listening) uv_close((uv_handle_t *)&net->listener, on_net_handle_closed);
+  if (net->listening) sd_acceptor_stop(&net->listener);
   uv_close((uv_handle_t *)&net->hb, on_net_handle_closed);
   uv_close((uv_handle_t *)&net->hs, on_net_handle_closed);
 }

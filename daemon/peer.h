@@ -119,6 +119,7 @@ typedef struct {
   uint64_t timeout_ms;     /* a peer silent this long is lost */
   uint64_t handshake_ms;   /* a connection not logged in by then is closed; 0: timeout_ms */
   unsigned max_unauth;     /* incoming connections not yet logged in; past it the oldest goes; 0: 64 */
+  unsigned fd_reserve;     /* an incoming connection that leaves fewer descriptors free is refused */
 } sd_peer_opts;
 
 int sd_peer_net_init(sd_peer_net **out, uv_loop_t *loop, const sd_peer_opts *o,

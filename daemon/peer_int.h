@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "acceptor.h"
 #include "log.h"
 #include "peer.h"
 
@@ -73,7 +74,8 @@ struct sd_peer_net {
   char listen_host[SD_PEER_ADDR_MAX];
   unsigned listen_port;
   char listen_addr[SD_PEER_ADDR_MAX];
-  uv_tcp_t listener;
+  sd_acceptor listener;    /* acceptor.c: EMFILE never drops connections unlogged */
+  unsigned fd_reserve;     /* descriptors an incoming peer may not eat into */
   int listening;
   uv_timer_t hb;
   uv_timer_t hs;           /* handshake deadlines, and the count of suppressed lines */
@@ -105,7 +107,7 @@ void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n);
 /* A line a stranger caused: at most one a second, with the count of those held back. */
 void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The listener's connection callback. */
-void sd_peer_on_incoming(uv_stream_t *server, int status);
+void sd_peer_on_incoming(void *ud, int fd);
 /* The timer closing connections past peer_handshake_timeout. */
 void sd_peer_on_handshake_tick(uv_timer_t *t);
 

@@ -24,26 +24,15 @@ void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) {
     sd_log_warn("%s", msg);
 }
 
-static void on_refused_closed(uv_handle_t *h) { free(h); }
 
-/* Accepts and closes at once, so a refused connection does not sit in the backlog. The handle
- * lives on the heap: its close completes on a later loop iteration. */
-static void drop_incoming(sd_peer_net *net, uv_stream_t *server, const char *why) {
-  uv_tcp_t *tmp = malloc(sizeof *tmp);
-  if (!tmp) {
-    sd_log_error("out of memory refusing a peer connection");
-    return;
-  }
-  uv_tcp_init(net->loop, tmp);
-  if (uv_accept(server, (uv_stream_t *)tmp) == 0) {
-    char remote[SD_PEER_ADDR_MAX] = "?";
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    if (uv_tcp_getpeername(tmp, (struct sockaddr *)&ss, &len) == 0)
-      sd_peer_sockaddr_str((struct sockaddr *)&ss, remote, sizeof remote);
-    sd_peer_log_stranger(net, "refusing a peer connection from %s: %s", remote, why);
-  }
-  uv_close((uv_handle_t *)tmp, on_refused_closed);
+/* A refused connection is closed at once, so it does not sit in the backlog. */
+static void drop_incoming(sd_peer_net *net, int fd, const char *why) {
+  char remote[SD_PEER_ADDR_MAX] = "?";
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) == 0) sd_peer_sockaddr_str((struct sockaddr *)&ss, remote, sizeof remote);
+  close(fd);
+  sd_peer_log_stranger(net, "refusing a peer connection from %s: %s", remote, why);
 }
 
 /* Which network a connection comes from: an IPv4 address, or an IPv6 /64 (what one host
@@ -100,26 +89,27 @@ static void evict_stranger(sd_peer_net *net) {
   sd_peer_fail(oldest, SHARDD_E_LIMIT, "too many peer connections that have not logged in");
 }
 
-void sd_peer_on_incoming(uv_stream_t *server, int status) {
-  sd_peer_net *net = server->data;
-  if (status < 0) {
-    sd_peer_log_stranger(net, "peer listener: %s", uv_strerror(status));
+void sd_peer_on_incoming(void *ud, int fd) {
+  sd_peer_net *net = ud;
+  if (net->fd_reserve && sd_fd_over_budget(fd, net->fd_reserve)) {
+    drop_incoming(net, fd, "too many open descriptors (fd_reserve is kept for the writer and local clients)");
     return;
   }
   if (net->npeers - net->nunauth >= MAX_PEERS) {
-    drop_incoming(net, server, "too many peers");
+    drop_incoming(net, fd, "too many peers");
     return;
   }
   sd_peer *p = sd_peer_new_conn(net, 0);
   if (!p) {
-    drop_incoming(net, server, "out of memory");
+    drop_incoming(net, fd, "out of memory");
     return;
   }
   uv_tcp_init(net->loop, &p->tcp);
   p->tcp.data = p;
   p->tcp_open = 1;
   p->handles++;
-  if (uv_accept(server, (uv_stream_t *)&p->tcp) != 0) {
+  if (uv_tcp_open(&p->tcp, fd) != 0) {
+    close(fd);
     sd_peer_fail(p, SHARDD_E_PEER_LOST, "accept failed");
     return;
   }

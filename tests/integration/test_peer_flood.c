@@ -132,6 +132,34 @@ Test(peer_flood, a_thousand_idle_connections_leave_the_daemon_serving) {
   expect_alive(1);
 }
 
+/* Under a 1,024 descriptor limit, with the cap on strangers above the flood, the peer listener
+ * refuses what would eat into fd_reserve (logged at a bounded rate) instead of taking the last
+ * descriptors: the Unix socket keeps answering and the daemon lives. */
+Test(peer_flood, idle_peer_connections_never_take_the_descriptor_reserve) {
+  static int fds[IDLE];
+  const char *roomy[] = {"--peer-max-unauth", "2000", "--peer-handshake-timeout", "30", "--peer-timeout", "30", NULL};
+  start_node_with(0, token_path, roomy);
+  struct rlimit low = {1024, 1024};
+  cr_assert_eq(prlimit(N[0].d.pid, RLIMIT_NOFILE, &low, NULL), 0, "prlimit: %s", strerror(errno));
+  for (int k = 0; k < IDLE; k++) {
+    fds[k] = connect_from(STRANGER, N[0].addr);
+    cr_assert(fds[k] >= 0, "connection %d: %s", k, strerror(errno));
+  }
+  for (int tries = 0; tries < 300 && log_count(0, "too many open descriptors") == 0; tries++) sleep_ms(10);
+  expect_alive(0);
+  long long unauth = peers_field(0, "connections_unauthenticated");
+  cr_assert_leq(unauth, 1024 - 2 * 64, "%lld strangers held under a 1,024 descriptor limit (peers leave 2 x fd_reserve)",
+                unauth);
+  cr_assert_gt(unauth, 0);
+  int refused = log_count(0, "too many open descriptors");
+  cr_assert_geq(refused, 1, "refusals past the descriptor budget are logged");
+  cr_assert_leq(refused, 10, "%d lines: refusals must be rate limited", refused);
+  for (int k = 0; k < IDLE; k++) close(fds[k]);
+  for (int tries = 0; tries < 500 && peers_field(0, "connections") > 0; tries++) sleep_ms(10);
+  cr_assert_eq(peers_field(0, "connections"), 0, "closed connections are released");
+  expect_alive(0);
+}
+
 /* ------------------------------------------------------------------------ *
  * Slow handshakes
  * ------------------------------------------------------------------------ */
