@@ -49,6 +49,7 @@ static int json_u64(const json_t *v, uint64_t *out) {
  * file reader never allocates for a header it would refuse. */
 static int check_prefix(const char *label, const void *buf, size_t len, uint64_t file_size,
                         uint64_t *hl, sd_error *err) {
+  *hl = 0; /* set on every path: callers read it only on success, but the compiler cannot know */
   if (file_size < 8)
     return sd_fail(err, SHARDD_E_FORMAT,
                    "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
