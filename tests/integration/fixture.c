@@ -358,3 +358,15 @@ int f_run(char *out, size_t n, const char *const *env, const char *const *argv) 
   if (n) out[got] = 0;
   return f_reap(pid, 90000);
 }
+
+int f_run_va(char *out, size_t n, const char *const *env, const char *const *head, va_list ap) {
+  const char *argv[64];
+  int k = 0;
+  while (head[k] && k < 63) {
+    argv[k] = head[k];
+    k++;
+  }
+  for (const char *a; k < 63 && (a = va_arg(ap, const char *));) argv[k++] = a;
+  argv[k] = NULL;
+  return f_run(out, n, env, argv);
+}

@@ -3,6 +3,7 @@
 #define SD_IT_FIXTURE_H
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -80,5 +81,7 @@ char *f_log_wait(const h_daemon *d, const char *needle);
 /* Runs argv (NULL-terminated) with env added, stdout and stderr into out
  * (n bytes, NUL-terminated); returns the wait status. */
 int f_run(char *out, size_t n, const char *const *env, const char *const *argv);
+/* f_run of head (NULL-terminated) followed by the NULL-terminated strings in ap. */
+int f_run_va(char *out, size_t n, const char *const *env, const char *const *head, va_list ap);
 
 #endif

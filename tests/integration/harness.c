@@ -599,18 +599,12 @@ void h_check_script(const h_script *s) {
  * Tools and the file system
  * ------------------------------------------------------------------------ */
 int h_shardctl(char *out, size_t n, ...) {
-  const char *bin = env_path("SHARDCTL");
-  const char *argv[32];
-  int k = 0;
-  argv[k++] = bin;
-  argv[k++] = "--socket";
-  argv[k++] = H.sock;
+  const char *head[] = {env_path("SHARDCTL"), "--socket", H.sock, NULL};
   va_list ap;
   va_start(ap, n);
-  for (const char *a; k < 31 && (a = va_arg(ap, const char *));) argv[k++] = a;
+  int st = f_run_va(out, n, NULL, head, ap);
   va_end(ap);
-  argv[k] = NULL;
-  return f_run(out, n, NULL, argv);
+  return st;
 }
 
 void h_verify_ok(const char *rel) {

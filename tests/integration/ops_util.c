@@ -26,15 +26,12 @@ void o_write(const char *path, const char *text) {
 int o_exited(int st, int code) { return WIFEXITED(st) && WEXITSTATUS(st) == code; }
 
 int o_run(char *out, size_t n, const char *const *env, const char *prog, ...) {
-  const char *argv[64];
-  int k = 0;
-  argv[k++] = prog;
+  const char *head[] = {prog, NULL};
   va_list ap;
   va_start(ap, prog);
-  for (const char *a; k < 63 && (a = va_arg(ap, const char *));) argv[k++] = a;
+  int st = f_run_va(out, n, env, head, ap);
   va_end(ap);
-  argv[k] = NULL;
-  return f_run(out, n, env, argv);
+  return st;
 }
 
 pid_t o_spawn(const char *const *argv, const char *const *env, int fd3) {
