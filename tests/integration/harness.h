@@ -26,8 +26,8 @@
  *
  * Paths come from the environment meson sets: SHARDD (daemon binary),
  * SHARDD_EXAMPLE_RANK, SHARDCTL. Each test gets its own scratch folder
- * (mkdtemp) holding the root, the socket, the daemon's log and an
- * `outside` folder that escape tests watch.
+ * (f_scratch, fixture.h) holding the root, the socket, the daemon's log and
+ * an `outside` folder that escape tests watch; fixture.c starts and stops it.
  * ------------------------------------------------------------------------ */
 /* Criterion .init/.fini: start H; stop it (asserting a clean exit that
  * removed the socket) and remove the scratch folder. Set H_KEEP=1 in the
