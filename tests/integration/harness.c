@@ -14,28 +14,11 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "synth.h"
-
-h_daemon H;
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
-}
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static const char *env_path(const char *var) {
   const char *v = getenv(var);
@@ -53,159 +36,19 @@ int h_exists(const char *path) {
   return lstat(path, &st) == 0;
 }
 
-char *h_slurp(const char *path, size_t *len) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NULL;
-  size_t cap = 4096, n = 0;
-  char *buf = malloc(cap + 1);
-  for (;;) {
-    if (n == cap) {
-      cap *= 2;
-      buf = realloc(buf, cap + 1);
-    }
-    ssize_t r = read(fd, buf + n, cap - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    n += (size_t)r;
-  }
-  close(fd);
-  buf[n] = 0;
-  if (len) *len = n;
-  return buf;
-}
-
 /* ------------------------------------------------------------------------ *
  * The daemon
  * ------------------------------------------------------------------------ */
-static int sock_accepts(const char *path) {
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  size_t n = strlen(path);
-  if (n >= sizeof sa.sun_path) {
-    close(fd);
-    return 0;
-  }
-  memcpy(sa.sun_path, path, n + 1);
-  int ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-  close(fd);
-  return ok;
-}
+void h_daemon_start(h_daemon *d) { f_start(d, NULL); }
 
-static void dump_log(const h_daemon *d) {
-  char *log = h_slurp(d->log, NULL);
-  if (log) {
-    size_t n = strlen(log);
-    fprintf(stderr, "---- shardd log (%s), last bytes ----\n%s\n----\n", d->log,
-            n > 4000 ? log + n - 4000 : log);
-  }
-  free(log);
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(p);
-  return 0;
-}
-
-/* 0 once the socket accepts; otherwise -1 with the reason in why. */
-static int daemon_start(h_daemon *d, char *why, size_t n) {
-  const char *bin = getenv("SHARDD");
-  if (!bin || !*bin) {
-    snprintf(why, n, "environment variable SHARDD is not set (meson test sets it)");
-    return -1;
-  }
-  int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (logfd < 0) {
-    snprintf(why, n, "open %.300s: %s", d->log, strerror(errno));
-    return -1;
-  }
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid < 0) {
-    snprintf(why, n, "fork: %s", strerror(errno));
-    close(logfd);
-    return -1;
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int nul = open("/dev/null", O_RDONLY);
-    dup2(nul, 0);
-    dup2(logfd, 1);
-    dup2(logfd, 2);
-    execl(bin, bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", (char *)NULL);
-    fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
-    _exit(127);
-  }
-  close(logfd);
-  d->pid = pid;
-  int64_t deadline = now_ms() + 20000;
-  while (!sock_accepts(d->sock)) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      d->pid = 0;
-      dump_log(d);
-      snprintf(why, n, "shardd exited before accepting (status 0x%x)", st);
-      return -1;
-    }
-    if (now_ms() > deadline) {
-      dump_log(d);
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      d->pid = 0;
-      snprintf(why, n, "shardd did not accept on %.300s within 20 s", d->sock);
-      return -1;
-    }
-    sleep_ms(5);
-  }
-  return 0;
-}
-
-void h_daemon_start(h_daemon *d) {
-  char why[512];
-  if (daemon_start(d, why, sizeof why) != 0) cr_assert_fail("%s", why);
-}
-
-void h_daemon_stop(h_daemon *d) {
-  if (!d->pid) return;
-  pid_t pid = d->pid;
-  d->pid = 0;
-  cr_assert_eq(kill(pid, SIGTERM), 0, "kill: %s", strerror(errno));
-  int st = 0;
-  int64_t deadline = now_ms() + 30000;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) break;
-    if (now_ms() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      dump_log(d);
-      cr_assert_fail("shardd did not exit within 30 s of SIGTERM");
-    }
-    sleep_ms(5);
-  }
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) dump_log(d);
-  cr_assert(WIFEXITED(st), "shardd died of signal %d after SIGTERM", WIFSIGNALED(st) ? WTERMSIG(st) : -1);
-  cr_assert_eq(WEXITSTATUS(st), 0, "shardd exited %d after SIGTERM (sanitizer report or shutdown error)",
-               WEXITSTATUS(st));
-  cr_assert(!h_exists(d->sock), "shardd left its socket %s behind", d->sock);
-}
+void h_daemon_stop(h_daemon *d) { f_stop(d, 1); }
 
 void h_setup(void) {
-  memset(&H, 0, sizeof H);
-  snprintf(H.base, sizeof H.base, "/tmp/shardd-it-XXXXXX");
-  cr_assert_not_null(mkdtemp(H.base), "mkdtemp: %s", strerror(errno));
-  snprintf(H.root, sizeof H.root, "%s/root", H.base);
-  snprintf(H.sock, sizeof H.sock, "%s/sock", H.base);
-  snprintf(H.log, sizeof H.log, "%s/shardd.log", H.base);
-  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
-  char why[512] = "";
-  if (mkdir(H.outside, 0755) != 0) snprintf(why, sizeof why, "mkdir %.300s: %s", H.outside, strerror(errno));
-  if (!why[0] && daemon_start(&H, why, sizeof why) == 0) return;
+  f_scratch(&H, "it");
+  char why[512];
+  if (f_try_start(&H, NULL, why, sizeof why) == 0) return;
   /* A failed setup skips .fini: leave nothing behind. */
-  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  f_scratch_remove(H.base);
   cr_assert_fail("%s", why);
 }
 
@@ -243,12 +86,7 @@ static void unlink_tracked_segments(void) {
 void h_teardown(void) {
   unlink_tracked_segments();
   h_daemon_stop(&H);
-  const char *keep = getenv("H_KEEP");
-  if (keep && *keep && strcmp(keep, "0") != 0) {
-    fprintf(stderr, "kept %s\n", H.base);
-    return;
-  }
-  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  f_scratch_remove(H.base);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -268,10 +106,10 @@ void h_shared_free(h_shared *s) {
 void h_signal(h_shared *s, int k) { __atomic_add_fetch(&s->counters[k], 1, __ATOMIC_SEQ_CST); }
 
 int h_await(h_shared *s, int k, int n) {
-  int64_t deadline = now_ms() + H_WAIT_MS;
+  int64_t deadline = f_now_ms() + H_WAIT_MS;
   while (__atomic_load_n(&s->counters[k], __ATOMIC_SEQ_CST) < n) {
-    if (now_ms() > deadline) return -1;
-    sleep_ms(1);
+    if (f_now_ms() > deadline) return -1;
+    f_sleep_ms(1);
   }
   return 0;
 }
@@ -291,21 +129,7 @@ pid_t h_fork(h_child_fn fn, int idx, void *arg) {
   return p;
 }
 
-int h_reap(pid_t pid) {
-  int st = 0;
-  int64_t deadline = now_ms() + H_WAIT_MS + 30000;
-  for (;;) {
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) return st;
-    cr_assert(r == 0, "waitpid %d: %s", (int)pid, strerror(errno));
-    if (now_ms() > deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      cr_assert_fail("process %d did not finish; killed it", (int)pid);
-    }
-    sleep_ms(2);
-  }
-}
+int h_reap(pid_t pid) { return f_reap(pid, H_WAIT_MS + 30000); }
 
 void h_reap_ok(pid_t pid, const char *what) {
   int st = h_reap(pid);
@@ -315,7 +139,7 @@ void h_reap_ok(pid_t pid, const char *what) {
 void h_await_begun(const char *id, int n) {
   shardd_client *c = NULL;
   cr_assert_eq(shardd_connect(H.sock, &c), 0, "%s", shardd_last_error(NULL));
-  int64_t deadline = now_ms() + H_WAIT_MS;
+  int64_t deadline = f_now_ms() + H_WAIT_MS;
   for (;;) {
     char *js = NULL;
     cr_assert_eq(shardd_status(c, &js), 0, "status: %s", shardd_last_error(c));
@@ -330,8 +154,8 @@ void h_await_begun(const char *id, int n) {
     }
     json_decref(st);
     if (begun >= n) break;
-    cr_assert(now_ms() < deadline, "save '%s' never had %d ranks begun", id, n);
-    sleep_ms(2);
+    cr_assert(f_now_ms() < deadline, "save '%s' never had %d ranks begun", id, n);
+    f_sleep_ms(2);
   }
   shardd_close(c);
 }
@@ -775,44 +599,12 @@ void h_check_script(const h_script *s) {
  * Tools and the file system
  * ------------------------------------------------------------------------ */
 int h_shardctl(char *out, size_t n, ...) {
-  const char *bin = env_path("SHARDCTL");
-  const char *argv[32];
-  int k = 0;
-  argv[k++] = bin;
-  argv[k++] = "--socket";
-  argv[k++] = H.sock;
+  const char *head[] = {env_path("SHARDCTL"), "--socket", H.sock, NULL};
   va_list ap;
   va_start(ap, n);
-  for (const char *a; k < 31 && (a = va_arg(ap, const char *));) argv[k++] = a;
+  int st = f_run_va(out, n, NULL, head, ap);
   va_end(ap);
-  argv[k] = NULL;
-  int pfd[2];
-  cr_assert_eq(pipe2(pfd, O_CLOEXEC), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(pfd[1], 1);
-    dup2(pfd[1], 2);
-    execv(bin, (char *const *)argv);
-    _exit(127);
-  }
-  close(pfd[1]);
-  size_t got = 0;
-  for (;;) {
-    char tmp[4096];
-    ssize_t r = read(pfd[0], tmp, sizeof tmp);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    size_t take = (size_t)r;
-    if (n && got + take > n - 1) take = n - 1 - got;
-    memcpy(out + got, tmp, take);
-    got += take;
-  }
-  close(pfd[0]);
-  if (n) out[got] = 0;
-  return h_reap(pid);
+  return st;
 }
 
 void h_verify_ok(const char *rel) {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "fixture.h"
 #include "sd_format.h"
 #include "sd_reader.h"
 #include "shardd/shardd.h"
@@ -25,21 +26,9 @@
  *
  * Paths come from the environment meson sets: SHARDD (daemon binary),
  * SHARDD_EXAMPLE_RANK, SHARDCTL. Each test gets its own scratch folder
- * (mkdtemp) holding the root, the socket, the daemon's log and an
- * `outside` folder that escape tests watch.
+ * (f_scratch, fixture.h) holding the root, the socket, the daemon's log and
+ * an `outside` folder that escape tests watch; fixture.c starts and stops it.
  * ------------------------------------------------------------------------ */
-typedef struct {
-  pid_t pid;                /* 0 once stopped */
-  char base[256];
-  char root[PATH_MAX];
-  char sock[PATH_MAX];
-  char log[PATH_MAX];
-  char outside[PATH_MAX];
-} h_daemon;
-
-/* The current test's daemon (one per test process). */
-extern h_daemon H;
-
 /* Criterion .init/.fini: start H; stop it (asserting a clean exit that
  * removed the socket) and remove the scratch folder. Set H_KEEP=1 in the
  * environment to keep the scratch folder (and the daemon's log) for a look. */
@@ -216,8 +205,6 @@ void h_expect_unpublished(const char *rel);
 /* The daemon still serves: status answers with no save in flight and a
  * fresh one-rank save commits with the bytes it was given. */
 void h_expect_serving(void);
-/* Reads a whole file (malloc'd, NUL-terminated); NULL when it cannot. */
-char *h_slurp(const char *path, size_t *len);
 
 /* huggingface_hub's split_state_dict_into_shards_factory over tensor sizes in
  * walk order, written here apart from the daemon's planner: file_of[i] gets

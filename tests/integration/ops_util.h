@@ -1,4 +1,4 @@
-/* Helpers for the operations tests: daemons started with any flags and environment, programs run with output captured, logs polled. */
+/* Helpers for the operations tests on the shared fixture (fixture.c): daemons with any flags and environment, captured programs, logs polled. */
 #ifndef SD_IT_OPS_UTIL_H
 #define SD_IT_OPS_UTIL_H
 

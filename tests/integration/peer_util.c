@@ -3,16 +3,11 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,40 +24,17 @@ void pu_reset(void) {
 }
 
 void pu_scratch(const char *tag) {
-  memset(&H, 0, sizeof H);
   pu_reset();
-  snprintf(H.base, sizeof H.base, "/tmp/shardd-%s-XXXXXX", tag);
-  cr_assert_not_null(mkdtemp(H.base));
-  snprintf(H.root, sizeof H.root, "%s/root", H.base);
-  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
-  cr_assert_eq(mkdir(H.outside, 0755), 0);
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(p);
-  return 0;
+  f_scratch(&H, tag);
 }
 
 void pu_teardown(void) {
   /* Every surviving daemon must stop cleanly (exit 0, socket removed). */
-  for (int i = 0; i < PU_MAX_NODES; i++)
-    if (N[i].d.pid) h_daemon_stop(&N[i].d);
-  const char *keep = getenv("H_KEEP");
-  if (keep && *keep && strcmp(keep, "0") != 0) {
-    fprintf(stderr, "kept %s\n", H.base);
-    return;
-  }
-  nftw(H.base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  for (int i = 0; i < PU_MAX_NODES; i++) f_stop(&N[i].d, 1);
+  f_scratch_remove(H.base);
 }
 
-void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
-}
+void sleep_ms(int ms) { f_sleep_ms(ms); }
 
 double now_s(void) {
   struct timespec ts;
@@ -101,38 +73,8 @@ void start_node_with(int i, const char *token, const char *const *extra) {
   snprintf(d->log, sizeof d->log, "%s/node%d.log", H.base, i);
   char name[16];
   snprintf(name, sizeof name, "node%d", i);
-  int logfd = open(d->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  cr_assert(logfd >= 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(logfd, 1);
-    dup2(logfd, 2);
-    const char *bin = getenv("SHARDD");
-    /* Port 0: the kernel picks a free one; status tells us which. */
-    const char *argv[64] = {bin, "--root", d->root, "--socket", d->sock, "--log-level", "debug", "--peer-listen",
-                            "127.0.0.1:0", "--peer-token-file", token, "--peer-timeout", "2", "--node-name", name};
-    size_t n = 15;
-    for (size_t k = 0; extra && extra[k] && n < 63; k++) argv[n++] = extra[k];
-    argv[n] = NULL;
-    execv(bin, (char *const *)argv);
-    _exit(127);
-  }
-  close(logfd);
-  d->pid = pid;
-  for (int tries = 0;; tries++) {
-    shardd_client *c = NULL;
-    if (shardd_connect(d->sock, &c) == 0) {
-      shardd_close(c);
-      break;
-    }
-    int st;
-    cr_assert_neq(waitpid(pid, &st, WNOHANG), pid, "node %d exited before accepting; see %s", i, d->log);
-    cr_assert_lt(tries, 4000, "node %d did not accept", i);
-    sleep_ms(5);
-  }
+  f_opts o = {.extra = extra, .peer_token = token, .node_name = name};
+  f_start(d, &o);
   json_t *st = node_status(i);
   const char *listen = json_string_value(json_object_get(json_object_get(st, "peers"), "listen"));
   cr_assert_not_null(listen, "node %d status has no peers.listen", i);
@@ -140,12 +82,7 @@ void start_node_with(int i, const char *token, const char *const *extra) {
   json_decref(st);
 }
 
-int log_has(int i, const char *needle) {
-  char *log = h_slurp(N[i].d.log, NULL);
-  int found = log && strstr(log, needle);
-  free(log);
-  return found;
-}
+int log_has(int i, const char *needle) { return f_log_count(N[i].d.log, needle) > 0; }
 
 void peer_rank(int idx, void *arg) {
   h_script *s = arg;

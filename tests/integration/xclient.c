@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,146 +12,28 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
-}
 
 /* ------------------------------------------------------------------------ *
  * The daemon
  * ------------------------------------------------------------------------ */
-void x_init(void) {
-  memset(&H, 0, sizeof H);
-  snprintf(H.base, sizeof H.base, "/tmp/shardd-xt-XXXXXX");
-  cr_assert_not_null(mkdtemp(H.base), "mkdtemp: %s", strerror(errno));
-  snprintf(H.root, sizeof H.root, "%s/root", H.base);
-  snprintf(H.sock, sizeof H.sock, "%s/sock", H.base);
-  snprintf(H.log, sizeof H.log, "%s/shardd.log", H.base);
-  snprintf(H.outside, sizeof H.outside, "%s/outside", H.base);
-  cr_assert_eq(mkdir(H.outside, 0755), 0);
-}
+void x_init(void) { f_scratch(&H, "xt"); }
 
 void x_fini(void) { h_teardown(); }
-
-static int sock_accepts(const char *path) {
-  x_conn *c = x_try_connect(path);
-  if (!c) return 0;
-  x_close(c);
-  return 1;
-}
-
-static void dump_log(void) {
-  char *log = h_slurp(H.log, NULL);
-  if (log) {
-    size_t n = strlen(log);
-    fprintf(stderr, "---- shardd log (%s), last bytes ----\n%s\n----\n", H.log, n > 4000 ? log + n - 4000 : log);
-  }
-  free(log);
-}
 
 void x_start(const char *const *extra) { x_start_nofile(extra, 0); }
 
 void x_start_nofile(const char *const *extra, unsigned nofile) {
-  const char *bin = getenv("SHARDD");
-  cr_assert(bin && *bin, "SHARDD is not set (meson test sets it)");
-  const char *argv[96];
-  int n = 0;
-  /* SHARDD_WRAPPER="valgrind -q ..." runs the daemon under a tool (scripts/valgrind.sh) */
-  static char wrap[1024];
-  const char *w = getenv("SHARDD_WRAPPER");
-  if (w && *w) {
-    snprintf(wrap, sizeof wrap, "%s", w);
-    for (char *t = strtok(wrap, " "); t && n < 32; t = strtok(NULL, " ")) argv[n++] = t;
-  }
-  const char *exe = n ? argv[0] : bin;
-  argv[n++] = bin;
-  argv[n++] = "--root";
-  argv[n++] = H.root;
-  argv[n++] = "--socket";
-  argv[n++] = H.sock;
-  argv[n++] = "--log-level";
-  argv[n++] = "debug";
-  for (int i = 0; extra && extra[i] && n < 94; i++) argv[n++] = extra[i];
-  argv[n] = NULL;
-  int logfd = open(H.log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  cr_assert(logfd >= 0, "open %s: %s", H.log, strerror(errno));
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0, "fork: %s", strerror(errno));
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    struct rlimit rl = {nofile, nofile};
-    if (nofile && setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(126);
-    int nul = open("/dev/null", O_RDONLY);
-    dup2(nul, 0);
-    dup2(logfd, 1);
-    dup2(logfd, 2);
-    execvp(exe, (char *const *)argv);
-    _exit(127);
-  }
-  close(logfd);
-  H.pid = pid;
-  int64_t deadline = now_ms() + 60000;
-  while (!sock_accepts(H.sock)) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      H.pid = 0;
-      dump_log();
-      cr_assert_fail("shardd exited before accepting (status 0x%x)", st);
-    }
-    if (now_ms() > deadline) {
-      dump_log();
-      cr_assert_fail("shardd did not accept on %s within 60 s", H.sock);
-    }
-    sleep_ms(2);
-  }
+  f_opts o = {.extra = extra, .nofile = nofile};
+  f_start(&H, &o);
 }
 
-void x_reap_killed(void) {
-  cr_assert(H.pid > 0, "no daemon to reap");
-  int st = 0;
-  int64_t deadline = now_ms() + 30000;
-  for (;;) {
-    pid_t r = waitpid(H.pid, &st, WNOHANG);
-    if (r == H.pid) break;
-    if (now_ms() > deadline) {
-      kill(H.pid, SIGKILL);
-      waitpid(H.pid, &st, 0);
-      dump_log();
-      cr_assert_fail("the daemon did not die");
-    }
-    sleep_ms(2);
-  }
-  H.pid = 0;
-  if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL)) dump_log();
-  cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "the daemon ended with status 0x%x, not SIGKILL", st);
-  /* A killed daemon leaves its socket: the next start removes it as stale. */
-}
+void x_reap_killed(void) { f_reap_killed(&H); }
 
-int x_log_count(const char *needle) {
-  char *log = h_slurp(H.log, NULL);
-  if (!log) return 0;
-  int n = 0;
-  for (const char *p = log; (p = strstr(p, needle)); p += strlen(needle)) n++;
-  free(log);
-  return n;
-}
+int x_log_count(const char *needle) { return f_log_count(H.log, needle); }
 
 /* ------------------------------------------------------------------------ *
  * Connections
@@ -208,7 +89,7 @@ void x_sendf(x_conn *c, const char *fmt, ...) {
 }
 
 char *x_read_line(x_conn *c, int timeout_ms) {
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = f_now_ms() + timeout_ms;
   for (;;) {
     char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
     if (nl) {
@@ -221,7 +102,7 @@ char *x_read_line(x_conn *c, int timeout_ms) {
       return line;
     }
     if (c->eof) return NULL;
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - f_now_ms();
     if (left <= 0) return NULL;
     struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
     int pr = poll(&pfd, 1, (int)left);
@@ -282,9 +163,9 @@ json_t *x_callf(x_conn *c, const char *fmt, ...) {
 }
 
 int x_wait_eof(x_conn *c, int timeout_ms) {
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = f_now_ms() + timeout_ms;
   for (;;) {
-    char *l = x_read_line(c, (int)(deadline - now_ms() > 0 ? deadline - now_ms() : 0));
+    char *l = x_read_line(c, (int)(deadline - f_now_ms() > 0 ? deadline - f_now_ms() : 0));
     if (!l) return c->eof && c->len == 0;
     free(l);
   }

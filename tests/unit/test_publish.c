@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -14,109 +13,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixture_root.h"
 #include "publish_int.h"
 #include "sd_reader.h"
 
 /* ------------------------------------------------------------------------ *
- * Fixture: a root under a fresh temporary folder, a loop and a writer
+ * Fixture: a root under a fresh temporary folder, a loop and a writer (fixture_root.c)
  * ------------------------------------------------------------------------ */
-static char base[64];
-static char root[128];
-static char outside[128];
-static char mnt[128];           /* a small tmpfs, when a test mounts one */
-static int root_fd = -1;
-static uv_loop_t loop;
-static sd_writer *w;
-
-static void open_root(const char *path) {
-  sd_error err;
-  if (root_fd >= 0) close(root_fd);
-  snprintf(root, sizeof root, "%s", path);
-  cr_assert_eq(sd_root_open(root, &root_fd, &err), 0, "%s", err.msg);
-}
-
 static void setup(void) {
-  strcpy(base, "/tmp/sd-publish-XXXXXX");
-  cr_assert_not_null(mkdtemp(base));
-  snprintf(outside, sizeof outside, "%s/outside", base);
-  cr_assert_eq(mkdir(outside, 0755), 0);
-  char r[128];
-  snprintf(r, sizeof r, "%s/root", base);
-  open_root(r);
-  cr_assert_eq(uv_loop_init(&loop), 0);
+  fr_setup("/tmp/sd-publish-XXXXXX");
   sd_error err;
-  cr_assert_eq(sd_writer_init(&w, &loop, 64, &err), 0, "%s", err.msg);
-}
-
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  return remove(path);
-}
-
-static void closed_cb(void *ud) {
-  *(int *)ud = 1;
-}
-
-static void teardown(void) {
-  if (w) {
-    int closed = 0;
-    sd_writer_close(w, closed_cb, &closed);
-    while (!closed && uv_run(&loop, UV_RUN_ONCE)) {}
-    cr_expect(closed, "the writer closes");
-    w = NULL;
-  }
-  uv_run(&loop, UV_RUN_DEFAULT);
-  cr_expect_eq(uv_loop_close(&loop), 0, "no handle left open");
-  if (root_fd >= 0) close(root_fd);
-  root_fd = -1;
-  if (mnt[0]) umount2(mnt, MNT_DETACH);
-  mnt[0] = '\0';
-  nftw(base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  cr_assert_eq(sd_writer_init(&FR.w, &FR.loop, 64, &err), 0, "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------------ *
  * Helpers
  * ------------------------------------------------------------------------ */
-typedef struct {
-  int done, released, released_after_done;
-  int code;
-  char msg[SD_ERRMSG_MAX];
-  char path[1024];
-  uint64_t written, total;
-} outcome;
-
-static void on_released(sd_publish *p, void *ud) {
-  outcome *o = ud;
-  (void)p;
-  o->released++;
-  if (o->done) o->released_after_done = 1;
-}
-
-static void on_done(sd_publish *p, void *ud, const sd_error *err, const char *path) {
-  outcome *o = ud;
-  o->done++;
-  o->code = err ? err->code : 0;
-  snprintf(o->msg, sizeof o->msg, "%s", err ? err->msg : "");
-  snprintf(o->path, sizeof o->path, "%s", path ? path : "");
-  o->written = sd_publish_bytes_written(p);
-  o->total = sd_publish_bytes_total(p);
-}
-
-static void run_until(const outcome *o) {
-  while (!o->done && uv_run(&loop, UV_RUN_ONCE)) {}
-  cr_assert_eq(o->done, 1, "on_done is called exactly once");
-}
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-static uint64_t rnd(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return rng_state;
-}
-
 /* A hand-made plan: what the writer needs (names, headers, sizes) and
  * nothing the planner would compute, so these tests stand on their own. */
 typedef struct {
@@ -162,22 +74,17 @@ static void hplan_init(hplan *h, size_t nfiles, const uint64_t *data_sizes, uint
     h->want[i] = malloc(pf->file_size + 1);
     h->src[i] = malloc(pf->file_size + 1);
     memcpy(h->want[i], pf->header, pf->header_size);
-    for (uint64_t b = pf->header_size; b < pf->file_size; b++) h->want[i][b] = (uint8_t)rnd();
+    for (uint64_t b = pf->header_size; b < pf->file_size; b++) h->want[i][b] = (uint8_t)fr_rnd();
     memcpy(h->src[i], h->want[i], pf->file_size);
     memset(h->src[i], 0xee, pf->header_size); /* headers come from the plan, never from sources */
     for (uint64_t off = pf->header_size; off < pf->file_size; ) {
-      uint64_t len = max_piece ? 1 + rnd() % max_piece : pf->data_size;
+      uint64_t len = max_piece ? 1 + fr_rnd() % max_piece : pf->data_size;
       if (len > pf->file_size - off) len = pf->file_size - off;
       add_op(h, (uint32_t)i, off, len);
       off += len;
     }
   }
-  for (size_t i = h->nops; i > 1; i--) {
-    size_t j = rnd() % i;
-    sd_write_op t = h->ops[i - 1];
-    h->ops[i - 1] = h->ops[j];
-    h->ops[j] = t;
-  }
+  fr_shuffle_ops(h->ops, h->nops);
   p->needs_index = nfiles > 1;
   char iname[128];
   snprintf(iname, sizeof iname, "%s.safetensors.index.json", prefix);
@@ -200,10 +107,10 @@ static void hplan_free(hplan *h) {
 
 static const char index_json[] = "{\n  \"metadata\": {\n    \"total_size\": 1\n  }\n}\n";
 
-static sd_publish_req hreq(hplan *h, const char *rel, outcome *o) {
+static sd_publish_req hreq(hplan *h, const char *rel, fr_outcome *o) {
   return (sd_publish_req){
-    .root_fd = root_fd,
-    .root_path = root,
+    .root_fd = FR.root_fd,
+    .root_path = FR.root,
     .rel_dir = rel,
     .plan = &h->plan,
     .ops = h->ops,
@@ -211,42 +118,16 @@ static sd_publish_req hreq(hplan *h, const char *rel, outcome *o) {
     .index_json = h->plan.needs_index ? index_json : NULL,
     .index_len = h->plan.needs_index ? strlen(index_json) : 0,
     .tag = "save/1",
-    .on_released = on_released,
-    .on_done = on_done,
+    .on_released = fr_on_released,
+    .on_done = fr_on_done,
     .ud = o,
   };
 }
 
-static uint8_t *slurp(const char *path, size_t *len) {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return NULL;
-  struct stat st;
-  fstat(fd, &st);
-  uint8_t *b = malloc((size_t)st.st_size + 1);
-  size_t got = 0;
-  while (got < (size_t)st.st_size) {
-    ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  close(fd);
-  *len = got;
-  return b;
-}
-
 static void expect_file(const char *dir, const char *name, const uint8_t *want, size_t len) {
-  char p[PATH_MAX];
+  char p[2 * PATH_MAX];
   snprintf(p, sizeof p, "%s/%s", dir, name);
-  size_t got;
-  uint8_t *b = slurp(p, &got);
-  cr_assert_not_null(b, "%s is missing", p);
-  cr_expect_eq(got, len, "%s: %zu bytes, want %zu", name, got, len);
-  if (got == len && memcmp(b, want, len)) {
-    size_t i = 0;
-    while (b[i] == want[i]) i++;
-    cr_expect_fail("%s: first wrong byte at offset %zu", name, i);
-  }
-  free(b);
+  fr_expect_file(p, name, want, len);
 }
 
 static void expect_hplan_files(const char *dir, const hplan *h) {
@@ -290,7 +171,7 @@ static int temp_folders_below(const char *dir) {
 /* ------------------------------------------------------------------------ *
  * Round trips
  * ------------------------------------------------------------------------ */
-Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout = 60) {
+Test(publish, multi_file_round_trip, .init = setup, .fini = fr_teardown, .timeout = 60) {
   /* file 2 takes one 40 MiB op: the writer splits it into 16 MiB chunks */
   uint64_t sizes[] = {(1 << 20) + 13, (40u << 20) + 7, 4096, 1};
   hplan h;
@@ -298,7 +179,7 @@ Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout =
   /* the other files as many small pieces, all shuffled together */
   h.nops = 0;
   for (uint32_t f = 0; f < 4; f++) {
-    uint64_t piece = f == 1 ? (40u << 20) + 7 : f == 2 ? 1 + rnd() % 300 : 1 + rnd() % 50000;
+    uint64_t piece = f == 1 ? (40u << 20) + 7 : f == 2 ? 1 + fr_rnd() % 300 : 1 + fr_rnd() % 50000;
     for (uint64_t off = 4096; off < h.plan.files[f].file_size; off += piece) {
       uint64_t len = h.plan.files[f].file_size - off < piece ? h.plan.files[f].file_size - off
                                                                : piece;
@@ -306,7 +187,7 @@ Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout =
     }
   }
   for (size_t i = h.nops; i > 1; i--) {
-    size_t j = rnd() % i;
+    size_t j = fr_rnd() % i;
     sd_write_op t = h.ops[i - 1];
     h.ops[i - 1] = h.ops[j];
     h.ops[j] = t;
@@ -316,7 +197,7 @@ Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout =
   static const char cfg[] = "{\"model_type\": \"llama\"}\n";
   sd_artifact arts[] = {{"config.json", (const uint8_t *)cfg, strlen(cfg)},
                         {"empty.txt", NULL, 0}};
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "runs/exp/step1", &o);
   char cfg_copy[sizeof cfg];
   memcpy(cfg_copy, cfg, sizeof cfg);
@@ -326,18 +207,18 @@ Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout =
   sd_publish *p;
   sd_error err;
   int fds = count_fds();
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
   memset(cfg_copy, 'Z', sizeof cfg_copy); /* artifacts are copied at start */
   uint64_t total = 0;
   for (size_t i = 0; i < 4; i++) total += h.plan.files[i].file_size;
   total += strlen(index_json) + strlen(cfg);
   cr_expect_eq(sd_publish_bytes_total(p), total);
-  run_until(&o);
+  fr_run_until(&o);
 
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(count_fds(), fds, "every descriptor is closed");
   char want_path[1024];
-  snprintf(want_path, sizeof want_path, "%s/runs/exp/step1", root);
+  snprintf(want_path, sizeof want_path, "%s/runs/exp/step1", FR.root);
   cr_expect_str_eq(o.path, want_path);
   cr_expect_eq(o.released, 1, "released once, before done");
   cr_expect_eq(o.released_after_done, 0);
@@ -348,7 +229,7 @@ Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout =
   expect_file(want_path, "config.json", (const uint8_t *)cfg, strlen(cfg));
   expect_file(want_path, "empty.txt", (const uint8_t *)"", 0);
   cr_expect_eq(count_entries(want_path), 7);
-  cr_expect_eq(temp_folders_below(root), 0);
+  cr_expect_eq(temp_folders_below(FR.root), 0);
   struct stat st;
   char f0[PATH_MAX];
   snprintf(f0, sizeof f0, "%s/%s", want_path, h.plan.files[0].name);
@@ -359,7 +240,7 @@ Test(publish, multi_file_round_trip, .init = setup, .fini = teardown, .timeout =
   hplan_free(&h);
 }
 
-Test(publish, zero_byte_ops_skipped_and_holes_sized, .init = setup, .fini = teardown) {
+Test(publish, zero_byte_ops_skipped_and_holes_sized, .init = setup, .fini = fr_teardown) {
   uint64_t sizes[] = {100};
   hplan h;
   hplan_init(&h, 1, sizes, 0, "model");
@@ -369,43 +250,43 @@ Test(publish, zero_byte_ops_skipped_and_holes_sized, .init = setup, .fini = tear
   h.ops[h.nops++] = (sd_write_op){0, 4096 + 40, NULL, 0, 0, 0};
   h.ops[h.nops++] = (sd_write_op){0, 4096 + 100, NULL, 0, 0, 0}; /* at the very end: still fine */
   memset(h.want[0] + 4096 + 40, 0, 60);
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "ckpt", &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/ckpt", root);
+  snprintf(dir, sizeof dir, "%s/ckpt", FR.root);
   expect_hplan_files(dir, &h);
   cr_expect_eq(count_entries(dir), 1, "single file: no index");
   hplan_free(&h);
 }
 
-Test(publish, two_saves_in_flight_share_the_ring, .init = setup, .fini = teardown, .timeout = 60) {
+Test(publish, two_saves_in_flight_share_the_ring, .init = setup, .fini = fr_teardown, .timeout = 60) {
   uint64_t sizes[] = {24u << 20, 8u << 20};
   hplan a, b;
   hplan_init(&a, 2, sizes, 1 << 20, "model");
   hplan_init(&b, 2, sizes, 1 << 20, "model");
-  outcome oa = {0}, ob = {0};
+  fr_outcome oa = {0}, ob = {0};
   sd_publish_req ra = hreq(&a, "a", &oa), rb = hreq(&b, "b", &ob);
   sd_publish *pa, *pb;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &ra, &pa, &err), 0, "%s", err.msg);
-  cr_assert_eq(sd_publish_start(w, &rb, &pb, &err), 0, "%s", err.msg);
-  while (!(oa.done && ob.done) && uv_run(&loop, UV_RUN_ONCE)) {
+  cr_assert_eq(sd_publish_start(FR.w, &ra, &pa, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_publish_start(FR.w, &rb, &pb, &err), 0, "%s", err.msg);
+  while (!(oa.done && ob.done) && uv_run(&FR.loop, UV_RUN_ONCE)) {
     if (oa.done && !ob.done) cr_expect_gt(sd_publish_bytes_written(pb), 0,
                                           "b progressed while a was writing");
   }
   cr_assert_eq(oa.code, 0, "%s", oa.msg);
   cr_assert_eq(ob.code, 0, "%s", ob.msg);
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/a", root);
+  snprintf(dir, sizeof dir, "%s/a", FR.root);
   expect_hplan_files(dir, &a);
-  snprintf(dir, sizeof dir, "%s/b", root);
+  snprintf(dir, sizeof dir, "%s/b", FR.root);
   expect_hplan_files(dir, &b);
-  cr_expect_eq(count_entries(root), 2);
+  cr_expect_eq(count_entries(FR.root), 2);
   hplan_free(&a);
   hplan_free(&b);
 }
@@ -413,54 +294,54 @@ Test(publish, two_saves_in_flight_share_the_ring, .init = setup, .fini = teardow
 /* ------------------------------------------------------------------------ *
  * Existing destinations
  * ------------------------------------------------------------------------ */
-Test(publish, overwrite_swaps_atomically_and_exists_is_refused, .init = setup, .fini = teardown) {
+Test(publish, overwrite_swaps_atomically_and_exists_is_refused, .init = setup, .fini = fr_teardown) {
   uint64_t sa[] = {5000, 6000, 7000}, sb[] = {1234};
   hplan a, b;
   hplan_init(&a, 3, sa, 777, "model");
   hplan_init(&b, 1, sb, 100, "model");
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/ckpt", root);
+  snprintf(dir, sizeof dir, "%s/ckpt", FR.root);
 
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&a, "ckpt", &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(count_entries(dir), 4);
 
   /* not asked to overwrite: refused at once, nothing touched */
-  outcome o2 = {0};
+  fr_outcome o2 = {0};
   req = hreq(&b, "ckpt", &o2);
   p = (sd_publish *)1;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_EXISTS);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_EXISTS);
   cr_expect_null(p);
   cr_expect_not_null(strstr(err.msg, "ckpt"), "%s", err.msg);
-  uv_run(&loop, UV_RUN_NOWAIT);
+  uv_run(&FR.loop, UV_RUN_NOWAIT);
   cr_expect_eq(o2.done, 0, "a refused start calls nothing back");
-  cr_expect_eq(count_entries(root), 1);
+  cr_expect_eq(count_entries(FR.root), 1);
   expect_hplan_files(dir, &a);
 
   /* overwrite: the new checkpoint replaces the old one whole */
-  outcome o3 = {0};
+  fr_outcome o3 = {0};
   req = hreq(&b, "ckpt", &o3);
   req.overwrite = 1;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o3);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o3);
   cr_assert_eq(o3.code, 0, "%s", o3.msg);
   expect_hplan_files(dir, &b);
   cr_expect_eq(count_entries(dir), 1, "none of the old files remain");
-  cr_expect_eq(count_entries(root), 1, "the old tree is removed");
+  cr_expect_eq(count_entries(FR.root), 1, "the old tree is removed");
 
   /* overwrite onto a file is refused: only a checkpoint folder is replaced */
   char f[PATH_MAX];
-  snprintf(f, sizeof f, "%s/plain", root);
+  snprintf(f, sizeof f, "%s/plain", FR.root);
   close(open(f, O_CREAT | O_WRONLY, 0644));
-  outcome o4 = {0};
+  fr_outcome o4 = {0};
   req = hreq(&b, "plain", &o4);
   req.overwrite = 1;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_EXISTS);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_EXISTS);
   cr_expect_not_null(strstr(err.msg, "not a folder"), "%s", err.msg);
   hplan_free(&a);
   hplan_free(&b);
@@ -469,92 +350,92 @@ Test(publish, overwrite_swaps_atomically_and_exists_is_refused, .init = setup, .
 /* ------------------------------------------------------------------------ *
  * Refusals at start
  * ------------------------------------------------------------------------ */
-Test(publish, escaping_paths_are_refused, .init = setup, .fini = teardown) {
+Test(publish, escaping_paths_are_refused, .init = setup, .fini = fr_teardown) {
   uint64_t s[] = {100};
   hplan h;
   hplan_init(&h, 1, s, 0, "model");
   const char *bad[] = {"..", "../x", "/abs", "a//b", "a/../b", "a/.", "", "a/"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-    outcome o = {0};
+    fr_outcome o = {0};
     sd_publish_req req = hreq(&h, bad[i], &o);
     sd_publish *p = (sd_publish *)1;
     sd_error err;
-    cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_BAD_PATH, "'%s'", bad[i]);
+    cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_BAD_PATH, "'%s'", bad[i]);
     cr_expect_null(p);
   }
-  cr_expect_eq(count_entries(root), 0);
-  cr_expect_eq(count_entries(base), 2, "nothing beside the root either");
+  cr_expect_eq(count_entries(FR.root), 0);
+  cr_expect_eq(count_entries(FR.base), 2, "nothing beside the root either");
   hplan_free(&h);
 }
 
-Test(publish, symlink_planted_in_root_is_not_followed, .init = setup, .fini = teardown) {
+Test(publish, symlink_planted_in_root_is_not_followed, .init = setup, .fini = fr_teardown) {
   char link[PATH_MAX];
-  snprintf(link, sizeof link, "%s/link", root);
-  cr_assert_eq(symlink(outside, link), 0);
+  snprintf(link, sizeof link, "%s/link", FR.root);
+  cr_assert_eq(symlink(FR.outside, link), 0);
   uint64_t s[] = {100};
   hplan h;
   hplan_init(&h, 1, s, 0, "model");
   const char *rels[] = {"link/ckpt", "link/deeper/ckpt", "link"};
   for (size_t i = 0; i < 3; i++) {
-    outcome o = {0};
+    fr_outcome o = {0};
     sd_publish_req req = hreq(&h, rels[i], &o);
     req.overwrite = 1;
     sd_publish *p;
     sd_error err;
-    cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_BAD_PATH, "'%s': %s", rels[i],
+    cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_BAD_PATH, "'%s': %s", rels[i],
                  err.msg);
     cr_expect_not_null(strstr(err.msg, rels[i]), "the message names the path: %s", err.msg);
   }
-  cr_expect_eq(count_entries(outside), 0, "nothing was created outside the root");
-  cr_expect_eq(count_entries(root), 1, "only the planted link");
+  cr_expect_eq(count_entries(FR.outside), 0, "nothing was created outside the root");
+  cr_expect_eq(count_entries(FR.root), 1, "only the planted link");
   struct stat st;
   cr_expect_eq(lstat(link, &st), 0);
   cr_expect(S_ISLNK(st.st_mode));
   hplan_free(&h);
 }
 
-Test(publish, bad_files_and_writes_are_refused, .init = setup, .fini = teardown) {
+Test(publish, bad_files_and_writes_are_refused, .init = setup, .fini = fr_teardown) {
   uint64_t s[] = {100};
   hplan h;
   hplan_init(&h, 1, s, 0, "model");
   sd_error err;
   sd_publish *p;
 
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "a/b/ckpt", &o);
   sd_artifact clash = {"model.safetensors", (const uint8_t *)"x", 1};
   req.artifacts = &clash;
   req.nartifacts = 1;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_INVALID_ARGUMENT);
   cr_expect_not_null(strstr(err.msg, "model.safetensors"), "%s", err.msg);
-  cr_expect_eq(count_entries(root), 0, "temporary folder and new parents removed");
+  cr_expect_eq(count_entries(FR.root), 0, "temporary folder and new parents removed");
 
   sd_artifact sneaky = {"../escape", (const uint8_t *)"x", 1};
   req.artifacts = &sneaky;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_BAD_PATH);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_BAD_PATH);
   req.artifacts = NULL;
   req.nartifacts = 0;
 
   sd_write_op past = {0, 4096 + 90, h.src[0], 20, 0, 0}; /* runs past the end of the file */
   req.ops = &past;
   req.nops = 1;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INTERNAL);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_INTERNAL);
   cr_expect_not_null(strstr(err.msg, "outside"), "%s", err.msg);
   sd_write_op nofile = {3, 4096, h.src[0], 20, 0, 0};
   req.ops = &nofile;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INTERNAL);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_INTERNAL);
   sd_write_op two[] = {{0, 4096, h.src[0], 50, 0, 0}, {0, 4096 + 49, h.src[0], 10, 0, 0}};
   req.ops = two;
   req.nops = 2;
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_INTERNAL);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_INTERNAL);
   cr_expect_not_null(strstr(err.msg, "overlap"), "%s", err.msg);
 
   /* a plan whose prefix smuggles a slash */
   free(h.plan.files[0].name);
   h.plan.files[0].name = strdup("../model.safetensors");
   req = hreq(&h, "ckpt", &o);
-  cr_expect_eq(sd_publish_start(w, &req, &p, &err), SHARDD_E_BAD_PATH);
-  cr_expect_eq(count_entries(root), 0);
+  cr_expect_eq(sd_publish_start(FR.w, &req, &p, &err), SHARDD_E_BAD_PATH);
+  cr_expect_eq(count_entries(FR.root), 0);
   cr_expect_eq(o.done, 0);
   hplan_free(&h);
 }
@@ -562,47 +443,47 @@ Test(publish, bad_files_and_writes_are_refused, .init = setup, .fini = teardown)
 /* ------------------------------------------------------------------------ *
  * Failures in flight
  * ------------------------------------------------------------------------ */
-Test(publish, no_space_names_the_file_and_leaves_nothing, .init = setup, .fini = teardown,
+Test(publish, no_space_names_the_file_and_leaves_nothing, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
-  snprintf(mnt, sizeof mnt, "%s/small", base);
-  cr_assert_eq(mkdir(mnt, 0755), 0);
-  if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") < 0) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/small", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("tmpfs", FR.mnt, "tmpfs", 0, "size=1m") < 0) {
     int e = errno;
-    mnt[0] = '\0';
+    FR.mnt[0] = '\0';
     cr_skip_test("cannot mount a 1 MiB tmpfs (%s): needs root", strerror(e));
   }
   char r[PATH_MAX];
-  snprintf(r, sizeof r, "%s/root", mnt);
-  open_root(r);
+  snprintf(r, sizeof r, "%s/root", FR.mnt);
+  fr_open_root(r);
 
   uint64_t s[] = {100000, 2u << 20};
   hplan h;
   hplan_init(&h, 2, s, 65536, "model");
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "runs/ckpt", &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_expect_eq(o.code, SHARDD_E_NO_SPACE, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "runs/ckpt/model-00002-of-00002.safetensors"), "%s", o.msg);
   /* Released means every source byte was copied into staging: that may
    * come before the disk fills up, never after the end. */
   cr_expect_leq(o.released, 1);
   cr_expect_eq(o.released_after_done, 0);
-  cr_expect_eq(count_entries(root), 0, "temporary folder and new parents removed");
+  cr_expect_eq(count_entries(FR.root), 0, "temporary folder and new parents removed");
 
   /* space is back: the same writer carries on */
   uint64_t s2[] = {50000};
   hplan h2;
   hplan_init(&h2, 1, s2, 4096, "model");
-  outcome o2 = {0};
+  fr_outcome o2 = {0};
   req = hreq(&h2, "runs/ckpt", &o2);
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o2);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o2);
   cr_assert_eq(o2.code, 0, "%s", o2.msg);
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/runs/ckpt", root);
+  snprintf(dir, sizeof dir, "%s/runs/ckpt", FR.root);
   expect_hplan_files(dir, &h2);
   hplan_free(&h);
   hplan_free(&h2);
@@ -610,25 +491,25 @@ Test(publish, no_space_names_the_file_and_leaves_nothing, .init = setup, .fini =
 
 /* RLIMIT_FSIZE makes the kernel write only up to the limit: the writer must
  * resubmit the remainder, which then fails exactly at the limit. */
-Test(publish, short_write_remainder_is_resubmitted, .init = setup, .fini = teardown) {
+Test(publish, short_write_remainder_is_resubmitted, .init = setup, .fini = fr_teardown) {
   signal(SIGXFSZ, SIG_IGN);
   uint64_t s[] = {60000};
   hplan h;
   hplan_init(&h, 1, s, 0, "model");
   struct rlimit rl = {10000, 10000};
   cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "ckpt", &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "ckpt/model.safetensors"), "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "offset 10000"), "the remainder went out at the limit: %s",
                      o.msg);
   cr_expect_eq(o.written, 10000, "header and the short write's 5904 bytes");
-  cr_expect_eq(count_entries(root), 0);
+  cr_expect_eq(count_entries(FR.root), 0);
   hplan_free(&h);
 }
 
@@ -636,7 +517,7 @@ Test(publish, short_write_remainder_is_resubmitted, .init = setup, .fini = teard
 typedef struct {
   uv_check_t check;
   sd_publish *p;
-  const outcome *o;
+  const fr_outcome *o;
   uint64_t at;
 } canceller;
 
@@ -649,21 +530,21 @@ static void cancel_when_started(uv_check_t *c) {
   }
 }
 
-Test(publish, cancel_mid_flight_leaves_nothing, .init = setup, .fini = teardown, .timeout = 60) {
+Test(publish, cancel_mid_flight_leaves_nothing, .init = setup, .fini = fr_teardown, .timeout = 60) {
   uint64_t s[] = {32u << 20, 32u << 20, 32u << 20};
   hplan h;
   hplan_init(&h, 3, s, 1 << 20, "model");
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "deep/er/ckpt", &o);
   sd_publish *p;
   sd_error err;
   int fds = count_fds();
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
   canceller k = {.p = p, .o = &o};
-  uv_check_init(&loop, &k.check);
+  uv_check_init(&FR.loop, &k.check);
   uv_check_start(&k.check, cancel_when_started);
   uv_unref((uv_handle_t *)&k.check);
-  run_until(&o);
+  fr_run_until(&o);
   uv_close((uv_handle_t *)&k.check, NULL);
   uint64_t total = 3 * (4096 + (32u << 20)) + strlen(index_json);
   cr_expect_gt(k.at, 0);
@@ -671,70 +552,70 @@ Test(publish, cancel_mid_flight_leaves_nothing, .init = setup, .fini = teardown,
   cr_expect_eq(o.code, SHARDD_E_ABORTED, "%s", o.msg);
   cr_expect_str_eq(o.msg, "abort requested by rank 1");
   cr_expect_str_eq(o.path, "");
-  cr_expect_eq(count_entries(root), 0, "no temporary folder, no parents");
+  cr_expect_eq(count_entries(FR.root), 0, "no temporary folder, no parents");
   cr_expect_eq(count_fds(), fds, "every descriptor is closed");
 
   /* cancelled before a single completion came back */
-  outcome o2 = {0};
+  fr_outcome o2 = {0};
   req = hreq(&h, "ckpt", &o2);
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
   sd_publish_cancel(p, SHARDD_E_CLIENT_LOST, "rank 3 disconnected before seal");
   sd_publish_cancel(p, SHARDD_E_ABORTED, "second cancel is ignored");
   cr_expect_eq(o2.done, 0, "on_done comes later, from the loop");
-  run_until(&o2);
+  fr_run_until(&o2);
   cr_expect_eq(o2.code, SHARDD_E_CLIENT_LOST, "%s", o2.msg);
   cr_expect_str_eq(o2.msg, "rank 3 disconnected before seal");
-  cr_expect_eq(count_entries(root), 0);
+  cr_expect_eq(count_entries(FR.root), 0);
   hplan_free(&h);
 }
 
 static void cancel_on_release(sd_publish *p, void *ud) {
-  on_released(p, ud);
+  fr_on_released(p, ud);
   sd_publish_cancel(p, SHARDD_E_ABORTED, "changed my mind");
 }
 
-Test(publish, cancel_from_released_callback, .init = setup, .fini = teardown) {
+Test(publish, cancel_from_released_callback, .init = setup, .fini = fr_teardown) {
   uint64_t s[] = {300000, 200000};
   hplan h;
   hplan_init(&h, 2, s, 30000, "model");
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "ckpt", &o);
   req.on_released = cancel_on_release;
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_expect_eq(o.released, 1);
   cr_expect_eq(o.code, SHARDD_E_ABORTED, "%s", o.msg);
-  cr_expect_eq(count_entries(root), 0);
+  cr_expect_eq(count_entries(FR.root), 0);
   hplan_free(&h);
 }
 
-Test(publish, closing_the_writer_fails_what_is_in_flight, .init = setup, .fini = teardown,
+Test(publish, closing_the_writer_fails_what_is_in_flight, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
   uint64_t s[] = {48u << 20};
   hplan h;
   hplan_init(&h, 1, s, 1 << 20, "model");
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = hreq(&h, "ckpt", &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
   int closed = 0;
-  sd_writer_close(w, closed_cb, &closed);
-  w = NULL;
-  while (!closed && uv_run(&loop, UV_RUN_ONCE)) {}
+  sd_writer_close(FR.w, fr_closed_cb, &closed);
+  FR.w = NULL;
+  while (!closed && uv_run(&FR.loop, UV_RUN_ONCE)) {}
   cr_expect_eq(closed, 1);
   cr_expect_eq(o.done, 1);
   cr_expect_eq(o.code, SHARDD_E_SHUTTING_DOWN, "%s", o.msg);
-  cr_expect_eq(count_entries(root), 0);
+  cr_expect_eq(count_entries(FR.root), 0);
   hplan_free(&h);
 }
 
 /* ------------------------------------------------------------------------ *
  * With the real planner and the strict reader
  * ------------------------------------------------------------------------ */
-Test(publish, planned_checkpoint_reads_back, .init = setup, .fini = teardown) {
+Test(publish, planned_checkpoint_reads_back, .init = setup, .fini = fr_teardown) {
   enum { N = 9 };
   /* name, dtype, ndim, shape: a 0-d scalar and a zero-size tensor included */
   static const struct { const char *name; sd_dtype dt; uint32_t ndim; uint64_t d0, d1; } spec[N] = {
@@ -770,22 +651,22 @@ Test(publish, planned_checkpoint_reads_back, .init = setup, .fini = teardown) {
     uint64_t nb;
     cr_assert_eq(sd_tensor_nbytes(&t[i], &nb, &err), 0);
     data[i] = malloc(nb + 1);
-    for (uint64_t b = 0; b < nb; b++) data[i][b] = (uint8_t)rnd();
+    for (uint64_t b = 0; b < nb; b++) data[i][b] = (uint8_t)fr_rnd();
     const sd_plan_loc *l = &plan.loc[i];
     cr_assert_eq(l->nbytes, nb);
     uint64_t half = nb / 2;
     ops[nops++] = (sd_write_op){l->file, l->file_offset + half, data[i] + half, nb - half, 0, 0};
     ops[nops++] = (sd_write_op){l->file, l->file_offset, data[i], half, 0, 0};
   }
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req req = {
-    .root_fd = root_fd, .root_path = root, .rel_dir = "ckpt", .plan = &plan,
+    .root_fd = FR.root_fd, .root_path = FR.root, .rel_dir = "ckpt", .plan = &plan,
     .ops = ops, .nops = nops, .index_json = ix, .index_len = ilen, .tag = "s",
-    .on_released = on_released, .on_done = on_done, .ud = &o,
+    .on_released = fr_on_released, .on_done = fr_on_done, .ud = &o,
   };
   sd_publish *p;
-  cr_assert_eq(sd_publish_start(w, &req, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &req, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_assert_eq(o.code, 0, "%s", o.msg);
 
   sd_ckpt c;
@@ -798,7 +679,7 @@ Test(publish, planned_checkpoint_reads_back, .init = setup, .fini = teardown) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", o.path, plan.files[plan.loc[i].file].name);
     size_t len;
-    uint8_t *b = slurp(path, &len);
+    uint8_t *b = fr_slurp(path, &len);
     cr_assert_not_null(b);
     cr_assert_leq(plan.loc[i].file_offset + plan.loc[i].nbytes, len);
     cr_expect(!memcmp(b + plan.loc[i].file_offset, data[i], plan.loc[i].nbytes),

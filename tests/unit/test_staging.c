@@ -2,7 +2,6 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -14,103 +13,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixture_root.h"
 #include "publish_int.h"
 
 /* ------------------------------------------------------------------------ *
- * Fixture: a root in a fresh folder, a loop, a writer made by each test
+ * Fixture: a root in a fresh folder, a loop (fixture_root.c), a writer made by each test
  * ------------------------------------------------------------------------ */
-static char base[64];
-static char root[256];
-static char mnt[256];           /* a file system a test mounted */
-static int root_fd = -1;
-static uv_loop_t loop;
-static sd_writer *w;
-
-static void open_root(const char *path) {
-  sd_error err;
-  if (root_fd >= 0) close(root_fd);
-  snprintf(root, sizeof root, "%s", path);
-  cr_assert_eq(sd_root_open(root, &root_fd, &err), 0, "%s", err.msg);
-}
-
 static void setup(void) {
-  strcpy(base, "/var/tmp/sd-staging-XXXXXX");
-  cr_assert_not_null(mkdtemp(base));
-  char r[512];
-  snprintf(r, sizeof r, "%s/root", base);
-  open_root(r);
-  cr_assert_eq(uv_loop_init(&loop), 0);
+  fr_setup("/var/tmp/sd-staging-XXXXXX");
+  fr_seed(0x2545f4914f6cdd1dULL);
 }
 
 static void make_writer(uint64_t staging, uint32_t chunk, int buffered) {
   sd_writer_opts o = {.queue_depth = 32, .staging_bytes = staging, .chunk_bytes = chunk,
                       .buffered = buffered};
   sd_error err;
-  cr_assert_eq(sd_writer_init_opts(&w, &loop, &o, &err), 0, "%s", err.msg);
-}
-
-static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  return remove(path);
-}
-
-static void closed_cb(void *ud) {
-  *(int *)ud = 1;
-}
-
-static void teardown(void) {
-  if (w) {
-    int closed = 0;
-    sd_writer_close(w, closed_cb, &closed);
-    while (!closed && uv_run(&loop, UV_RUN_ONCE)) {}
-    cr_expect(closed, "the writer closes");
-    w = NULL;
-  }
-  uv_run(&loop, UV_RUN_DEFAULT);
-  cr_expect_eq(uv_loop_close(&loop), 0, "no handle left open");
-  if (root_fd >= 0) close(root_fd);
-  root_fd = -1;
-  if (mnt[0]) umount2(mnt, MNT_DETACH);
-  mnt[0] = '\0';
-  nftw(base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+  cr_assert_eq(sd_writer_init_opts(&FR.w, &FR.loop, &o, &err), 0, "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------------ *
  * A checkpoint made by hand: files with a header and data written by ops
  * ------------------------------------------------------------------------ */
-typedef struct {
-  int done, released, released_after_done, code;
-  char msg[SD_ERRMSG_MAX];
-  uint64_t written, total;
-} outcome;
-
-static void on_released(sd_publish *p, void *ud) {
-  (void)p;
-  outcome *o = ud;
-  o->released++;
-  if (o->done) o->released_after_done = 1;
-}
-
-static void on_done(sd_publish *p, void *ud, const sd_error *err, const char *path) {
-  (void)path;
-  outcome *o = ud;
-  o->done++;
-  o->code = err ? err->code : 0;
-  snprintf(o->msg, sizeof o->msg, "%s", err ? err->msg : "");
-  o->written = sd_publish_bytes_written(p);
-  o->total = sd_publish_bytes_total(p);
-}
-
-static uint64_t rng = 0x2545f4914f6cdd1dULL;
-static uint64_t rnd(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return rng;
-}
-
 typedef struct {
   sd_plan plan;
   uint8_t **want;          /* each file's bytes */
@@ -158,24 +81,19 @@ static void ckpt_init(ckpt *c, size_t nfiles, const uint64_t *data_sizes, uint64
     c->want[i] = malloc(pf->file_size + 1);
     memcpy(c->want[i], pf->header, pf->header_size);
     for (uint64_t b = 0; b < pf->data_size; b++) {
-      uint8_t v = (uint8_t)(rnd() | 1); /* never 0: a byte left unwritten shows */
+      uint8_t v = (uint8_t)(fr_rnd() | 1); /* never 0: a byte left unwritten shows */
       c->want[i][pf->header_size + b] = v;
       c->src[at + b] = v;
     }
     for (uint64_t off = 0; off < pf->data_size;) {
-      uint64_t len = max_piece ? 1 + rnd() % max_piece : pf->data_size;
+      uint64_t len = max_piece ? 1 + fr_rnd() % max_piece : pf->data_size;
       if (len > pf->data_size - off) len = pf->data_size - off;
       add_op(c, (uint32_t)i, pf->header_size + off, len, c->src + at + off, flags);
       off += len;
     }
     at += pf->data_size;
   }
-  for (size_t i = c->nops; i > 1; i--) {
-    size_t j = rnd() % i;
-    sd_write_op t = c->ops[i - 1];
-    c->ops[i - 1] = c->ops[j];
-    c->ops[j] = t;
-  }
+  fr_shuffle_ops(c->ops, c->nops);
   p->needs_index = nfiles > 1;
   p->index_name = strdup("model.safetensors.index.json");
 }
@@ -195,10 +113,10 @@ static void ckpt_free(ckpt *c, int own_src) {
 
 static const char index_json[] = "{\"metadata\": {}}\n";
 
-static sd_publish_req req_for(ckpt *c, const char *rel, outcome *o) {
+static sd_publish_req req_for(ckpt *c, const char *rel, fr_outcome *o) {
   return (sd_publish_req){
-      .root_fd = root_fd,
-      .root_path = root,
+      .root_fd = FR.root_fd,
+      .root_path = FR.root,
       .rel_dir = rel,
       .plan = &c->plan,
       .ops = c->ops,
@@ -206,38 +124,16 @@ static sd_publish_req req_for(ckpt *c, const char *rel, outcome *o) {
       .index_json = c->plan.needs_index ? index_json : NULL,
       .index_len = c->plan.needs_index ? strlen(index_json) : 0,
       .tag = rel,
-      .on_released = on_released,
-      .on_done = on_done,
+      .on_released = fr_on_released,
+      .on_done = fr_on_done,
       .ud = o,
   };
 }
 
-static void run_until(const outcome *o) {
-  while (!o->done && uv_run(&loop, UV_RUN_ONCE)) {}
-  cr_assert_eq(o->done, 1, "on_done is called exactly once");
-}
-
 static void expect_bytes(const char *rel, const char *name, const uint8_t *want, uint64_t len) {
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s/%s", root, rel, name);
-  int fd = open(path, O_RDONLY);
-  cr_assert_geq(fd, 0, "%s: %s", path, strerror(errno));
-  struct stat st;
-  fstat(fd, &st);
-  cr_expect_eq((uint64_t)st.st_size, len, "%s: %lld bytes, want %llu (no padding left)", name,
-               (long long)st.st_size, (unsigned long long)len);
-  uint8_t *b = malloc(len + 1);
-  uint64_t got = 0;
-  ssize_t n;
-  while (got < len && (n = read(fd, b + got, len - got)) > 0) got += (uint64_t)n;
-  close(fd);
-  cr_assert_eq(got, len, "%s: short read", name);
-  if (memcmp(b, want, len)) {
-    uint64_t i = 0;
-    while (b[i] == want[i]) i++;
-    cr_expect_fail("%s: first wrong byte at offset %llu", name, (unsigned long long)i);
-  }
-  free(b);
+  snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, name);
+  fr_expect_file(path, name, want, len);
 }
 
 static void expect_ckpt(const char *rel, const ckpt *c) {
@@ -248,12 +144,12 @@ static void expect_ckpt(const char *rel, const ckpt *c) {
 }
 
 static void publish_ok(ckpt *c, const char *rel) {
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req r = req_for(c, rel, &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1, "released once");
   cr_expect_eq(o.released_after_done, 0, "released before the end");
@@ -368,7 +264,7 @@ Test(staging, a_stretch_gets_head_data_zeros_and_padding) {
 /* ------------------------------------------------------------------------ *
  * On disk
  * ------------------------------------------------------------------------ */
-Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = teardown, .timeout = 60) {
+Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(256 << 10, 64 << 10, 0);
   /* data sizes around the block and chunk edges */
   uint64_t sizes[] = {1, 4095, 4096, 4097, (64 << 10) - 4096, (64 << 10) - 4095, (64 << 10) + 1,
@@ -378,8 +274,8 @@ Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = teard
   ckpt_init(&c, n, sizes, 5000, NULL, 0);
   publish_ok(&c, "odd");
   sd_writer_stats st;
-  sd_writer_get_stats(w, &st);
-  if (fs_takes_direct(base)) {
+  sd_writer_get_stats(FR.w, &st);
+  if (fs_takes_direct(FR.base)) {
     cr_expect_gt(st.writes_direct, 0, "O_DIRECT was used");
     cr_expect_eq(st.writes_buffered, 0, "and nothing fell back: %llu",
                  (unsigned long long)st.writes_buffered);
@@ -388,7 +284,7 @@ Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = teard
   ckpt_free(&c, 1);
 }
 
-Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = teardown, .timeout = 60) {
+Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(1 << 20, 256 << 10, 0);
   uint64_t sizes[] = {100000, 7, 50001};
   ckpt c;
@@ -396,14 +292,14 @@ Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = teardown, .
   cr_assert_gt(c.nops, 10000);
   publish_ok(&c, "tiny");
   sd_writer_stats st;
-  sd_writer_get_stats(w, &st);
+  sd_writer_get_stats(FR.w, &st);
   /* one write per file (each fits a chunk) plus the index */
   cr_expect_eq(st.writes_direct + st.writes_buffered, 4, "%llu data writes",
                (unsigned long long)(st.writes_direct + st.writes_buffered));
   ckpt_free(&c, 1);
 }
 
-Test(staging, a_tensor_larger_than_the_staging, .init = setup, .fini = teardown, .timeout = 60) {
+Test(staging, a_tensor_larger_than_the_staging, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(128 << 10, 32 << 10, 0); /* 4 chunks of 32 KiB */
   uint64_t sizes[] = {(3u << 20) + 13};
   ckpt c;
@@ -411,17 +307,17 @@ Test(staging, a_tensor_larger_than_the_staging, .init = setup, .fini = teardown,
   cr_assert_eq(c.nops, 1);
   publish_ok(&c, "big");
   sd_writer_stats st;
-  sd_writer_get_stats(w, &st);
+  sd_writer_get_stats(FR.w, &st);
   cr_expect_leq(st.staging_peak, 128 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
   cr_expect_geq(st.writes_direct + st.writes_buffered, (3u << 20) / (32 << 10));
   ckpt_free(&c, 1);
 }
 
-Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = teardown, .timeout = 120) {
+Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_teardown, .timeout = 120) {
   make_writer(32 << 10, 16 << 10, 0); /* two chunks of 16 KiB for everyone */
   enum { N = 5 };
   ckpt c[N];
-  outcome o[N];
+  fr_outcome o[N];
   char rel[N][16];
   sd_publish *p[N];
   for (int i = 0; i < N; i++) {
@@ -431,7 +327,7 @@ Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = teardow
     snprintf(rel[i], sizeof rel[i], "s%d", i);
     sd_publish_req r = req_for(&c[i], rel[i], &o[i]);
     sd_error err;
-    cr_assert_eq(sd_publish_start(w, &r, &p[i], &err), 0, "%s", err.msg);
+    cr_assert_eq(sd_publish_start(FR.w, &r, &p[i], &err), 0, "%s", err.msg);
   }
   /* Round-robin: by the time the first save ends, every other has progressed. */
   int first = -1;
@@ -445,12 +341,12 @@ Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = teardow
         for (int k = 0; k < N; k++)
           if (!o[k].done) cr_expect_gt(sd_publish_bytes_written(p[k]), 0, "save %d waited for save %d", k, i);
       }
-    if (!uv_run(&loop, UV_RUN_ONCE)) {
+    if (!uv_run(&FR.loop, UV_RUN_ONCE)) {
       for (int i = 0; i < N; i++) cr_assert(o[i].done, "save %d never ended", i);
     }
   }
   sd_writer_stats st;
-  sd_writer_get_stats(w, &st);
+  sd_writer_get_stats(FR.w, &st);
   cr_expect_leq(st.staging_peak, 32 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
   for (int i = 0; i < N; i++) {
     cr_expect_eq(o[i].code, 0, "%s", o[i].msg);
@@ -459,54 +355,54 @@ Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = teardow
   }
 }
 
-Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .fini = teardown,
+Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
-  snprintf(mnt, sizeof mnt, "%s/ramfs", base);
-  cr_assert_eq(mkdir(mnt, 0755), 0);
-  if (mount("ramfs", mnt, "ramfs", 0, NULL) < 0) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
     int e = errno;
-    mnt[0] = '\0';
+    FR.mnt[0] = '\0';
     cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
   }
   char r[512];
-  snprintf(r, sizeof r, "%s/root", mnt);
-  open_root(r);
-  cr_assert_eq(fs_takes_direct(root), 0, "ramfs refuses O_DIRECT");
+  snprintf(r, sizeof r, "%s/root", FR.mnt);
+  fr_open_root(r);
+  cr_assert_eq(fs_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
   make_writer(256 << 10, 64 << 10, 0);
   uint64_t sizes[] = {4097, 200001};
   ckpt c;
   ckpt_init(&c, 2, sizes, 999, NULL, 0);
   publish_ok(&c, "ram");
   sd_writer_stats st;
-  sd_writer_get_stats(w, &st);
+  sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_direct, 0);
   cr_expect_gt(st.writes_buffered, 0);
   ckpt_free(&c, 1);
 }
 
-Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = teardown, .timeout = 60) {
-  snprintf(mnt, sizeof mnt, "%s/tmpfs", base);
-  cr_assert_eq(mkdir(mnt, 0755), 0);
-  if (mount("tmpfs", mnt, "tmpfs", 0, "size=16m") < 0) {
+Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/tmpfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("tmpfs", FR.mnt, "tmpfs", 0, "size=16m") < 0) {
     int e = errno;
-    mnt[0] = '\0';
+    FR.mnt[0] = '\0';
     cr_skip_test("cannot mount a tmpfs (%s): needs root", strerror(e));
   }
   char r[512];
-  snprintf(r, sizeof r, "%s/root", mnt);
-  open_root(r);
+  snprintf(r, sizeof r, "%s/root", FR.mnt);
+  fr_open_root(r);
   uint64_t sizes[] = {1, 300000 + 5};
   ckpt c;
   ckpt_init(&c, 2, sizes, 40000, NULL, 0);
   make_writer(256 << 10, 64 << 10, 0);
   publish_ok(&c, "tmp"); /* direct or not, whatever this kernel's tmpfs says */
   int closed = 0;
-  sd_writer_close(w, closed_cb, &closed);
-  while (!closed && uv_run(&loop, UV_RUN_ONCE)) {}
+  sd_writer_close(FR.w, fr_closed_cb, &closed);
+  while (!closed && uv_run(&FR.loop, UV_RUN_ONCE)) {}
   make_writer(256 << 10, 64 << 10, 1);
   publish_ok(&c, "forced");
   sd_writer_stats st;
-  sd_writer_get_stats(w, &st);
+  sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_direct, 0, "told never to use O_DIRECT");
   ckpt_free(&c, 1);
 }
@@ -542,7 +438,7 @@ static long mapping_rss_kb(const void *addr) {
   return kb;
 }
 
-Test(staging, shared_pages_are_dropped_once_copied, .init = setup, .fini = teardown, .timeout = 60) {
+Test(staging, shared_pages_are_dropped_once_copied, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(1 << 20, 256 << 10, 0);
   size_t len = 16u << 20;
   int fd;
@@ -563,7 +459,7 @@ Test(staging, shared_pages_are_dropped_once_copied, .init = setup, .fini = teard
   close(fd);
 }
 
-Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, .fini = teardown,
+Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
   make_writer(512 << 10, 128 << 10, 0);
   size_t len = 4u << 20;
@@ -574,18 +470,18 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
   ckpt_init(&c, 1, sizes, 300000, m, SD_WOP_SHARED);
   /* the client shrinks its segment after attach: the tail is gone */
   cr_assert_eq(ftruncate(fd, (off_t)(len / 2)), 0);
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req r = req_for(&c, "shrunk", &o);
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "shrunk/model-00001-of-00001.safetensors"), "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "SIGBUS"), "%s", o.msg);
   struct stat st;
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/shrunk", root);
+  snprintf(dir, sizeof dir, "%s/shrunk", FR.root);
   cr_expect_neq(stat(dir, &st), 0, "nothing published");
 
   /* the guard is disarmed again: the same writer carries on */
@@ -617,7 +513,7 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
 /* An inner-dimension split: each row of the file is rank 0's part then
  * rank 1's, each rank's rows packed in its own segment. Read through the
  * segment's descriptor, so the daemon never maps a page of it. */
-Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = teardown,
+Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
   make_writer(256 << 10, 64 << 10, 0);
   enum { R = 3000, W = 100 }; /* ~650 pieces per chunk: more than one preadv batch per source */
@@ -625,7 +521,7 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
   int fd = memfd_create("sd-rows", MFD_CLOEXEC);
   cr_assert_geq(fd, 0);
   uint8_t *bytes = malloc(seg);
-  for (size_t i = 0; i < seg; i++) bytes[i] = (uint8_t)(rnd() | 1);
+  for (size_t i = 0; i < seg; i++) bytes[i] = (uint8_t)(fr_rnd() | 1);
   cr_assert_eq(pwrite(fd, bytes, seg, 0), (ssize_t)seg);
   const uint8_t *m = mmap(NULL, seg, PROT_READ, MAP_SHARED, fd, 0);
   cr_assert_neq(m, MAP_FAILED);
@@ -641,14 +537,14 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
       memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
     }
   sd_shm_span span = {m, seg, fd};
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req r = req_for(&c, "rows", &o);
   r.spans = &span;
   r.nspans = 1;
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1);
   expect_ckpt("rows", &c);
@@ -659,7 +555,7 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
   close(fd);
 }
 
-Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = teardown, .timeout = 60) {
+Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(512 << 10, 128 << 10, 0);
   size_t len = 2u << 20;
   int fd;
@@ -669,20 +565,20 @@ Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = teardown, .
   ckpt_init(&c, 1, sizes, 50000, m, SD_WOP_SHARED);
   cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
   sd_shm_span span = {m, len, fd};
-  outcome o = {0};
+  fr_outcome o = {0};
   sd_publish_req r = req_for(&c, "short", &o);
   r.spans = &span;
   r.nspans = 1;
   sd_publish *p;
   sd_error err;
-  cr_assert_eq(sd_publish_start(w, &r, &p, &err), 0, "%s", err.msg);
-  run_until(&o);
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "short/model-00001-of-00001.safetensors"), "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "came up short"), "%s", o.msg);
   struct stat st;
   char dir[PATH_MAX];
-  snprintf(dir, sizeof dir, "%s/short", root);
+  snprintf(dir, sizeof dir, "%s/short", FR.root);
   cr_expect_neq(stat(dir, &st), 0, "nothing published");
   ckpt_free(&c, 0);
   munmap(m, len);
