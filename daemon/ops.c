@@ -5,6 +5,7 @@
 #include "cluster.h"
 #include "log.h"
 #include "metrics.h"
+#include "pathsafe.h"
 #include "save.h"
 #include "sd_artifact.h"
 #include "sd_msg.h"

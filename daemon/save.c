@@ -6,6 +6,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "pathsafe.h"
 #include "save_guard.h"
 #include "cluster.h"
 #include "planner.h"

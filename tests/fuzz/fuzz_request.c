@@ -5,6 +5,7 @@
 #include <jansson.h>
 
 #include "fuzz_util.h"
+#include "pathsafe.h"
 #include "publish.h"
 #include "sd_base64.h"
 #include "sd_format.h"

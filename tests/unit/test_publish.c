@@ -14,7 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 #include "sd_reader.h"
 
 /* ------------------------------------------------------------------------ *

@@ -14,7 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 
 /* ------------------------------------------------------------------------ *
  * Fixture: a root in a fresh folder, a loop, a writer made by each test
