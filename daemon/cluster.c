@@ -6,6 +6,7 @@
 
 #include "cluster_int.h"
 #include "log.h"
+#include "pathsafe.h"
 #include "publish.h"
 #include "sd_msg.h"
 
@@ -207,8 +208,7 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
   cl->lqtail = &cl->lq;
   node_name_of(cfg, cl->node, sizeof cl->node);
   tmp_tag_of(cl->node, cl->tmp_tag, sizeof cl->tmp_tag);
-  rc = sd_cring_init(&cl->ring, d->loop, cfg->queue_depth ? cfg->queue_depth : 64, err);
-  if (rc == 0) {
+  {
     sd_peer_opts o = {.listen = cfg->peer_listen,
                       .node_name = cl->node,
                       .token = token,
@@ -224,7 +224,6 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
   memset(token, 0, tlen);
   free(token);
   if (rc) {
-    if (cl->ring) sd_cring_close(cl->ring);
     free(cl);
     return rc;
   }
@@ -254,7 +253,6 @@ void sd_cluster_shutdown(sd_daemon *d) {
   sd_lead_shutdown(cl);
   cl->shutting = 1;
   sd_peer_net_close(cl->net);
-  sd_cring_close(cl->ring);
   for (sd_lmsg *m = cl->lq; m;) {
     sd_lmsg *next = m->next;
     json_decref(m->hdr);

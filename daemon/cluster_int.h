@@ -7,11 +7,11 @@
 #include <uv.h>
 
 #include "cluster.h"
-#include "cluster_io.h"
 #include "cluster_plan.h"
 #include "ops.h"
 #include "peer.h"
 #include "save.h"
+#include "writer.h"
 
 /* Forwarding: at most WINDOW unacknowledged bytes per (save, destination),
  * in frames of at most FRAME payload bytes and RUNS runs each. */
@@ -46,7 +46,6 @@ typedef struct sd_lmsg {
 struct sd_cluster {
   sd_daemon *d;
   sd_peer_net *net;
-  sd_cring *ring;
   char node[SD_PEER_NAME_MAX + 1];
   char tmp_tag[SD_PEER_NAME_MAX + 32]; /* ".shardd-tmp-@NODE@": what this node's temporary folders start with */
   struct sd_lead *leads;   /* saves this daemon leads, and recently failed ones */

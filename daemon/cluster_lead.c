@@ -11,7 +11,8 @@
 #include "cluster_int.h"
 #include "log.h"
 #include "owner.h"
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 #include "sd_base64.h"
 #include "sd_msg.h"
 

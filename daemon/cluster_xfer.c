@@ -97,8 +97,10 @@ static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint6
   c->len = len;
   c->rb = rb;
   int fd = cs->files[lf].fd;
-  int rc = kind == IO_SYNC ? sd_cring_fsync(cs->cl->ring, fd, on_io, c)
-                           : sd_cring_write(cs->cl->ring, fd, src, len, off, on_io, c);
+  sd_writer *w = cs->cl->d->writer;
+  int rc = !w               ? -ESHUTDOWN
+           : kind == IO_SYNC ? sd_writer_raw_fsync(w, fd, on_io, c)
+                             : sd_writer_raw_write(w, fd, src, len, off, on_io, c);
   if (rc < 0) {
     free(c);
     return rc;

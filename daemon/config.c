@@ -48,7 +48,7 @@ const sd_config_key sd_config_keys[] = {
                "MiB of aligned staging buffers for direct I/O, registered with io_uring (locked memory)"),
     SD_KEY_NUM("keep_results", keep_results, "64", 1, 1000000, SD_FIXED,
                "finished saves remembered for late waits"),
-    /* limits and permissions (issue 6) */
+    /* limits and permissions */
     SD_KEY_NUM("max_connections", max_connections, "1024", 1, 1000000, SD_RELOAD, "connections open at once"),
     SD_KEY_NUM("max_saves", max_saves, "64", 1, 1000000, SD_RELOAD, "saves in flight at once"),
     SD_KEY_NUM("max_tensors", max_tensors, "1000000", 1, 1ULL << 32, SD_RELOAD, "tensors in one save"),
@@ -68,14 +68,14 @@ const sd_config_key sd_config_keys[] = {
                " (empty: none)"),
     SD_KEY_MODE("file_mode", file_mode, "0644", SD_RELOAD, "permission bits of checkpoint files"),
     SD_KEY_MODE("dir_mode", dir_mode, "0755", SD_RELOAD, "permission bits of checkpoint folders"),
-    /* local hardening (issue 16): inline bytes held in memory, descriptors kept free */
+    /* local hardening: inline bytes held in memory, descriptors kept free */
     SD_KEY_BYTES("max_inline_bytes_per_save", max_inline_bytes_per_save, "67108864", 1, 1ULL << 40, SD_RELOAD,
                  "bytes of inline put data and file contents one save may hold in memory"),
     SD_KEY_BYTES("max_inline_bytes", max_inline_bytes, "268435456", 1, 1ULL << 40, SD_RELOAD,
                  "bytes of inline put data and file contents all saves together may hold in memory"),
     SD_KEY_NUM("fd_reserve", fd_reserve, "64", 0, 1000000, SD_RELOAD,
                "descriptors kept free for the writer's files: connections are refused past the limit minus these"),
-    /* peer daemons (issue 4) */
+    /* peer daemons */
     SD_KEY_STR("peer_listen", peer_listen, "", SD_FIXED,
                "ADDR:PORT to listen on for peer daemons; multi-node saves need it (empty: off)"),
     SD_KEY_STR("peer_token_file", peer_token_file, "", SD_FIXED,
@@ -83,7 +83,7 @@ const sd_config_key sd_config_keys[] = {
     SD_KEY_NUM("peer_timeout", peer_timeout, "30", 1, 3600, SD_FIXED,
                "seconds a silent peer daemon is given before its saves fail with peer_lost"),
     SD_KEY_STR("node_name", node_name, "", SD_FIXED, "this daemon's name among its peers (empty: the host name)"),
-    /* hostile peers (issue 16, peer side) */
+    /* hostile peers (peer side) */
     SD_KEY_NUM("peer_handshake_timeout", peer_handshake_timeout, "10", 1, 3600, SD_FIXED,
                "seconds a peer connection has to log in (prove the token) before it is closed"),
     SD_KEY_NUM("peer_max_unauth", peer_max_unauth, "64", 1, 100000, SD_FIXED,

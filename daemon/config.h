@@ -45,7 +45,7 @@ typedef struct sd_config {
   unsigned queue_depth;    /* io_uring entries */
   unsigned staging_mib;    /* direct-I/O staging buffers: bounds the writer's memory */
   unsigned keep_results;   /* finished saves remembered for late `wait`s */
-  /* limits and permissions (issue 6): a request over a limit gets limit_exceeded naming it */
+  /* limits and permissions: a request over a limit gets limit_exceeded naming it */
   unsigned max_connections; /* open connections */
   unsigned max_saves;      /* saves in flight */
   uint64_t max_tensors;    /* tensors per save */
@@ -59,16 +59,16 @@ typedef struct sd_config {
   char *trusted_group;     /* members may attach shm owned by this group; "" none */
   unsigned file_mode;      /* checkpoint files */
   unsigned dir_mode;       /* checkpoint folders */
-  /* local hardening (issue 16) */
+  /* local hardening */
   uint64_t max_inline_bytes_per_save; /* inline put data + file contents held by one save */
   uint64_t max_inline_bytes;          /* the same, all saves together */
   unsigned fd_reserve;     /* descriptors connections may not take (writer's files, refusals) */
-  /* peer daemons (issue 4, cluster.c, proto/PEERS.md) */
+  /* peer daemons (cluster.c, proto/PEERS.md) */
   char *peer_listen;       /* "ADDR:PORT" for peer daemons; "" (default): no multi-node saves */
   char *peer_token_file;   /* the shared secret peers prove they hold */
   unsigned peer_timeout;   /* seconds a silent peer is given before its saves fail */
   char *node_name;         /* this daemon's name among its peers; "": the host name */
-  /* hostile peers (issue 16, peer side: peer.c, cluster_lead.c) */
+  /* hostile peers (peer side: peer.c, cluster_lead.c) */
   unsigned peer_handshake_timeout; /* seconds a peer connection has to log in */
   unsigned peer_max_unauth;        /* peer connections not logged in at once */
   unsigned max_leader_saves;       /* leader states (cluster_lead.c), failed ones kept for late nodes included */

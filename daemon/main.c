@@ -15,6 +15,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "ops.h"
+#include "pathsafe.h"
 #include "publish.h"
 #include "save.h"
 #include "sdnotify.h"

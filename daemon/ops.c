@@ -5,10 +5,11 @@
 #include "cluster.h"
 #include "log.h"
 #include "metrics.h"
+#include "pathsafe.h"
 #include "save.h"
 #include "sd_artifact.h"
-#include "sd_base64.h"
 #include "sd_msg.h"
+#include "sd_request.h"
 #include "session.h"
 
 /* A handler returns its reply, or NULL when it answered on its own (seal)
@@ -55,13 +56,7 @@ static int find_rank(sd_session *s, const json_t *req, sd_save **save, uint32_t 
  * ------------------------------------------------------------------------ */
 static json_t *op_hello(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
-  uint64_t proto = 0;
-  if (sd_msg_u64(req, "proto", 1, 0, &proto, &err) < 0) return fail(id, &err);
-  if (proto != SHARDD_PROTO_VERSION) {
-    sd_fail(&err, SHARDD_E_UNSUPPORTED_PROTO, "protocol %llu is not supported (this daemon speaks %d)",
-            (unsigned long long)proto, SHARDD_PROTO_VERSION);
-    return fail(id, &err);
-  }
+  if (sd_req_hello(req, &err) != 0) return fail(id, &err);
   json_t *r = sd_msg_ok(id);
   json_object_set_new(r, "proto", json_integer(SHARDD_PROTO_VERSION));
   json_object_set_new(r, "server", json_pack("{s:s,s:s}", "name", "shardd", "version", SHARDD_VERSION_STRING));
@@ -111,45 +106,26 @@ static json_t *op_detach(sd_session *s, json_t *req, json_t *id) {
 static json_t *op_begin(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   sd_begin_args a = {0};
-  uint64_t rank = 0, world = 0;
-  sd_kv *md = NULL;
-  size_t nmd = 0;
+  sd_req_begin b = {0};
   json_t *reply = NULL;
-  if (sd_msg_str(req, "save", 1, &a.save, NULL, &err) < 0 || sd_save_id_check(a.save, &err) ||
-      sd_msg_str(req, "dir", 1, &a.dir, NULL, &err) < 0 ||
-      sd_msg_u64(req, "rank", 1, SD_WORLD_MAX, &rank, &err) < 0 ||
-      sd_msg_u64(req, "world_size", 1, SD_WORLD_MAX, &world, &err) < 0 ||
-      sd_msg_u64(req, "max_shard_size", 0, 0, &a.max_shard_size, &err) < 0 ||
-      sd_msg_str(req, "prefix", 0, &a.prefix, NULL, &err) < 0 ||
-      sd_msg_str_map(req, "metadata", 0, SD_METADATA_MAX, &md, &nmd, &err) < 0 ||
-      sd_msg_bool(req, "overwrite", 0, &a.overwrite, &err) < 0 || sd_cluster_parse_begin(req, &a, &err) != 0)
+  if (sd_req_begin_fields(req, &b, &err) || sd_cluster_parse_begin(req, &a, &err) != 0 ||
+      sd_req_begin_check(req, &b, &err))
     goto out;
-  if (json_object_get(req, "max_shard_size") && !json_is_null(json_object_get(req, "max_shard_size")) &&
-      a.max_shard_size == 0) {
-    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
-    goto out;
-  }
-  if (a.prefix && (strlen(a.prefix) > SD_PREFIX_MAX || sd_prefix_check(a.prefix, &err) != 0)) {
-    if (!err.code)
-      sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be at most %d bytes", SD_PREFIX_MAX);
-    goto out;
-  }
-  for (size_t i = 0; i < nmd; i++) {
-    if (strcmp(md[i].key, "format") == 0 && strcmp(md[i].value, "pt") != 0) {
-      sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "metadata 'format' must be \"pt\" (transformers requires it)");
-      goto out;
-    }
-  }
-  a.rank = (uint32_t)rank;
-  a.world_size = (uint32_t)world;
-  a.metadata = md;
-  a.nmetadata = nmd;
+  a.save = b.save;
+  a.dir = b.dir;
+  a.prefix = b.prefix;
+  a.max_shard_size = b.max_shard_size;
+  a.overwrite = b.overwrite;
+  a.rank = (uint32_t)b.rank;
+  a.world_size = (uint32_t)b.world_size;
+  a.metadata = b.metadata;
+  a.nmetadata = b.nmetadata;
   if (sd_save_begin(s->d, s, &a, &err) != 0) goto out;
   sd_log_debug("client %llu began save '%s' as rank %u of %u", (unsigned long long)s->id, a.save, a.rank,
                a.world_size);
   reply = sd_msg_ok(id);
 out:
-  free(md);
+  free(b.metadata);
   return reply ? reply : fail(id, &err);
 }
 
@@ -158,98 +134,28 @@ out:
  * ------------------------------------------------------------------------ */
 /* Reads the tensor description and the slice box; computes the byte size. */
 static int parse_tensor(const json_t *req, unsigned max_name, unsigned max_dims, sd_put_args *a, sd_error *err) {
-  size_t nlen = 0, n = 0, ns = 0, nc = 0;
-  const char *dtype = NULL;
-  uint64_t index = 0;
-  if (sd_msg_str(req, "name", 1, &a->name, &nlen, err) < 0) return err->code;
-  if (nlen > max_name)
-    return sd_fail(err, SHARDD_E_LIMIT, "a tensor name of %zu bytes is over max_name_len=%u", nlen, max_name);
-  if (sd_name_check(a->name, nlen, err) != 0) return err->code;
-  const json_t *shape = json_object_get(req, "shape");
-  if (json_is_array(shape) && json_array_size(shape) > max_dims)
-    return sd_fail(err, SHARDD_E_LIMIT, "tensor '%s': 'shape' has %zu dimensions, over max_dims=%u", a->name,
-                   json_array_size(shape), max_dims);
-  if (sd_msg_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
-  if (sd_dtype_parse(dtype, &a->dtype, err) != 0) return err->code;
-  if (sd_msg_u64_array(req, "shape", 1, SD_MAX_DIMS, 0, a->shape, &n, err) < 0) return err->code;
-  a->ndim = (uint32_t)n;
-  int has_start = sd_msg_u64_array(req, "start", 0, SD_MAX_DIMS, 0, a->start, &ns, err);
-  if (has_start < 0) return err->code;
-  int has_count = sd_msg_u64_array(req, "count", 0, SD_MAX_DIMS, 0, a->count, &nc, err);
-  if (has_count < 0) return err->code;
-  if (has_start != has_count)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': give both 'start' and 'count', or neither",
-                   a->name);
-  if (!has_start) {
-    memset(a->start, 0, sizeof a->start);
-    memcpy(a->count, a->shape, sizeof a->count);
-  } else if (ns != n || nc != n) {
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                   "tensor '%s': 'start' and 'count' need %zu entries each (one per dimension of 'shape')",
-                   a->name, n);
-  }
-  int has_index = sd_msg_u64(req, "index", 0, 0, &index, err);
-  if (has_index < 0) return err->code;
-  a->index = has_index ? (int64_t)index : -1;
-  uint64_t numel = 0;
-  if (sd_tensor_numel(a->name, a->ndim, a->shape, &numel, err) != 0) return err->code;
-  sd_box box;
-  memcpy(box.start, a->start, sizeof box.start);
-  memcpy(box.count, a->count, sizeof box.count);
-  if (sd_box_check(a->name, a->ndim, a->shape, &box, err) != 0) return err->code;
-  if (sd_tensor_numel(a->name, a->ndim, a->count, &numel, err) != 0) return err->code;
-  unsigned esize = sd_dtype_size(a->dtype);
-  if (numel > UINT64_MAX / esize)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", a->name);
-  a->len = numel * esize;
+  sd_req_tensor t;
+  if (sd_req_tensor_parse(req, max_name, max_dims, &t, err) != 0) return err->code;
+  a->name = t.name;
+  a->dtype = t.dtype;
+  a->ndim = t.ndim;
+  memcpy(a->shape, t.shape, sizeof a->shape);
+  memcpy(a->start, t.start, sizeof a->start);
+  memcpy(a->count, t.count, sizeof a->count);
+  a->index = t.index;
+  a->len = t.len;
   return 0;
 }
 
 /* Where the bytes are: a region of this connection, or inline base64. */
 static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_error *err) {
-  const char *data = NULL;
-  size_t dlen = 0;
-  uint64_t rid = 0;
-  int has_data = sd_msg_str(req, "data", 0, &data, &dlen, err);
-  if (has_data < 0) return err->code;
-  int has_region = sd_msg_u64(req, "region", 0, 0, &rid, err);
-  if (has_region < 0) return err->code;
-  int has_offset = sd_msg_u64(req, "offset", 0, 0, &a->offset, err);
-  if (has_offset < 0) return err->code;
-  if (has_data && (has_region || has_offset))
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                   "tensor '%s': give either 'region' and 'offset' or 'data', not both", a->name);
-  if (sd_msg_bool(req, "deferred", 0, &a->deferred, err) < 0) return err->code;
-  if (a->deferred && has_data)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                   "tensor '%s': 'deferred' needs 'region' and 'offset' (inline 'data' is in place already)",
-                   a->name);
-  if (has_data) {
-    size_t got = 0;
-    uint8_t *bytes = NULL;
-    if (sd_b64_decode(data, dlen, &bytes, &got, err) != 0) {
-      if (!err->code) err->code = SHARDD_E_INVALID_ARGUMENT;
-      char why[SD_ERRMSG_MAX];
-      snprintf(why, sizeof why, "%s", err->msg);
-      return sd_fail(err, err->code, "tensor '%s': field 'data': %s", a->name, why);
-    }
-    if (got != a->len) {
-      free(bytes);
-      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': 'data' holds %zu bytes, the slice needs %llu",
-                     a->name, got, (unsigned long long)a->len);
-    }
-    a->data = bytes;
-    return 0;
-  }
-  /* A slice of no bytes (an uneven split leaving this rank nothing) reads
-   * nothing, so a rank that holds nothing needs no shared memory. */
-  if (a->len == 0 && !has_region && !has_offset) {
-    a->deferred = 0;
-    return 0;
-  }
-  if (!has_region || !has_offset)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                   "tensor '%s': give 'region' and 'offset' (or inline 'data')", a->name);
+  sd_req_source src;
+  if (sd_req_source_parse(req, a->name, a->len, &src, err) != 0) return err->code;
+  a->data = src.data;
+  a->offset = src.offset;
+  a->deferred = src.deferred;
+  if (!src.has_region) return 0;
+  uint64_t rid = src.region;
   a->region = sd_region_table_get(&s->regions, rid);
   if (!a->region)
     return sd_fail(err, SHARDD_E_NO_SUCH_REGION, "tensor '%s': no region %llu on this connection", a->name,
@@ -302,13 +208,7 @@ static json_t *op_file(sd_session *s, json_t *req, json_t *id) {
       sd_path_check_name(path, &err) || sd_artifact_name_check(save->prefix, path, &err) ||
       sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0)
     return fail(id, &err);
-  if (sd_b64_decode(data, dlen, &bytes, &got, &err) != 0) {
-    if (!err.code) err.code = SHARDD_E_INVALID_ARGUMENT;
-    char why[SD_ERRMSG_MAX];
-    snprintf(why, sizeof why, "%s", err.msg);
-    sd_fail(&err, err.code, "file '%s': field 'data': %s", path, why);
-    return fail(id, &err);
-  }
+  if (sd_req_data(data, dlen, "file", path, &bytes, &got, &err) != 0) return fail(id, &err);
   if (sd_save_file(save, rank, path, bytes, got, &err) != 0) return fail(id, &err);
   json_t *m = sd_msg_ok(id);
   json_object_set_new(m, "bytes", json_integer((json_int_t)got));

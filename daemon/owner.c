@@ -8,7 +8,8 @@
 #include <unistd.h>
 
 #include "owner.h"
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 
 int sd_owner_record(int dirfd, uid_t uid) {
   char v[16];

@@ -11,7 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "publish_int.h"
+#include "pathsafe.h"
 
 /* ------------------------------------------------------------------------ *
  * Checks on names (pure)

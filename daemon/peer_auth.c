@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "peer.h"
+#include "peer_auth.h"
 
 #define PROOF_LABEL "shardd-peer-v1"
 

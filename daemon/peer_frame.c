@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "peer.h"
+#include "peer_frame.h"
 #include "sd_msg.h"
 
 void sd_frame_reader_init(sd_frame_reader *r, size_t header_max, size_t payload_max) {

@@ -1,4 +1,4 @@
-/* Peer connections, shared by peer.c (connections, frames, handshake) and peer_strangers.c (before login). */
+/* Peer connections, shared by peer.c (connections, frames, handshake), peer_strangers.c (before login) and peer_net.c (listener, timers). */
 #ifndef SD_PEER_INT_H
 #define SD_PEER_INT_H
 
@@ -102,10 +102,12 @@ const char *sd_peer_who(const sd_peer *p);
 sd_peer *sd_peer_new_conn(sd_peer_net *net, int outgoing);
 void sd_peer_start_reading(sd_peer *p);
 void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n);
-
-/* peer_strangers.c */
+/* Frees the net once it is closing and no handle or connection is left. */
+void sd_peer_net_maybe_free(sd_peer_net *net);
 /* A line a stranger caused: at most one a second, with the count of those held back. */
 void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* peer_strangers.c */
 /* The listener's connection callback. */
 void sd_peer_on_incoming(void *ud, int fd);
 /* The timer closing connections past peer_handshake_timeout. */

@@ -4,26 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "peer.h"
 #include "peer_int.h"
-
-/* A line a stranger caused: at most one a second, with the count of those held back. */
-void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) {
-  unsigned held = 0;
-  if (!sd_log_limit_ok(&net->strangers, now_ms(net), &held)) return;
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (held)
-    sd_log_warn("%s (%u similar lines about unauthenticated peer connections suppressed)", msg, held);
-  else
-    sd_log_warn("%s", msg);
-}
-
 
 /* A refused connection is closed at once, so it does not sit in the backlog. */
 static void drop_incoming(sd_peer_net *net, int fd, const char *why) {

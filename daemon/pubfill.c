@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "publish_int.h"
+#include "pubfill.h"
 
 int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
   while (f->file < f->nfiles && f->off >= f->files[f->file].size) {

@@ -12,7 +12,8 @@
 #include "crashpoint.h"
 #include "log.h"
 #include "owner.h"
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 
 #define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
 #define FILES_MAX 0x80000000u

@@ -9,60 +9,13 @@
 
 #include "sd_error.h"
 #include "sd_format.h"
+#include "pubfill.h"
+#include "writer.h"
 
 /* ------------------------------------------------------------------------ *
- * Paths beneath the root (pathsafe.c). Nothing is created or followed
- * outside the root: resolution uses openat2(RESOLVE_BENEATH |
- * RESOLVE_NO_SYMLINKS), so a symlink anywhere on the way is refused.
+ * Publishing
  * ------------------------------------------------------------------------ */
-#define SD_REL_PATH_MAX 1024
-
-int sd_root_open(const char *root, int *fd, sd_error *err);
-/* Relative, no leading '/', no "..", "." or empty part, bounded: SHARDD_E_BAD_PATH. */
-int sd_path_check_rel(const char *rel, sd_error *err);
-/* A plain file name (no '/', not "." or ".."), for `file` artifacts. */
-int sd_path_check_name(const char *name, sd_error *err);
-/* *exists = 1 when ROOT/rel exists; a symlink on the way fails with BAD_PATH. */
-int sd_path_exists(int root_fd, const char *rel, int *exists, sd_error *err);
-/* Removes temporary folders a crashed daemon left anywhere under the root. */
-int sd_cleanup_stale(int root_fd, sd_error *err);
-/* Only those whose name starts with owner_prefix: on a root shared by peer
- * daemons, another node's folder may belong to a save still in flight. */
-int sd_cleanup_stale_owned(int root_fd, const char *owner_prefix, sd_error *err);
-
-/* ------------------------------------------------------------------------ *
- * The writer: one io_uring per daemon, its completions delivered on the
- * libuv loop through an eventfd, so the loop never blocks on a write.
- * ------------------------------------------------------------------------ */
-typedef struct sd_writer sd_writer;
 typedef struct sd_publish sd_publish;
-
-typedef struct {
-  uint32_t file;           /* index into plan->files */
-  uint64_t file_offset;    /* absolute offset in that file */
-  const uint8_t *src;      /* shm mapping or heap; valid until the done callback */
-  uint64_t len;
-  uint32_t flags;          /* SD_WOP_* */
-  uint32_t slice;          /* the caller's label (save.c: which slice it copies) */
-} sd_write_op;
-
-/* src lies in a client's MAP_SHARED mapping. When a span of the request
- * holds it, its bytes are read with preadv from the segment's descriptor:
- * none of its pages enters the daemon's page tables, and a segment the
- * client shrank reads short instead of faulting. Otherwise they are copied
- * from the mapping under a SIGBUS guard, and the pages read are dropped from
- * the daemon's page tables. Either way the daemon's resident memory stays at
- * its staging size however large the checkpoint. Never set it for private
- * (heap) memory: dropping those pages would zero them. */
-#define SD_WOP_SHARED 1u
-
-/* A client's shared-memory segment: mapped at base, len bytes, readable
- * through fd. */
-typedef struct {
-  const uint8_t *base;
-  uint64_t len;
-  int fd;
-} sd_shm_span;
 
 typedef struct {
   const char *name;        /* plain file name, checked with sd_path_check_name */
@@ -108,44 +61,6 @@ typedef struct {
   sd_publish_done_cb on_done;
   void *ud;
 } sd_publish_req;
-
-/* Data goes through staging buffers: copied from the sources (on a worker
- * thread, one copy at a time) into aligned chunks registered with the ring,
- * then written with O_DIRECT in whole aligned blocks; the staging size bounds
- * the writer's memory however many saves are in flight. */
-#define SD_STAGING_DEFAULT_MIB 128
-#define SD_STAGING_CHUNK (4u << 20)  /* bytes per staging buffer (and per write) */
-
-typedef struct {
-  unsigned queue_depth;    /* io_uring entries; 0: 64 */
-  uint64_t staging_bytes;  /* 0: SD_STAGING_DEFAULT_MIB MiB; at least two chunks are used */
-  uint32_t chunk_bytes;    /* 0: SD_STAGING_CHUNK; rounded up to 4 KiB (tests use small ones) */
-  int buffered;            /* 1: never O_DIRECT (the fallback, forced) */
-} sd_writer_opts;
-
-int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *o, sd_error *err);
-/* sd_writer_init_opts with the default staging. */
-int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_error *err);
-/* Cancels what is in flight (each gets its done callback with SHUTTING_DOWN)
- * and frees the writer once the ring is drained; cb may be NULL. */
-void sd_writer_close(sd_writer *w, void (*cb)(void *ud), void *ud);
-
-/* What the writer has done since it started (status, tests, benchmarks). */
-typedef struct {
-  uint64_t writes_direct;    /* data writes through O_DIRECT */
-  uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
-  uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
-  uint64_t writes_fixed_file;/* ... to a registered file */
-  uint64_t copy_trips;       /* trips to the copy worker */
-  uint64_t staging_bytes;    /* staging allocated now */
-  uint64_t staging_peak;     /* staging allocated at most */
-  uint64_t staging_max;      /* the bound */
-  uint64_t bytes_direct;     /* bytes the kernel took through O_DIRECT (with last-block padding) */
-  uint64_t bytes_buffered;   /* ... through the page cache */
-  int registered;            /* staging buffers are registered with the ring (0: plain writes) */
-} sd_writer_stats;
-
-void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
 
 /* Copies what it needs from req except the ops' sources, plan and index. */
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err);

@@ -6,6 +6,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "pathsafe.h"
 #include "save_guard.h"
 #include "cluster.h"
 #include "planner.h"
@@ -16,23 +17,6 @@
 /* ------------------------------------------------------------------------ *
  * Lookup
  * ------------------------------------------------------------------------ */
-int sd_save_id_check(const char *id, sd_error *err) {
-  size_t n = strlen(id);
-  if (n == 0 || n > SD_SAVE_ID_MAX)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'save' must be 1 to %d bytes", SD_SAVE_ID_MAX);
-  /* The id names the temporary folder and appears in logs: keep it tame. */
-  for (size_t i = 0; i < n; i++) {
-    char c = id[i];
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-             c == '-' || c == '_' || c == '.' || c == ':' || c == '@' || c == '+' || c == '=';
-    if (!ok || (i == 0 && c == '.'))
-      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                     "field 'save' may hold only letters, digits and -_.:@+= (not starting with '.'),"
-                     " got '%.200s'", id);
-  }
-  return 0;
-}
-
 sd_save *sd_save_find(sd_daemon *d, const char *id) {
   for (sd_save *s = d->saves; s; s = s->next)
     if (strcmp(s->id, id) == 0) return s;

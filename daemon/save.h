@@ -10,11 +10,8 @@
 #include "region.h"
 #include "sd_format.h"
 #include "sd_nameidx.h"
+#include "sd_request.h"
 
-#define SD_SAVE_ID_MAX 128
-#define SD_WORLD_MAX 65536
-#define SD_PREFIX_MAX 128
-#define SD_METADATA_MAX 1024
 
 /* ------------------------------------------------------------------------ *
  * What a save holds
@@ -143,7 +140,6 @@ typedef struct {
   int deferred;            /* region bytes put in place later ("ready" or seal) */
 } sd_put_args;
 
-int sd_save_id_check(const char *id, sd_error *err);
 sd_save *sd_save_find(sd_daemon *d, const char *id);
 const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id);
 /* The rank s plays in save, or -1. */

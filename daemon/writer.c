@@ -1,4 +1,4 @@
-/* The daemon's single io_uring: batched submissions fed round-robin from every job, staging chunks filled by one copy worker, completions reaped on the libuv loop. */
+/* The daemon's one io_uring: batched submissions fed round-robin from every job (publishes, and the raw writes of multi-node saves), staging chunks filled by one copy worker, completions reaped on the libuv loop. */
 #include <errno.h>
 #include <liburing.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "publish_int.h"
+#include "writer.h"
 
 #define SD_REAP_BATCH 64
 #define SD_QD_MAX 4096
@@ -17,6 +17,27 @@
 #define SD_COPY_BATCH 4
 /* Staging memory goes back to the system once the writer has been idle this long. */
 #define SD_TRIM_MS 10000
+
+/* A raw request (sd_writer_raw_*): one piece of it on the ring at a time. */
+typedef struct rawreq {
+  int fsync, fd;
+  const uint8_t *buf;
+  uint64_t len, off, done;
+  int res;                 /* the outcome, once complete */
+  sd_writer_raw_cb cb;
+  void *ud;
+  struct rawreq *next;
+} rawreq;
+
+/* The job that carries raw requests; attached while any is pending. */
+typedef struct {
+  sd_wjob job;
+  rawreq *wait, **wait_tail; /* the next piece not yet handed to the ring, in order */
+  rawreq *done, **done_tail; /* ended, callback not yet run */
+  unsigned pending;
+  int attached;
+  int failing;             /* the writer is closing: what waits ends with -ESHUTDOWN */
+} rawjob;
 
 struct sd_writer {
   uv_loop_t *loop;
@@ -48,6 +69,8 @@ struct sd_writer {
   sd_wjob *rr;
   unsigned njobs;
   int polling;             /* inside poll_jobs: do not recurse */
+
+  rawjob raw;
 
   int closing;
   void (*close_cb)(void *ud);
@@ -279,7 +302,9 @@ static void reap(sd_writer *w) {
       w->inflight--;
       sd_wjob *j = io->job;
       if (io->kind == SD_IO_WRITE && res > 0) {
-        if (w->slot_direct[io - w->slots])
+        if (j == &w->raw.job)
+          ; /* the multi-node path keeps its own byte counts */
+        else if (w->slot_direct[io - w->slots])
           w->st.bytes_direct += (uint64_t)res;
         else
           w->st.bytes_buffered += (uint64_t)res;
@@ -369,6 +394,158 @@ void sd_writer_detach(sd_writer *w, sd_wjob *job) {
 }
 
 /* ------------------------------------------------------------------------ *
+ * Raw requests: one more job, whose requests come with their own buffers.
+ * ------------------------------------------------------------------------ */
+static void raw_push(rawreq ***tail, rawreq *r) {
+  r->next = NULL;
+  **tail = r;
+  *tail = &r->next;
+}
+
+static int raw_next(sd_wjob *job, sd_io *io) {
+  rawjob *rj = (rawjob *)job;
+  rawreq *r = rj->wait;
+  if (!r || rj->failing) return 0;
+  rj->wait = r->next;
+  if (!rj->wait) rj->wait_tail = &rj->wait;
+  io->req = r;
+  io->fd = r->fd;
+  if (r->fsync) {
+    io->kind = SD_IO_FSYNC;
+    return 1;
+  }
+  uint64_t left = r->len - r->done;
+  io->kind = SD_IO_WRITE;
+  io->src = r->buf + r->done;
+  io->off = r->off + r->done;
+  io->len = (uint32_t)(left > SD_IO_CHUNK ? SD_IO_CHUNK : left);
+  return 1;
+}
+
+static void raw_complete(sd_wjob *job, const sd_io *io, int res) {
+  rawjob *rj = (rawjob *)job;
+  rawreq *r = io->req;
+  if (io->kind == SD_IO_WRITE && res >= 0) {
+    r->done += io->len;
+    if (r->done < r->len) {
+      raw_push(&rj->wait_tail, r); /* the next piece, behind what waits already */
+      return;
+    }
+  }
+  r->res = res < 0 ? res : 0;
+  raw_push(&rj->done_tail, r);
+}
+
+static void raw_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
+  (void)job;
+  (void)io;
+  (void)bytes;
+}
+
+static int raw_stage(sd_wjob *job, sd_chunk *c) {
+  (void)job;
+  (void)c;
+  return 0; /* the buffers are the caller's: nothing to stage */
+}
+
+static void raw_fill(sd_wjob *job, sd_chunk *c) {
+  (void)job;
+  (void)c;
+}
+
+static void raw_filled(sd_wjob *job, sd_chunk *c) {
+  (void)job;
+  (void)c;
+}
+
+/* The safe point: callbacks run here, and may queue more requests. */
+static void raw_poll(sd_wjob *job) {
+  rawjob *rj = (rawjob *)job;
+  if (rj->failing) {
+    while (rj->wait) {
+      rawreq *r = rj->wait;
+      rj->wait = r->next;
+      r->res = -ESHUTDOWN;
+      raw_push(&rj->done_tail, r);
+    }
+    rj->wait_tail = &rj->wait;
+  }
+  while (rj->done) {
+    rawreq *r = rj->done;
+    rj->done = r->next;
+    if (!rj->done) rj->done_tail = &rj->done;
+    rj->pending--;
+    sd_writer_raw_cb cb = r->cb;
+    void *ud = r->ud;
+    int res = r->res;
+    free(r);
+    cb(ud, res);
+  }
+  if (rj->attached && rj->pending == 0) {
+    rj->attached = 0;
+    sd_writer_detach(job->w, job);
+  }
+}
+
+static void raw_fail(sd_wjob *job, int code, const char *why) {
+  (void)code;
+  (void)why;
+  rawjob *rj = (rawjob *)job;
+  rj->failing = 1;
+  sd_writer_kick(job->w);
+}
+
+static const sd_wjob_ops raw_ops = {.next = raw_next, .complete = raw_complete, .progress = raw_progress,
+                                    .stage = raw_stage, .fill = raw_fill, .filled = raw_filled,
+                                    .poll = raw_poll, .fail = raw_fail};
+
+static int raw_add(sd_writer *w, rawreq *r) {
+  rawjob *rj = &w->raw;
+  if (w->closing) {
+    free(r);
+    return -ESHUTDOWN;
+  }
+  if (!rj->attached) {
+    sd_error err = {0};
+    if (sd_writer_attach(w, &rj->job, &err) != 0) {
+      free(r);
+      return -ESHUTDOWN;
+    }
+    rj->attached = 1;
+  }
+  rj->pending++;
+  raw_push(&rj->wait_tail, r);
+  /* Inside a poll the writer pumps once every job has been polled. */
+  if (!w->polling) sd_writer_pump(w);
+  return 0;
+}
+
+int sd_writer_raw_write(sd_writer *w, int fd, const void *buf, uint64_t len, uint64_t off, sd_writer_raw_cb cb,
+                        void *ud) {
+  rawreq *r = calloc(1, sizeof *r);
+  if (!r) return -ENOMEM;
+  r->fd = fd;
+  r->buf = buf;
+  r->len = len;
+  r->off = off;
+  r->cb = cb;
+  r->ud = ud;
+  return raw_add(w, r);
+}
+
+int sd_writer_raw_fsync(sd_writer *w, int fd, sd_writer_raw_cb cb, void *ud) {
+  rawreq *r = calloc(1, sizeof *r);
+  if (!r) return -ENOMEM;
+  r->fsync = 1;
+  r->fd = fd;
+  r->cb = cb;
+  r->ud = ud;
+  return raw_add(w, r);
+}
+
+unsigned sd_writer_raw_pending(const sd_writer *w) { return w->raw.pending; }
+
+/* ------------------------------------------------------------------------ *
  * Life cycle
  * ------------------------------------------------------------------------ */
 int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_error *err) {
@@ -394,6 +571,9 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
   w->loop = loop;
   w->qd = queue_depth;
   w->retry_tail = &w->retry;
+  w->raw.job.ops = &raw_ops;
+  w->raw.wait_tail = &w->raw.wait;
+  w->raw.done_tail = &w->raw.done;
   for (unsigned i = 0; i < queue_depth; i++) {
     w->slots[i].next = w->free_slots;
     w->free_slots = &w->slots[i];

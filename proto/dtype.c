@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "sd_format.h"
-#include "sd_layout.h"
+#include "sd_utf8.h"
 
 static const struct {
   const char *name;

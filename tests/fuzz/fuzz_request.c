@@ -5,33 +5,32 @@
 #include <jansson.h>
 
 #include "fuzz_util.h"
+#include "pathsafe.h"
 #include "publish.h"
-#include "save.h"
 #include "sd_base64.h"
 #include "sd_format.h"
 #include "sd_layout.h"
 #include "sd_linebuf.h"
 #include "sd_msg.h"
+#include "sd_request.h"
 #include "sd_reader.h"
 
-/* What this covers, and what it cannot reach:
+/* What this covers:
  * - framing: sd_linebuf fed in random chunks through both the reserve/commit
  *   path the session uses and sd_linebuf_feed, compared line by line with a
  *   plain reference splitter;
  * - sd_msg_parse, sd_msg_op and every sd_msg_* getter with the fields and
  *   limits daemon/ops.c uses, each checked against its contract;
- * - the pure checks a request meets before any state is touched:
- *   sd_path_check_rel/name, sd_name_check, sd_dtype_parse, sd_tensor_numel,
- *   sd_box_check, sd_b64_decode (round-tripped through sd_b64_encode);
+ * - the request checks daemon/ops.c itself calls (proto/request.c: hello,
+ *   begin, the tensor and source of a put, the data of a file) with the
+ *   save id check, sd_path_check_rel/name, and what each promises of what it
+ *   lets through; strict base64 round-trips;
  * - every reply (ok or error, with the client's id) is one valid JSON line;
  * - a begin/put that passed those checks is planned with sd_plan_build and its
  *   header parsed back with sd_st_parse, so hostile names, prefixes and
  *   metadata that pass at request time cannot fail only at plan time.
- * The field order below mirrors daemon/ops.c (op_begin, parse_tensor,
- * parse_source, op_file): those are static next to socket and save state,
- * and sd_save_id_check and region.c's shm name check live in files that
- * need the whole daemon, so they are not linked here. Keep this in step
- * with ops.c until the request checks move into a pure file. */
+ * Not reached: what needs daemon state (the save a request names, regions,
+ * the shm name check in region.c) and the multi-node begin fields (cluster.c). */
 
 /* ------------------------------------------------------------------------ *
  * Replies
@@ -198,24 +197,22 @@ static int get_str_map(const json_t *req, const char *field, int required, size_
   return rc;
 }
 
-/* Strict base64 has one spelling per byte string: decoding then encoding
- * must give back the input exactly. */
-static int decode_b64(const char *s, size_t len, uint8_t **bytes, size_t *got, sd_error *err) {
-  int rc = sd_b64_decode(s, len, bytes, got, err);
+/* Strict base64 has one spelling per byte string: what sd_req_data decoded
+ * must encode back to the input exactly; a refusal names the field. */
+static void check_b64(int rc, const char *s, size_t len, const uint8_t *bytes, size_t got, const sd_error *err) {
   if (rc) {
-    FUZZ_CHECK(*bytes == NULL && (rc == SHARDD_E_INVALID_ARGUMENT || rc == SHARDD_E_NO_MEMORY),
+    FUZZ_CHECK(bytes == NULL && (rc == SHARDD_E_INVALID_ARGUMENT || rc == SHARDD_E_NO_MEMORY) && err->code == rc,
                "base64 failure rc %d", rc);
-    return rc;
+    FUZZ_CHECK(strstr(err->msg, "field 'data'") != NULL, "base64 refusal does not name the field: %s", err->msg);
+    return;
   }
-  FUZZ_CHECK(*bytes != NULL, "base64 success without a buffer");
-  size_t elen = sd_b64_encoded_len(*got);
-  FUZZ_CHECK(elen == len, "base64 %zu chars decoded to %zu bytes, which encode to %zu", len, *got, elen);
+  FUZZ_CHECK(bytes != NULL, "base64 success without a buffer");
+  size_t elen = sd_b64_encoded_len(got);
+  FUZZ_CHECK(elen == len, "base64 %zu chars decoded to %zu bytes, which encode to %zu", len, got, elen);
   char *back = malloc(elen + 1);
   FUZZ_CHECK(back != NULL, "oom");
-  FUZZ_CHECK(sd_b64_encode(*bytes, *got, back) == elen && memcmp(back, s, len) == 0,
-             "base64 does not round-trip");
+  FUZZ_CHECK(sd_b64_encode(bytes, got, back) == elen && memcmp(back, s, len) == 0, "base64 does not round-trip");
   free(back);
-  return 0;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -254,10 +251,12 @@ static unsigned cfg_max_name = SD_NAME_MAX, cfg_max_dims = SD_MAX_DIMS;
 
 static int op_hello(const json_t *req, sd_error *err) {
   uint64_t proto = 0;
-  if (get_u64(req, "proto", 1, 0, &proto, err) < 0) return err->code;
-  if (proto != SHARDD_PROTO_VERSION)
-    return sd_fail(err, SHARDD_E_UNSUPPORTED_PROTO, "protocol %llu is not supported", (unsigned long long)proto);
-  return 0;
+  sd_error e = {0};
+  int got = get_u64(req, "proto", 1, 0, &proto, &e);
+  int rc = sd_req_hello(req, err);
+  FUZZ_CHECK((rc == 0) == (got == 1 && proto == SHARDD_PROTO_VERSION), "hello: rc %d for proto %llu", rc,
+             (unsigned long long)proto);
+  return rc;
 }
 
 static int op_attach(const json_t *req, sd_error *err) {
@@ -272,127 +271,118 @@ static int op_detach(const json_t *req, sd_error *err) {
   return 0;
 }
 
-static int op_begin(const json_t *req, sd_error *err) {
-  const char *save = NULL, *dir = NULL, *prefix = NULL;
-  uint64_t rank = 0, world = 0, mss = 0;
-  int overwrite = 0, rc = 0;
+/* Every getter's contract on the fields begin reads (the real checks stop at the first refusal). */
+static void check_begin_getters(const json_t *req) {
+  sd_error e = {0};
+  const char *s = NULL;
+  uint64_t u = 0;
+  int b = 0;
   sd_kv *md = NULL;
   size_t nmd = 0;
-  if (get_str(req, "save", 1, &save, NULL, err) < 0 || get_str(req, "dir", 1, &dir, NULL, err) < 0 ||
-      get_u64(req, "rank", 1, SD_WORLD_MAX, &rank, err) < 0 ||
-      get_u64(req, "world_size", 1, SD_WORLD_MAX, &world, err) < 0 ||
-      get_u64(req, "max_shard_size", 0, 0, &mss, err) < 0 || get_str(req, "prefix", 0, &prefix, NULL, err) < 0 ||
-      get_str_map(req, "metadata", 0, SD_METADATA_MAX, &md, &nmd, err) < 0 ||
-      get_bool(req, "overwrite", 0, &overwrite, err) < 0) {
-    rc = err->code;
-    goto out;
-  }
-  if (field_value(req, "max_shard_size") && mss == 0) {
-    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
-    goto out;
-  }
-  if (prefix && (strlen(prefix) > SD_PREFIX_MAX || sd_prefix_check(prefix, err) != 0)) {
-    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be a plain file name");
-    goto out;
-  }
-  for (size_t i = 0; i < nmd; i++) {
-    if (strcmp(md[i].key, "format") == 0 && strcmp(md[i].value, "pt") != 0) {
-      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "metadata 'format' must be \"pt\"");
-      goto out;
-    }
-  }
-  /* sd_save_begin's checks before it touches daemon state. */
-  if (world == 0 || world > SD_WORLD_MAX) {
+  get_str(req, "save", 1, &s, NULL, &e);
+  get_str(req, "dir", 1, &s, NULL, &e);
+  get_u64(req, "rank", 1, SD_WORLD_MAX, &u, &e);
+  get_u64(req, "world_size", 1, SD_WORLD_MAX, &u, &e);
+  get_u64(req, "max_shard_size", 0, 0, &u, &e);
+  get_str(req, "prefix", 0, &s, NULL, &e);
+  if (get_str_map(req, "metadata", 0, SD_METADATA_MAX, &md, &nmd, &e) == 1) free(md);
+  get_bool(req, "overwrite", 0, &b, &e);
+}
+
+/* The real begin checks (daemon/ops.c; the multi-node fields are cluster.c's
+ * and not linked here), then sd_save_begin's own before it touches state. */
+static int op_begin(const json_t *req, sd_error *err) {
+  check_begin_getters(req);
+  sd_req_begin b = {0};
+  int rc = sd_req_begin_fields(req, &b, err);
+  if (!rc) rc = sd_req_begin_check(req, &b, err);
+  if (rc) goto out;
+  FUZZ_CHECK(sd_save_id_check(b.save, NULL) == 0 && strlen(b.save) <= SD_SAVE_ID_MAX && b.save[0] != '.',
+             "save id '%s' let through", b.save);
+  FUZZ_CHECK(!field_value(req, "max_shard_size") || b.max_shard_size > 0, "max_shard_size 0 let through");
+  for (size_t i = 0; i < b.nmetadata; i++)
+    FUZZ_CHECK(strcmp(b.metadata[i].key, "format") != 0 || strcmp(b.metadata[i].value, "pt") == 0,
+               "metadata format '%s' let through", b.metadata[i].value);
+  if (b.world_size == 0 || b.world_size > SD_WORLD_MAX) {
     rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'world_size' must be in [1, %d]", SD_WORLD_MAX);
     goto out;
   }
-  if (rank >= world) {
+  if (b.rank >= b.world_size) {
     rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'rank' is outside [0, world_size)");
     goto out;
   }
-  if ((rc = sd_path_check_rel(dir, err)) != 0) {
+  if ((rc = sd_path_check_rel(b.dir, err)) != 0) {
     FUZZ_CHECK(rc == SHARDD_E_BAD_PATH, "dir check rc %d", rc);
     goto out;
   }
   sd_tensor t = {.name = "w", .dtype = SD_DT_F32, .ndim = 1, .shape = {3}, .index = -1};
-  sd_plan_opts opts = {.max_shard_size = mss, .prefix = prefix, .metadata = md, .nmetadata = nmd};
+  sd_plan_opts opts = {.max_shard_size = b.max_shard_size, .prefix = b.prefix, .metadata = b.metadata,
+                       .nmetadata = b.nmetadata};
   plan_roundtrip(&t, &opts, "begin (prefix, metadata, max_shard_size)");
 out:
-  free(md);
+  free(b.metadata);
   return rc;
 }
 
+/* Every getter's contract on the fields put reads. */
+static void check_put_getters(const json_t *req) {
+  sd_error e = {0};
+  const char *s = NULL;
+  uint64_t u = 0, v[SD_MAX_DIMS];
+  size_t n = 0;
+  int b = 0;
+  get_str(req, "name", 1, &s, NULL, &e);
+  get_str(req, "dtype", 1, &s, NULL, &e);
+  get_u64_array(req, "shape", 1, SD_MAX_DIMS, 0, v, &n, &e);
+  get_u64_array(req, "start", 0, SD_MAX_DIMS, 0, v, &n, &e);
+  get_u64_array(req, "count", 0, SD_MAX_DIMS, 0, v, &n, &e);
+  get_u64(req, "index", 0, 0, &u, &e);
+  get_str(req, "data", 0, &s, NULL, &e);
+  get_u64(req, "region", 0, 0, &u, &e);
+  get_u64(req, "offset", 0, 0, &u, &e);
+  get_bool(req, "deferred", 0, &b, &e);
+}
+
 static int op_put(const json_t *req, sd_error *err) {
-  const char *save = NULL, *name = NULL, *dtype = NULL, *data = NULL;
-  size_t nlen = 0, n = 0, ns = 0, nc = 0, dlen = 0;
-  uint64_t shape[SD_MAX_DIMS] = {0}, start[SD_MAX_DIMS] = {0}, count[SD_MAX_DIMS] = {0};
-  uint64_t index = 0, rid = 0, offset = 0, numel = 0;
-  sd_dtype dt;
+  const char *save = NULL;
   if (get_str(req, "save", 1, &save, NULL, err) < 0) return err->code;
-  /* parse_tensor */
-  if (get_str(req, "name", 1, &name, &nlen, err) < 0) return err->code;
-  if (nlen > cfg_max_name) return sd_fail(err, SHARDD_E_LIMIT, "name over max_name_len");
-  if (sd_name_check(name, nlen, err) != 0) return err->code;
-  const json_t *jshape = json_object_get(req, "shape");
-  if (json_is_array(jshape) && json_array_size(jshape) > cfg_max_dims)
-    return sd_fail(err, SHARDD_E_LIMIT, "'shape' over max_dims");
-  if (get_str(req, "dtype", 1, &dtype, NULL, err) < 0) return err->code;
-  if (sd_dtype_parse(dtype, &dt, err) != 0) return err->code;
-  FUZZ_CHECK(strcmp(sd_dtype_name(dt), dtype) == 0, "dtype '%s' parsed as %s", dtype, sd_dtype_name(dt));
-  if (get_u64_array(req, "shape", 1, SD_MAX_DIMS, 0, shape, &n, err) < 0) return err->code;
-  FUZZ_CHECK(n <= cfg_max_dims, "max_dims let %zu dimensions through", n);
-  int has_start = get_u64_array(req, "start", 0, SD_MAX_DIMS, 0, start, &ns, err);
-  if (has_start < 0) return err->code;
-  int has_count = get_u64_array(req, "count", 0, SD_MAX_DIMS, 0, count, &nc, err);
-  if (has_count < 0) return err->code;
-  if (has_start != has_count) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give both 'start' and 'count'");
-  if (!has_start) {
-    memcpy(count, shape, sizeof count);
-  } else if (ns != n || nc != n) {
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'start' and 'count' need one entry per dimension");
+  check_put_getters(req);
+  sd_req_tensor t;
+  if (sd_req_tensor_parse(req, cfg_max_name, cfg_max_dims, &t, err) != 0) return err->code;
+  const char *dtype = json_string_value(json_object_get(req, "dtype"));
+  FUZZ_CHECK(dtype && strcmp(sd_dtype_name(t.dtype), dtype) == 0, "dtype '%s' parsed as %s", dtype,
+             sd_dtype_name(t.dtype));
+  FUZZ_CHECK(strlen(t.name) <= cfg_max_name, "max_name_len let %zu bytes through", strlen(t.name));
+  FUZZ_CHECK(t.ndim <= cfg_max_dims, "max_dims let %u dimensions through", t.ndim);
+  uint64_t numel = 1;
+  for (uint32_t i = 0; i < t.ndim; i++) {
+    FUZZ_CHECK(t.start[i] <= t.shape[i] && t.count[i] <= t.shape[i] - t.start[i], "box check let dim %u escape", i);
+    FUZZ_CHECK(t.count[i] == 0 || numel <= UINT64_MAX / t.count[i], "slice element count overflows");
+    numel *= t.count[i];
   }
-  int has_index = get_u64(req, "index", 0, 0, &index, err);
-  if (has_index < 0) return err->code;
-  if (sd_tensor_numel(name, (uint32_t)n, shape, &numel, err) != 0) return err->code;
-  sd_box box;
-  memcpy(box.start, start, sizeof box.start);
-  memcpy(box.count, count, sizeof box.count);
-  if (sd_box_check(name, (uint32_t)n, shape, &box, err) != 0) return err->code;
-  for (size_t i = 0; i < n; i++)
-    FUZZ_CHECK(start[i] <= shape[i] && count[i] <= shape[i] - start[i], "box check let dim %zu escape", i);
-  if (sd_tensor_numel(name, (uint32_t)n, count, &numel, err) != 0) return err->code;
-  unsigned esize = sd_dtype_size(dt);
-  if (numel > UINT64_MAX / esize) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "byte size overflows");
-  uint64_t len = numel * esize;
-  /* parse_source */
-  int has_data = get_str(req, "data", 0, &data, &dlen, err);
-  if (has_data < 0) return err->code;
-  int has_region = get_u64(req, "region", 0, 0, &rid, err);
-  if (has_region < 0) return err->code;
-  int has_offset = get_u64(req, "offset", 0, 0, &offset, err);
-  if (has_offset < 0) return err->code;
-  if (has_data && (has_region || has_offset))
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give either 'region' and 'offset' or 'data'");
-  if (has_data) {
-    uint8_t *bytes = NULL;
-    size_t got = 0;
-    if (decode_b64(data, dlen, &bytes, &got, err) != 0) return err->code;
-    free(bytes);
-    if (got != len) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'data' holds %zu bytes", got);
-  } else if (len == 0 && !has_region && !has_offset) {
-    /* an empty slice reads nothing: no source needed */
-  } else if (!has_region || !has_offset) {
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "give 'region' and 'offset' (or inline 'data')");
+  FUZZ_CHECK(t.len / sd_dtype_size(t.dtype) == numel && t.len % sd_dtype_size(t.dtype) == 0,
+             "slice of %llu elements said to hold %llu bytes", (unsigned long long)numel, (unsigned long long)t.len);
+  sd_req_source src;
+  int rc = sd_req_source_parse(req, t.name, t.len, &src, err);
+  const char *data = json_string_value(json_object_get(req, "data"));
+  if (data && (rc == 0 || strstr(err->msg, "field 'data'")))
+    check_b64(rc, data, strlen(data), src.data, t.len, err);
+  if (rc) return rc;
+  if (src.data) {
+    FUZZ_CHECK(!src.has_region && !src.deferred, "inline data with a region or deferred");
+    free(src.data);
+  } else if (!src.has_region) {
+    FUZZ_CHECK(t.len == 0 && !src.deferred, "a slice of %llu bytes with no source", (unsigned long long)t.len);
   }
   /* A tensor whose full byte size overflows can never be covered by real
    * slices, so only sizes that fit are expected to plan. */
-  sd_tensor t = {.name = name, .dtype = dt, .ndim = (uint32_t)n, .index = has_index ? (int64_t)index : -1};
-  memcpy(t.shape, shape, sizeof t.shape);
+  sd_tensor full = {.name = t.name, .dtype = t.dtype, .ndim = t.ndim, .index = t.index};
+  memcpy(full.shape, t.shape, sizeof full.shape);
   sd_error e2 = {0};
   uint64_t nbytes = 0;
-  if (sd_tensor_nbytes(&t, &nbytes, &e2) == 0) {
+  if (sd_tensor_nbytes(&full, &nbytes, &e2) == 0) {
     sd_plan_opts opts = {0};
-    plan_roundtrip(&t, &opts, "put (name, dtype, shape, index)");
+    plan_roundtrip(&full, &opts, "put (name, dtype, shape, index)");
   }
   return 0;
 }
@@ -404,9 +394,10 @@ static int op_file(const json_t *req, sd_error *err) {
   if (get_str(req, "save", 1, &save, NULL, err) < 0 || get_str(req, "path", 1, &path, NULL, err) < 0 ||
       sd_path_check_name(path, err) || get_str(req, "data", 1, &data, &dlen, err) < 0)
     return err->code;
-  if (decode_b64(data, dlen, &bytes, &got, err) != 0) return err->code;
+  int rc = sd_req_data(data, dlen, "file", path, &bytes, &got, err);
+  check_b64(rc, data, dlen, bytes, got, err);
   free(bytes);
-  return 0;
+  return rc;
 }
 
 static int op_save_only(const json_t *req, sd_error *err) {

@@ -5,7 +5,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
+#include "writer.h"
 
 /* One test's root, loop and writer (criterion runs each test in its own process). */
 typedef struct {

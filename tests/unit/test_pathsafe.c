@@ -10,7 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 
 /* ------------------------------------------------------------------------ *
  * Fixture: a fresh root (and a folder outside it) per test

@@ -14,7 +14,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 
 /* Makes openat2 fail with ENOSYS in this (criterion's per-test) process, as
  * on a kernel before 5.6. */

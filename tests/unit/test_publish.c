@@ -14,7 +14,8 @@
 #include <unistd.h>
 
 #include "fixture_root.h"
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 #include "sd_reader.h"
 
 /* ------------------------------------------------------------------------ *

@@ -14,7 +14,8 @@
 #include <unistd.h>
 
 #include "fixture_root.h"
-#include "publish_int.h"
+#include "pathsafe.h"
+#include "publish.h"
 
 /* ------------------------------------------------------------------------ *
  * Fixture: a root in a fresh folder, a loop (fixture_root.c), a writer made by each test

@@ -1,38 +1,56 @@
-/* Private glue between pathsafe.c, writer.c and publish.c; the rest of the daemon uses publish.h. */
-#ifndef SD_PUBLISH_INT_H
-#define SD_PUBLISH_INT_H
+/* The daemon's one io_uring (writer.c): publish jobs fed from staging buffers, and raw writes and fsyncs for the multi-node path. */
+#ifndef SD_WRITER_H
+#define SD_WRITER_H
 
 #include <stdint.h>
+#include <uv.h>
 
-#include "publish.h"
+#include "sd_error.h"
 #include "staging.h"
 
 /* ------------------------------------------------------------------------ *
- * Paths (pathsafe.c)
+ * The writer: one io_uring per daemon, its completions delivered on the
+ * libuv loop through an eventfd, so the loop never blocks on a write.
  * ------------------------------------------------------------------------ */
-/* Temporary folders are named with this prefix, so a restarted daemon can
- * recognise (and remove) what a crashed one left behind. */
-#define SD_TMP_PREFIX ".shardd-tmp-"
-/* Deepest folder sd_cleanup_stale and sd_path_remove_tree descend into. */
-#define SD_WALK_DEPTH_MAX 64
+typedef struct sd_writer sd_writer;
 
-/* openat2(dirfd, path, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
- * returns the fd or -errno. */
-int sd_openat_beneath(int dirfd, const char *path, int flags, unsigned mode);
+/* Data goes through staging buffers: copied from the sources (on a worker
+ * thread, one copy at a time) into aligned chunks registered with the ring,
+ * then written with O_DIRECT in whole aligned blocks; the staging size bounds
+ * the writer's memory however many saves are in flight. */
+#define SD_STAGING_DEFAULT_MIB 128
+#define SD_STAGING_CHUNK (4u << 20)  /* bytes per staging buffer (and per write) */
 
-/* Opens (O_RDONLY | O_DIRECTORY) the folder holding the last part of rel,
- * creating the missing folders on the way (mode 0755) when create is set.
- * *created counts the folders it made, deepest last, so a failed save can
- * remove them again with sd_path_unmake_parents. *base points into rel at
- * its last part. */
-int sd_path_open_parent(int root_fd, const char *rel, int create, int *parent_fd,
-                        unsigned *created, const char **base, sd_error *err);
-/* Removes (if empty) the `created` deepest folders above rel's last part. */
-void sd_path_unmake_parents(int root_fd, const char *rel, unsigned created);
+typedef struct {
+  unsigned queue_depth;    /* io_uring entries; 0: 64 */
+  uint64_t staging_bytes;  /* 0: SD_STAGING_DEFAULT_MIB MiB; at least two chunks are used */
+  uint32_t chunk_bytes;    /* 0: SD_STAGING_CHUNK; rounded up to 4 KiB (tests use small ones) */
+  int buffered;            /* 1: never O_DIRECT (the fallback, forced) */
+} sd_writer_opts;
 
-/* Deletes dirfd/name and everything below it without following a symlink;
- * a symlink inside is unlinked, never its target. */
-int sd_path_remove_tree(int dirfd, const char *name, sd_error *err);
+int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *o, sd_error *err);
+/* sd_writer_init_opts with the default staging. */
+int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_error *err);
+/* Cancels what is in flight (each gets its done callback with SHUTTING_DOWN)
+ * and frees the writer once the ring is drained; cb may be NULL. */
+void sd_writer_close(sd_writer *w, void (*cb)(void *ud), void *ud);
+
+/* What the writer has done since it started (status, tests, benchmarks). */
+typedef struct {
+  uint64_t writes_direct;    /* data writes through O_DIRECT */
+  uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
+  uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
+  uint64_t writes_fixed_file;/* ... to a registered file */
+  uint64_t copy_trips;       /* trips to the copy worker */
+  uint64_t staging_bytes;    /* staging allocated now */
+  uint64_t staging_peak;     /* staging allocated at most */
+  uint64_t staging_max;      /* the bound */
+  uint64_t bytes_direct;     /* bytes the kernel took through O_DIRECT (with last-block padding) */
+  uint64_t bytes_buffered;   /* ... through the page cache */
+  int registered;            /* staging buffers are registered with the ring (0: plain writes) */
+} sd_writer_stats;
+
+void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
 
 /* ------------------------------------------------------------------------ *
  * Writer jobs (writer.c): a job hands the ring one request at a time and
@@ -58,6 +76,7 @@ typedef struct sd_io {
   const uint8_t *src;
   uint32_t len;            /* <= SD_IO_CHUNK */
   sd_chunk *chunk;         /* the staging chunk src lies in, if any */
+  void *req;               /* the job's own pointer to what io is part of */
   /* writer-private */
   uint32_t done;           /* bytes already written by earlier short writes */
   sd_wjob *job;
@@ -122,43 +141,22 @@ int sd_writer_buffered(const sd_writer *w);
 void sd_writer_count_write(sd_writer *w, int direct);
 
 /* ------------------------------------------------------------------------ *
- * A publish's bytes (pubfill.c): every file is a head (header, artifact or
- * index bytes, at offset 0) followed by the data writes that land in it;
- * files are cut into chunk-sized stretches at multiples of the chunk size,
- * so every write but a file's last is whole aligned blocks.
+ * Raw requests: a write of any length (short writes and pieces past
+ * SD_IO_CHUNK resumed) or an fsync, on the same ring as the publish jobs,
+ * for callers that bring their own buffers (the multi-node transfer writes
+ * from receive buffers and shared memory in whatever pieces arrive).
  * ------------------------------------------------------------------------ */
-typedef struct {
-  const uint8_t *head;     /* heap memory */
-  uint64_t head_len;
-  uint64_t size;           /* the file's final length */
-} sd_fill_file;
+/* res is 0 once every byte is written or the fsync succeeded, else -errno.
+ * Runs on the loop; the callback may queue more requests. */
+typedef void (*sd_writer_raw_cb)(void *ud, int res);
 
-typedef struct {
-  const sd_fill_file *files;
-  size_t nfiles;
-  const sd_write_op *ops;  /* sorted by file, then offset, none overlapping */
-  size_t nops;
-  const sd_shm_span *spans; /* sorted by base, none overlapping */
-  size_t nspans;
-  const uint8_t *ready;    /* ops[i] may be read once ready[i] is set; NULL: all may */
-  /* the loop thread's cursor: where the next stretch starts */
-  uint32_t file;
-  uint64_t off;
-  size_t op;
-  size_t scan;             /* ops before this one are known ready */
-} sd_fill;
-
-/* Pure: the next stretch, at most cap bytes (a multiple of SD_DIO_ALIGN)
- * of one file: sets c->file, off, len and cursor and advances. Returns 0
- * once every byte of every file has been handed out, or while a write in
- * the next stretch is not ready (whole stretches only, so a slow source
- * does not turn into many small writes). */
-int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c);
-/* Copies the stretch into c->buf: the head, the data writes (shared
- * sources inside a span with preadv, gathered by source run; others with
- * memcpy, a fault in a shared one setting c->fault and fault_off instead of
- * killing the process), zeros for bytes no write covers and up to
- * sd_align_up(len). Sets c->src_bytes. */
-void sd_fill_copy(const sd_fill *f, sd_chunk *c);
+/* 0, or -ENOMEM / -ESHUTDOWN (no callback then). buf must stay valid until
+ * the callback. Requests still queued when the writer closes end with
+ * -ESHUTDOWN. */
+int sd_writer_raw_write(sd_writer *w, int fd, const void *buf, uint64_t len, uint64_t off, sd_writer_raw_cb cb,
+                        void *ud);
+int sd_writer_raw_fsync(sd_writer *w, int fd, sd_writer_raw_cb cb, void *ud);
+/* Raw requests queued or in flight. */
+unsigned sd_writer_raw_pending(const sd_writer *w);
 
 #endif

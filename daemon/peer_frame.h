@@ -1,0 +1,50 @@
+/* Peer frames (peer_frame.c), pure: u32 big-endian header length, header JSON, payload. */
+#ifndef SD_PEER_FRAME_H
+#define SD_PEER_FRAME_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "sd_error.h"
+
+/* Before authentication a peer may send only small frames. */
+#define SD_PEER_PREAUTH_MAX (64u << 10)
+/* After it: a manifest of a million slices fits; a frame beyond this is a bug or an attack. */
+#define SD_PEER_HEADER_MAX (1u << 30)
+#define SD_PEER_PAYLOAD_MAX (1u << 30)
+
+typedef struct {
+  int stage;               /* 0 length, 1 header, 2 payload */
+  uint8_t lenbuf[4];
+  size_t have;             /* bytes of the current stage received */
+  uint32_t hlen;
+  char *hdr;
+  json_t *parsed;          /* the header, while its payload arrives */
+  uint64_t plen;
+  uint8_t *payload;
+  size_t header_max, payload_max;
+} sd_frame_reader;
+
+typedef int (*sd_frame_cb)(void *ud, json_t *hdr, uint8_t *payload, size_t plen);
+void sd_frame_reader_init(sd_frame_reader *r, size_t header_max, size_t payload_max);
+/* While a payload arrives: where its next bytes go and how many are still
+ * missing, so a socket read can land there directly (sd_frame_feed then
+ * skips the copy); NULL otherwise. */
+uint8_t *sd_frame_direct(sd_frame_reader *r, size_t *room);
+void sd_frame_reader_free(sd_frame_reader *r);
+/* Feeds bytes; calls cb for each whole frame (cb owns hdr and payload).
+ * A non-zero cb return stops and is returned. A malformed frame (length
+ * over the limit, bad JSON, not an object, bad "len") returns
+ * SHARDD_E_PROTOCOL with the reason in err. */
+int sd_frame_feed(sd_frame_reader *r, const uint8_t *buf, size_t n, sd_frame_cb cb, void *ud,
+                  sd_error *err);
+/* Encodes a frame into one malloc'd buffer; sets "len" in hdr when the payload is not empty. */
+uint8_t *sd_frame_encode(json_t *hdr, const void *payload, size_t plen, size_t *out_len);
+uint8_t *sd_frame_encodev(json_t *hdr, const struct iovec *iov, int niov, size_t *out_len);
+/* A frame whose header is encoded and whose plen payload bytes, at
+ * *payload_at, are left for the caller to fill (in another thread, say). */
+uint8_t *sd_frame_alloc(json_t *hdr, size_t plen, size_t *payload_at, size_t *out_len);
+
+#endif

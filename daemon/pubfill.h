@@ -1,0 +1,79 @@
+/* A publish's bytes (pubfill.c): the data writes of a save and the stretches of files they are staged in. */
+#ifndef SD_PUBFILL_H
+#define SD_PUBFILL_H
+
+#include <stdint.h>
+
+#include "staging.h"
+
+/* ------------------------------------------------------------------------ *
+ * The data writes of a publish
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uint32_t file;           /* index into plan->files */
+  uint64_t file_offset;    /* absolute offset in that file */
+  const uint8_t *src;      /* shm mapping or heap; valid until the done callback */
+  uint64_t len;
+  uint32_t flags;          /* SD_WOP_* */
+  uint32_t slice;          /* the caller's label (save.c: which slice it copies) */
+} sd_write_op;
+
+/* src lies in a client's MAP_SHARED mapping. When a span of the request
+ * holds it, its bytes are read with preadv from the segment's descriptor:
+ * none of its pages enters the daemon's page tables, and a segment the
+ * client shrank reads short instead of faulting. Otherwise they are copied
+ * from the mapping under a SIGBUS guard, and the pages read are dropped from
+ * the daemon's page tables. Either way the daemon's resident memory stays at
+ * its staging size however large the checkpoint. Never set it for private
+ * (heap) memory: dropping those pages would zero them. */
+#define SD_WOP_SHARED 1u
+
+/* A client's shared-memory segment: mapped at base, len bytes, readable
+ * through fd. */
+typedef struct {
+  const uint8_t *base;
+  uint64_t len;
+  int fd;
+} sd_shm_span;
+
+/* ------------------------------------------------------------------------ *
+ * A publish's bytes (pubfill.c): every file is a head (header, artifact or
+ * index bytes, at offset 0) followed by the data writes that land in it;
+ * files are cut into chunk-sized stretches at multiples of the chunk size,
+ * so every write but a file's last is whole aligned blocks.
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  const uint8_t *head;     /* heap memory */
+  uint64_t head_len;
+  uint64_t size;           /* the file's final length */
+} sd_fill_file;
+
+typedef struct {
+  const sd_fill_file *files;
+  size_t nfiles;
+  const sd_write_op *ops;  /* sorted by file, then offset, none overlapping */
+  size_t nops;
+  const sd_shm_span *spans; /* sorted by base, none overlapping */
+  size_t nspans;
+  const uint8_t *ready;    /* ops[i] may be read once ready[i] is set; NULL: all may */
+  /* the loop thread's cursor: where the next stretch starts */
+  uint32_t file;
+  uint64_t off;
+  size_t op;
+  size_t scan;             /* ops before this one are known ready */
+} sd_fill;
+
+/* Pure: the next stretch, at most cap bytes (a multiple of SD_DIO_ALIGN)
+ * of one file: sets c->file, off, len and cursor and advances. Returns 0
+ * once every byte of every file has been handed out, or while a write in
+ * the next stretch is not ready (whole stretches only, so a slow source
+ * does not turn into many small writes). */
+int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c);
+/* Copies the stretch into c->buf: the head, the data writes (shared
+ * sources inside a span with preadv, gathered by source run; others with
+ * memcpy, a fault in a shared one setting c->fault and fault_off instead of
+ * killing the process), zeros for bytes no write covers and up to
+ * sd_align_up(len). Sets c->src_bytes. */
+void sd_fill_copy(const sd_fill *f, sd_chunk *c);
+
+#endif
