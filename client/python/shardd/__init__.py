@@ -5,8 +5,8 @@
     shardd.save({"embed.weight": np.ones((4, 8), np.float32)}, "run1/step-100")
     weights = shardd.load("/ckpt/run1/step-100")
 
-libshardd is found through $LIBSHARDD, else the linker's search path, else
-the path `pip install` recorded, else beside this package. The daemon's
+libshardd is found through $LIBSHARDD, else the path `pip install` recorded,
+else the linker's search path, else beside this package. The daemon's
 socket is $SHARDD_SOCKET unless given.
 Low-level calls mirror include/shardd/shardd.h: Client(socket).begin / put /
 put_copy / put_inline / file / seal / wait / wait_released / abort / status,

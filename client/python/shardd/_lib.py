@@ -120,19 +120,20 @@ def _recorded_path():
 
 
 def _candidates():
-    """Where to look, in order: $LIBSHARDD, the linker's search, the path recorded at install,
+    """Where to look, in order: $LIBSHARDD, the path recorded at install, the linker's search,
     then beside the package."""
     env = os.environ.get("LIBSHARDD")
     if env:
         # An explicit choice must not silently fall back to another copy.
         return [env], True
+    # The copy pip was pointed at wins over whatever else the linker finds.
     out = []
-    found = ctypes.util.find_library("shardd")
-    if found:
-        out.append(found)
     recorded = _recorded_path()
     if recorded:
         out.append(recorded)
+    found = ctypes.util.find_library("shardd")
+    if found:
+        out.append(found)
     here = os.path.dirname(os.path.abspath(__file__))
     for d in (here, os.path.dirname(here)):
         out.extend(os.path.join(d, n) for n in _LIB_NAMES)
