@@ -9,7 +9,7 @@ import os
 import pathlib
 import struct
 import sys
-import tempfile
+import time
 import typing
 import unittest
 
@@ -241,6 +241,13 @@ class LoadTest(unittest.TestCase):
         self.assertEqual(seen[-1], (res["bytes"], res["bytes"]))
         self.assertTrue(all(w <= t for w, t in seen), seen)
         self.assertTrue(all(a[0] <= b[0] for a, b in zip(seen, seen[1:])), seen)
+        # done() polls without blocking until the commit arrives.
+        r = shardd.save({"y": np.ones(4)}, "polled", client=self.client, wait=False)
+        deadline = time.monotonic() + WAIT
+        while not r.done():
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.005)
+        self.assertEqual(r.result(0)["tensors"], 1)
         # A save that cannot end yet (a second rank never comes), then fails.
         q = shardd.save({"x": np.ones(3)}, "half", rank=0, world_size=2, socket=D.socket, wait=False,
                         progress=lambda w, t: None)
