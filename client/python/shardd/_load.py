@@ -136,7 +136,11 @@ class Checkpoint:
             _lib.lib().shardd_ckpt_close(self._handle)
             self._handle = None
 
-    __del__ = close
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown may have torn down ctypes already
+            pass
 
     def __enter__(self) -> "Checkpoint":
         return self
@@ -226,6 +230,9 @@ def load(path: PathLike, names: Optional[Iterable[str]] = None,
         wanted = ck.names() if names is None else list(names)
         for n in list(wanted) + list(boxes):
             ck.info(n)
+        stray = sorted(set(boxes) - set(wanted))
+        if stray:
+            raise ValueError("boxes name %s, which names= leaves out" % ", ".join(map(repr, stray)))
         out = {}
         for n in wanted:
             start, count = boxes.get(n, (None, None))

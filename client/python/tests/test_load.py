@@ -123,6 +123,10 @@ class LoadTest(unittest.TestCase):
         self.assertEqual(got["r2"].tobytes(), full["r2"][2:7, 3:11].tobytes())
         self.assertEqual(got["r4"].tobytes(), full["r4"][1:3, :, 2:3, :].tobytes())
         self.assertEqual(got["r1"].tobytes(), full["r1"].tobytes())
+        with self.assertRaisesRegex(ValueError, "boxes name 'r2', 'r4', which names= leaves out"):
+            shardd.load(path("boxes"), names=["r1"], boxes=boxes)
+        with self.assertRaisesRegex(KeyError, "'nope' is not in"):
+            shardd.load(path("boxes"), names=["nope"])
 
     def test_reshard_two_ranks_into_four(self):
         rng = np.random.default_rng(11)
