@@ -6,6 +6,7 @@ shardd_packages=(
   libuv1-dev liburing-dev libjansson-dev libssl-dev
   libcriterion-dev
   ncat python3 python3-numpy python3-torch
+  python3-venv python3-pip python3-setuptools python3-wheel   # the pip-install test (tests/python)
   valgrind
   clang libclang-rt-14-dev
 )

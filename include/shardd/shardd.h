@@ -222,6 +222,44 @@ SHARDD_EXPORT int shardd_abort(shardd_client *c, const char *save);
 SHARDD_EXPORT int shardd_status(shardd_client *c, char **json_out);
 SHARDD_EXPORT void shardd_free(void *p);
 
+/* ------------------------------------------------------------------------ *
+ * Reading checkpoints back
+ *
+ * A checkpoint is a folder (PREFIX.safetensors.index.json and the shards it
+ * names, or one *.safetensors file) or the path of a single .safetensors
+ * file. shardd_ckpt_open checks all of it with the strict reader first:
+ * every header, the index, and that they agree (a hostile or damaged file
+ * fails with SHARDD_E_FORMAT naming the file, tensor and field; a file that
+ * cannot be read with SHARDD_E_IO). Reads then fetch only the bytes of the
+ * box asked for, with pread, one call per contiguous run.
+ * Failures leave their message in shardd_last_error(NULL) (per thread); an
+ * open checkpoint may be read from several threads at once.
+ * ------------------------------------------------------------------------ */
+typedef struct shardd_ckpt shardd_ckpt;
+
+typedef struct {
+  const char *name;           /* valid until shardd_ckpt_close */
+  const char *dtype;          /* safetensors name: "F32", "BF16", ... */
+  int ndim;
+  const uint64_t *shape;      /* ndim entries */
+  uint64_t nbytes;            /* the whole tensor's bytes */
+  const char *file;           /* the shard holding it, inside the folder */
+} shardd_tensor_info;
+
+SHARDD_EXPORT int shardd_ckpt_open(const char *path, shardd_ckpt **out);
+SHARDD_EXPORT void shardd_ckpt_close(shardd_ckpt *c);
+/* Tensors are numbered 0..count-1 in name order (strcmp). */
+SHARDD_EXPORT size_t shardd_ckpt_count(const shardd_ckpt *c);
+SHARDD_EXPORT int shardd_ckpt_tensor(const shardd_ckpt *c, size_t i, shardd_tensor_info *out);
+/* SHARDD_E_INVALID_ARGUMENT when the checkpoint has no tensor of that name. */
+SHARDD_EXPORT int shardd_ckpt_find(const shardd_ckpt *c, const char *name, size_t *i);
+/* Copies the box start/count (ndim entries each; both NULL: the whole
+ * tensor) of tensor name, row-major, into buf, which must be exactly the
+ * box's bytes long (len). A box outside the shape, or a wrong len, is
+ * SHARDD_E_INVALID_ARGUMENT naming the tensor. */
+SHARDD_EXPORT int shardd_ckpt_read(const shardd_ckpt *c, const char *name, const uint64_t *start,
+                                   const uint64_t *count, void *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

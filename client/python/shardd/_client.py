@@ -1,11 +1,13 @@
 # Client, Arena and ShardError: thin, checked wrappers over libshardd's connection and save calls.
 import ctypes
 import json
+import os
+import re
 
 from . import _lib
 from ._lib import Result, SaveOpts, TensorDesc
 
-__all__ = ["ShardError", "Client", "Arena", "error_names"]
+__all__ = ["ShardError", "Client", "Arena", "error_names", "parse_size"]
 
 _INT_MAX = 2**31 - 1
 
@@ -64,6 +66,35 @@ def _bytes(s, what):
     if not isinstance(s, str):
         raise TypeError("%s must be str, not %s" % (what, type(s).__name__))
     return s.encode("utf-8")
+
+
+# huggingface_hub's units: decimal KB..TB and binary KiB..TiB, either case.
+_SIZE_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGTkmgt][iI]?[bB])\s*\Z")
+
+
+def parse_size(size):
+    """Bytes of max_shard_size: an int, or a string as save_pretrained takes it ("5GB" is
+    5*10**9, "500MiB" 500*2**20; a fractional number is allowed, "1.5GB"); None and 0 mean
+    the default."""
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise TypeError("max_shard_size must be an int or a string like '5GB', not %s"
+                        % type(size).__name__)
+    if isinstance(size, int):
+        value = size
+    else:
+        m = _SIZE.match(size)
+        if not m:
+            raise ValueError("max_shard_size %r is not a number of bytes followed by KB, MB, GB, TB, "
+                             "KiB, MiB, GiB or TiB" % (size,))
+        value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).upper()])
+    if value < 0 or value >= 2**64:
+        raise ValueError("max_shard_size %r must be between 0 (the default, 5GB) and 2**64 - 1 bytes"
+                         % (size,))
+    return value
 
 
 def _timeout_ms(timeout):
@@ -372,8 +403,8 @@ class Client:
         if nnodes > 1 and not leader:
             raise ValueError("begin: nnodes is %d but no leader (node 0's shardd HOST:PORT) is given"
                              % nnodes)
-        opts = SaveOpts(_bytes(save, "save"), _bytes(dir, "dir"), int(rank), int(world_size),
-                        int(max_shard_size or 0), None if prefix is None else _bytes(prefix, "prefix"),
+        opts = SaveOpts(_bytes(save, "save"), _bytes(os.fspath(dir), "dir"), int(rank), int(world_size),
+                        parse_size(max_shard_size) or 0, None if prefix is None else _bytes(prefix, "prefix"),
                         None, 0, 1 if overwrite else 0, nnodes, node_rank,
                         None if leader is None else _bytes(leader, "leader"),
                         None if write_mode is None else _bytes(write_mode, "write_mode"))

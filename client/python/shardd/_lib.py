@@ -4,7 +4,7 @@ import ctypes.util
 import os
 import threading
 
-__all__ = ["lib", "SaveOpts", "TensorDesc", "Result", "library_path"]
+__all__ = ["lib", "SaveOpts", "TensorDesc", "Result", "TensorInfo", "library_path"]
 
 
 class SaveOpts(ctypes.Structure):
@@ -46,6 +46,17 @@ class Result(ctypes.Structure):
     ]
 
 
+class TensorInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("nbytes", ctypes.c_uint64),
+        ("file", ctypes.c_char_p),
+    ]
+
+
 _p = ctypes.c_void_p
 _s = ctypes.c_char_p
 _i = ctypes.c_int
@@ -84,6 +95,12 @@ _PROTOTYPES = {
     "shardd_abort": (_i, [_p, _s]),
     "shardd_status": (_i, [_p, ctypes.POINTER(_p)]),
     "shardd_free": (None, [_p]),
+    "shardd_ckpt_open": (_i, [_s, ctypes.POINTER(_p)]),
+    "shardd_ckpt_close": (None, [_p]),
+    "shardd_ckpt_count": (_sz, [_p]),
+    "shardd_ckpt_tensor": (_i, [_p, _sz, ctypes.POINTER(TensorInfo)]),
+    "shardd_ckpt_find": (_i, [_p, _s, ctypes.POINTER(_sz)]),
+    "shardd_ckpt_read": (_i, [_p, _s, ctypes.POINTER(_u64), ctypes.POINTER(_u64), _p, _sz]),
 }
 
 _LIB_NAMES = ("libshardd.so", "libshardd.so.0")
@@ -93,13 +110,27 @@ _loaded = None
 _loaded_path = None
 
 
+def _recorded_path():
+    """The libshardd `pip install` found (setup.py writes _install.py); None for other installs."""
+    try:
+        from ._install import LIBSHARDD
+    except ImportError:
+        return None
+    return LIBSHARDD or None
+
+
 def _candidates():
-    """Where to look, in order: $LIBSHARDD, the linker's search, then beside the package."""
+    """Where to look, in order: $LIBSHARDD, the path recorded at install, the linker's search,
+    then beside the package."""
     env = os.environ.get("LIBSHARDD")
     if env:
         # An explicit choice must not silently fall back to another copy.
         return [env], True
+    # The copy pip was pointed at wins over whatever else the linker finds.
     out = []
+    recorded = _recorded_path()
+    if recorded:
+        out.append(recorded)
     found = ctypes.util.find_library("shardd")
     if found:
         out.append(found)

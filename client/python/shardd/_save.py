@@ -1,14 +1,23 @@
 # save(): one rank's part of a checkpoint in one call, and the torchrun topology it defaults to.
+from __future__ import annotations
+
 import ctypes
 import hashlib
 import mmap
 import os
 import re
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import _lib
-from ._client import Arena, Client, _error
+from ._client import Arena, Client, ShardError, _error, parse_size
 from ._lib import SaveOpts
-from ._tensors import copy_into, nbytes, prepare, wants_pinned_memory
+from ._tensors import check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
+
+# progress(bytes_written, bytes_total), called from the waiting thread.
+Progress = Callable[[int, int], None]
+# Seconds between status polls while a progress callback is given.
+_PROGRESS_INTERVAL = 0.1
 
 __all__ = ["save", "PendingSave", "torchrun_env", "nodes_from_env", "default_save_id"]
 
@@ -28,7 +37,7 @@ def _env_int(env, key):
         raise ValueError("environment variable %s=%r is not an integer" % (key, v)) from None
 
 
-def torchrun_env(environ=None):
+def torchrun_env(environ: Optional[Mapping[str, str]] = None) -> Dict[str, Optional[Any]]:
     """The job's topology as torchrun (torch.distributed.run) describes it in the environment.
 
     Keys: rank, world_size, local_rank, local_world_size, nnodes, node_rank,
@@ -56,7 +65,7 @@ def torchrun_env(environ=None):
     return out
 
 
-def default_save_id(dir):
+def default_save_id(dir: str) -> str:
     """A save id every rank derives alike from the destination.
 
     The dir itself (slashes as ':') when that is a valid id; otherwise a
@@ -71,7 +80,7 @@ def default_save_id(dir):
     return (prefix + "-" if prefix else "save-") + digest
 
 
-def nodes_from_env():
+def nodes_from_env() -> Dict[str, Any]:
     """The multi-node topology of a torchrun-style environment, read by libshardd.
 
     Returns {rank, world_size, nnodes, node_rank, leader} exactly as
@@ -122,41 +131,121 @@ def _topology(rank, world_size, nnodes, node_rank, leader):
 
 
 class PendingSave:
-    """A save this rank has sealed but not waited for (save(..., wait=False))."""
+    """A save this rank has sealed but not waited for (save(..., wait=False)).
 
-    def __init__(self, client, save_id, arena, owns_client):
+    Future-like: done(), result(timeout) and exception(timeout) behave as
+    concurrent.futures.Future's do (TimeoutError when the save is still
+    running); wait(timeout) is result() raising ShardError("timeout") instead.
+    """
+
+    def __init__(self, client: Client, save_id: str, arena: Optional[Arena], owns_client: bool,
+                 progress: Optional[Progress] = None):
         self.client = client
         self.save_id = save_id
         self.arena = arena
         self._owns = owns_client
-        self.result = None
+        self._progress = progress
+        self._result: Optional[Dict[str, Any]] = None
+        self._exception: Optional[BaseException] = None
+        self._last_progress: Optional[Tuple[int, int]] = None
 
-    def wait_released(self, timeout=None):
+    def _close_owned(self) -> None:
+        if self._owns:
+            self._owns = False
+            self.client.close()
+
+    def _report(self, written: int, total: int) -> None:
+        if self._progress is not None and (written, total) != self._last_progress:
+            self._last_progress = (written, total)
+            self._progress(written, total)
+
+    def _poll_progress(self) -> None:
+        for entry in self.client.status().get("saves", []):
+            if entry.get("save") == self.save_id:
+                self._report(int(entry.get("bytes_written", 0)), int(entry.get("bytes_planned", 0)))
+
+    def _wait_once(self, timeout: Optional[float]) -> Dict[str, Any]:
+        if self._progress is None:
+            return self.client.wait(self.save_id, timeout)
+        # The daemon reports progress only in status: poll it between short waits.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = _PROGRESS_INTERVAL if deadline is None else max(0.0, min(_PROGRESS_INTERVAL,
+                                                                           deadline - time.monotonic()))
+            try:
+                result = self.client.wait(self.save_id, step)
+            except ShardError as e:
+                if e.name != "timeout" or (deadline is not None and time.monotonic() >= deadline):
+                    raise
+                self._poll_progress()
+                continue
+            self._report(result["bytes"], result["bytes"])
+            return result
+
+    def wait_released(self, timeout: Optional[float] = None) -> None:
         """Blocks until the arena the save read from may be overwritten."""
         self.client.wait_released(self.save_id, timeout)
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Blocks until the save ends; returns the result dict or raises ShardError."""
-        if self.result is not None:
-            return self.result
+        if self._result is not None:
+            return self._result
+        if self._exception is not None:
+            raise self._exception
         try:
-            self.result = self.client.wait(self.save_id, timeout)
-        except Exception as e:
-            if self._owns and getattr(e, "name", None) != "timeout":
-                self.client.close()
+            self._result = self._wait_once(timeout)
+        except ShardError as e:
+            if e.name == "timeout":
+                raise
+            self._exception = e
+            self._close_owned()
             raise
-        if self._owns:
-            self.client.close()
-        return self.result
+        self._close_owned()
+        return self._result
 
-    def __repr__(self):
-        return "<shardd.PendingSave %s>" % self.save_id
+    def done(self) -> bool:
+        """True once the save has committed or failed; never blocks."""
+        if self._result is None and self._exception is None:
+            try:
+                self.wait(0)
+            except ShardError as e:
+                if e.name == "timeout":
+                    return False
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """The result dict; raises the save's ShardError, or TimeoutError while it still runs."""
+        try:
+            return self.wait(timeout)
+        except ShardError as e:
+            if e.name == "timeout" and self._exception is None:
+                raise TimeoutError("save %s still running after %s s" % (self.save_id, timeout)) from e
+            raise
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """The save's ShardError, or None once it committed; TimeoutError while it still runs."""
+        try:
+            self.result(timeout)
+        except ShardError:
+            return self._exception
+        return None
+
+    def __repr__(self) -> str:
+        state = ("committed" if self._result is not None else "failed" if self._exception is not None
+                 else "pending")
+        return "<shardd.PendingSave %s %s>" % (self.save_id, state)
 
 
-def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, arena=None,
-         max_shard_size=None, metadata=None, files=None, wait=True, timeout=None, prefix=None,
-         overwrite=False, ordered=True, socket=None, nnodes=None, node_rank=None, leader=None,
-         write_mode=None):
+def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_id: Optional[str] = None,
+         client: Optional[Client] = None, rank: Optional[int] = None, world_size: Optional[int] = None,
+         arena: Optional[Arena] = None, max_shard_size: Union[int, str, None] = None,
+         metadata: Optional[Mapping[str, str]] = None,
+         files: Optional[Mapping[str, Union[bytes, str]]] = None, wait: bool = True,
+         timeout: Optional[float] = None, prefix: Optional[str] = None, overwrite: bool = False,
+         ordered: bool = True, socket: Optional[str] = None, nnodes: Optional[int] = None,
+         node_rank: Optional[int] = None, leader: Optional[str] = None,
+         write_mode: Optional[str] = None,
+         progress: Optional[Progress] = None) -> Union[Dict[str, Any], PendingSave]:
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
@@ -173,13 +262,24 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
     node_rank, leader ("host:port" of node 0's peer listener) and write_mode
     ("owner" or "shared") override it.
 
+    dir may be a pathlib.Path. max_shard_size: bytes, or a size string as
+    save_pretrained takes it ("5GB", "500MiB"). Values must be numpy arrays
+    or torch tensors (TypeError otherwise: plain numbers go in metadata or
+    files); two names whose memory overlaps (tied weights) are refused with
+    ValueError: save one, tie again after loading.
+
     metadata: str pairs added to every shard's header; files: {name: bytes or
     str} written beside the shards. wait=True returns the result dict;
     wait=False returns a PendingSave. timeout (seconds) applies to each wait.
-    Raises ShardError.
+    progress(bytes_written, bytes_total) is called while waiting, from the
+    daemon's status. Raises ShardError.
     """
+    dir = os.fspath(dir)
     if not isinstance(dir, str):
-        raise TypeError("dir must be str")
+        raise TypeError("dir must be str or os.PathLike[str], not %s" % type(dir).__name__)
+    max_shard_size = parse_size(max_shard_size)
+    if progress is not None and not callable(progress):
+        raise TypeError("progress must be callable(bytes_written, bytes_total)")
     topo = _topology(rank, world_size, nnodes, node_rank, leader)
     topo["write_mode"] = write_mode
     if save_id is None:
@@ -197,6 +297,7 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
         off = (end + _ALIGN - 1) // _ALIGN * _ALIGN
         end = off + nbytes(src)
         items.append((name, dt, shape, start, count, src, off, i if ordered else None))
+    check_shared_memory([(item[0], item[5]) for item in items])
 
     owns_client = client is None and arena is None
     if client is None:
@@ -219,11 +320,14 @@ def save(tensors, dir, save_id=None, client=None, rank=None, world_size=None, ar
             # Safe right after seal: the daemon holds its own mapping.
             temp_arena.close()
             temp_arena = None
+        pending = PendingSave(client, save_id, arena, owns_client, progress)
+        owns_client = False
         if not wait:
-            pending = PendingSave(client, save_id, arena, owns_client)
-            owns_client = False
             return pending
-        return client.wait(save_id, timeout)
+        try:
+            return pending.wait(timeout)
+        finally:
+            pending._close_owned()
     finally:
         if temp_arena is not None:
             temp_arena.close()

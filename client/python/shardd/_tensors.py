@@ -114,6 +114,53 @@ def _torch_source(name, t):
     return dt, tuple(t.shape), t
 
 
+def _memory(src):
+    """(device, numpy array over src's exact bytes) for the overlap test; None when empty.
+
+    A torch tensor is described to numpy by its address and byte strides only:
+    nothing is read, so this works for any device.
+    """
+    import numpy as np
+
+    if _is_torch(src):
+        if src.numel() == 0:
+            return None
+        size = src.element_size()
+        iface = {"data": (src.data_ptr(), False), "shape": tuple(src.shape),
+                 "strides": tuple(st * size for st in src.stride()), "typestr": "|V%d" % size,
+                 "version": 3}
+        return str(src.device), np.asarray(type("_Memory", (), {"__array_interface__": iface})())
+    return ("cpu", src) if src.size else None
+
+
+def check_shared_memory(named_srcs):
+    """ValueError naming two entries whose memory overlaps (tied weights).
+
+    Such a pair would be written twice and come back as two untied tensors;
+    safetensors refuses it too. Entries that only share a storage without
+    overlapping (views of one fused tensor) are fine.
+    """
+    import numpy as np
+
+    spans = []
+    for name, src in named_srcs:
+        mem = _memory(src)
+        if mem is not None:
+            lo, hi = np.byte_bounds(mem[1])
+            spans.append((mem[0], lo, hi, name, mem[1]))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    # A sweep: only spans that overlap as address ranges are compared element by element.
+    open_spans = []
+    for dev, lo, hi, name, arr in spans:
+        open_spans = [s for s in open_spans if s[0] == dev and s[2] > lo]
+        for _, _, _, other, other_arr in open_spans:
+            if np.shares_memory(arr, other_arr):
+                raise ValueError("tensors %r and %r share memory (tied weights): save one of them "
+                                 "and tie them again after loading, or save a copy of one"
+                                 % (other, name))
+        open_spans.append((dev, lo, hi, name, arr))
+
+
 def nbytes(src):
     """Bytes a numpy array or torch tensor takes once copied row-major."""
     if _is_torch(src):
@@ -181,8 +228,12 @@ def prepare(name, value):
     if _is_torch(value):
         dt, count, src = _torch_source(name, value)
     else:
-        if not isinstance(value, np.ndarray):
+        if isinstance(value, np.generic):
             value = np.asarray(value)
+        if not isinstance(value, np.ndarray):
+            # np.asarray would quietly turn {"epoch": 3} into an I64 scalar.
+            raise TypeError("tensor %r is a %s, not a numpy array or torch tensor (plain values "
+                            "belong in metadata= or files=)" % (name, type(value).__name__))
         if value.dtype.hasobject:
             raise TypeError("tensor %r holds Python objects" % (name,))
         dt = _numpy_dtype_name(value.dtype)

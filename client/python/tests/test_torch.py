@@ -148,9 +148,10 @@ class OneNode(TorchTestCase):
         for i, name in enumerate(DTYPES):
             base = random_tensor(name, (6, 5), g)
             tensors[name] = base
-            tensors[name + ".t"] = base.t()                  # transposed
-            tensors[name + ".step"] = base[1::2, ::3]         # strided both ways
-            tensors[name + ".bcast"] = base[:1].expand(4, 5)  # stride 0
+            # Each view over its own copy: views of one memory under two names are tied weights.
+            tensors[name + ".t"] = base.clone().t()                  # transposed
+            tensors[name + ".step"] = base.clone()[1::2, ::3]         # strided both ways
+            tensors[name + ".bcast"] = base.clone()[:1].expand(4, 5)  # stride 0
         tensors["conj"] = random_tensor("complex64", (3,), g).conj()  # a lazy conjugate view
         tensors["neg"] = torch.randn(4, generator=g)._neg_view()      # a lazy negative view
         tensors["scalar.bf16"] = torch.tensor(-2.5, dtype=torch.bfloat16)
