@@ -5,13 +5,10 @@
 #include <string.h>
 
 #include "log.h"
-#include "metrics.h"
 #include "save_guard.h"
-#include "cluster.h"
 #include "planner.h"
 #include "save.h"
 #include "sd_msg.h"
-#include "session.h"
 
 /* ------------------------------------------------------------------------ *
  * Lookup
@@ -53,12 +50,6 @@ const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id) {
   return NULL;
 }
 
-int sd_save_rank_of(const sd_save *save, const sd_session *s) {
-  for (size_t i = 0; i < s->nmembers; i++)
-    if (s->members[i].save == save) return (int)s->members[i].rank;
-  return -1;
-}
-
 /* ------------------------------------------------------------------------ *
  * Tensor table: names hashed, order of first put kept
  * ------------------------------------------------------------------------ */
@@ -96,7 +87,7 @@ static void kv_free(sd_kv *kv, size_t n) {
 
 static void save_free(sd_save *save) {
   sd_save_inline_release(save);
-  if (save->cl) sd_cluster_save_free(save);
+  if (save->cl) save->d->multi_node->detach(save);
   for (size_t i = 0; i < save->ntensors; i++) {
     sd_save_tensor *t = save->tensors[i];
     for (size_t j = 0; j < t->nslices; j++) {
@@ -212,8 +203,8 @@ static void send_released(sd_save *save) {
   if (save->released) return;
   save->released = 1;
   for (uint32_t r = 0; r < save->world_size; r++) {
-    sd_session *s = save->ranks[r].sess;
-    if (s && save->ranks[r].state != SD_RANK_NONE) sd_session_send(s, sd_msg_event("released", save->id));
+    void *owner = save->ranks[r].owner;
+    if (owner && save->ranks[r].state != SD_RANK_NONE) save->d->save_owner->released(owner, save);
   }
 }
 
@@ -227,6 +218,29 @@ static void unlink_save(sd_daemon *d, sd_save *save) {
   }
 }
 
+const double sd_save_duration_buckets[SD_DURATION_NBUCKETS] = {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+
+static void count_committed(sd_counters *c, uint64_t files, uint64_t bytes, double seconds, double write_seconds) {
+  c->saves_committed++;
+  c->files_committed += files;
+  c->bytes_committed += bytes;
+  c->duration_sum += seconds;
+  c->write_sum += write_seconds;
+  for (int i = 0; i < SD_DURATION_NBUCKETS; i++) {
+    if (seconds <= sd_save_duration_buckets[i]) {
+      c->duration_buckets[i]++;
+      break;
+    }
+  }
+}
+
+static void count_failed(sd_counters *c, int code) {
+  c->saves_failed++;
+  int i = -code;
+  if (i <= 0 || i >= SD_COUNT_CODES) i = -SHARDD_E_INTERNAL;
+  c->failed_by_code[i]++;
+}
+
 static void finalize(sd_save *save, const char *final_path) {
   sd_daemon *d = save->d;
   sd_save_result r = {0};
@@ -238,15 +252,13 @@ static void finalize(sd_save *save, const char *final_path) {
       r.tensors = save->planned->ntensors;
       r.bytes = save->planned->total_bytes;
     } else if (save->cl) {
-      sd_cluster_result(save, &r.files, &r.tensors, &r.bytes);
+      d->multi_node->result(save, &r.files, &r.tensors, &r.bytes);
     }
     uint64_t now = uv_hrtime();
     double secs = (double)(now - save->t_write) / 1e9, total = (double)(now - save->t_begin) / 1e9;
     uint64_t forwarded = 0; /* bytes streamed to peer daemons (multi-node saves) */
-    if (save->cl) forwarded = sd_cluster_bytes_forwarded(save);
-    d->saves_committed++;
-    d->bytes_committed += r.bytes;
-    sd_metrics_save_committed(r.files, r.bytes, total, secs);
+    if (save->cl) forwarded = d->multi_node->bytes_forwarded(save);
+    count_committed(&d->counters, r.files, r.bytes, total, secs);
     /* The one summary line per save: files, bytes, write seconds, GB/s, forwarded bytes. */
     sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s, %.2f GB/s, "
                 "%llu bytes forwarded (%.3f s since the first begin)",
@@ -256,8 +268,7 @@ static void finalize(sd_save *save, const char *final_path) {
   } else {
     r.err = save->err;
     if (!r.err.code) sd_fail(&r.err, SHARDD_E_INTERNAL, "save '%s' ended without a result", save->id);
-    d->saves_failed++;
-    sd_metrics_save_failed(r.err.code);
+    count_failed(&d->counters, r.err.code);
     sd_log_warn("save '%s' failed (%s): %s", save->id, sd_err_name(r.err.code), r.err.msg);
   }
   json_t *tmpl = sd_save_result_reply(&r, NULL);
@@ -267,19 +278,16 @@ static void finalize(sd_save *save, const char *final_path) {
    * can schedule a close), and the id is free for a new save from now on. */
   unlink_save(d, save);
   for (uint32_t k = 0; k < save->world_size; k++)
-    if (save->ranks[k].sess) sd_session_remove_member(save->ranks[k].sess, save);
+    if (save->ranks[k].owner) d->save_owner->left(save->ranks[k].owner, save);
   send_released(save);
   sd_waiter *w = save->waiters;
   save->waiters = NULL;
   while (w) {
     sd_waiter *next = w->next;
     json_t *m = tmpl ? json_copy(tmpl) : NULL;
-    if (m) {
-      json_object_set(m, "id", w->id);
-      sd_session_send(w->sess, m);
-    }
+    if (m) json_object_set(m, "id", w->id);
     json_decref(w->id);
-    sd_session_wait_done(w->sess);
+    d->save_owner->waited(w->owner, m);
     free(w);
     w = next;
   }
@@ -295,7 +303,7 @@ void sd_save_fail_err(sd_save *save, const sd_error *err) {
   if (save->err.code) return;
   save->err = *err;
   if (!save->err.code) save->err.code = SHARDD_E_INTERNAL;
-  if (save->cl && sd_cluster_fail(save)) return; /* finished once its peer writes stop */
+  if (save->cl && save->d->multi_node->fail(save)) return; /* finished once its peer writes stop */
   if (save->state == SD_SAVE_WRITING) {
     save->state = SD_SAVE_FAILING;
     if (save->pub) sd_publish_cancel(save->pub, save->err.code, save->err.msg);
@@ -450,7 +458,7 @@ static void start_write(sd_save *save) {
 void sd_save_maybe_start(sd_save *save) {
   if (save->cl) {
     /* Peers plan at the leader once every rank sealed: "declared" changes nothing there. */
-    if (save->state == SD_SAVE_OPEN && !save->err.code) sd_cluster_sealed(save); /* the leader plans */
+    if (save->state == SD_SAVE_OPEN && !save->err.code) save->d->multi_node->sealed(save); /* the leader plans */
     return;
   }
   if (save->err.code) return;
@@ -499,10 +507,17 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   if (!metadata_equal(save, a))
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives different metadata than earlier ranks",
                    save->id, a->rank);
-  return sd_cluster_begin_check(save, a, err);
+  return save->d->multi_node ? save->d->multi_node->join_check(save, a, err) : 0;
 }
 
-static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a, sd_save **out, sd_error *err) {
+static int attach_multi_node(sd_save *save, const sd_begin_args *a, sd_error *err) {
+  if (!save->d->multi_node)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "save '%s' spans %u nodes, but this daemon cannot join others",
+                   a->save, a->nnodes);
+  return save->d->multi_node->attach(save, a, err);
+}
+
+static int create_save(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_save **out, sd_error *err) {
   int rc = sd_path_check_rel(a->dir, err);
   if (rc) return rc;
   for (sd_save *s = d->saves; s; s = s->next)
@@ -517,7 +532,7 @@ static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a
   if (exists && !a->overwrite)
     return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
                    a->dir);
-  if (exists && s && (rc = sd_save_may_overwrite(d, s, a->dir, err)) != 0) return rc;
+  if (exists && j && (rc = sd_save_may_overwrite(d, j->uid, j->trusted, a->dir, err)) != 0) return rc;
   sd_save *save = save_new(d, a);
   if (!save) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory creating save '%s'", a->save);
   /* Newest last, so status lists saves in the order they began. */
@@ -529,7 +544,7 @@ static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a
   return 0;
 }
 
-int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error *err) {
+int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_error *err) {
   if (d->shutting_down) return sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   if (a->world_size == 0 || a->world_size > SD_WORLD_MAX)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'world_size' must be in [1, %d]", SD_WORLD_MAX);
@@ -540,10 +555,10 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
   int rc;
   if (save) {
     /* Another user's save is not there to be joined: refused without harming it. */
-    if (s->uid != save->owner_uid)
+    if (j->uid != save->owner_uid)
       return sd_fail(err, SHARDD_E_PERMISSION, "save '%s' belongs to uid %u; uid %u may not join it", save->id,
-                     (unsigned)save->owner_uid, (unsigned)s->uid);
-    int mine = sd_save_rank_of(save, s);
+                     (unsigned)save->owner_uid, (unsigned)j->uid);
+    int mine = d->save_owner->rank_of(j->owner, save);
     if (mine >= 0)
       return sd_fail(err, SHARDD_E_BAD_STATE, "this connection already is rank %d of save '%s'", mine, save->id);
     if (save->world_size != a->world_size) {
@@ -561,16 +576,16 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
       return err->code;
     }
   } else {
-    rc = create_save(d, s, a, &save, err);
+    rc = create_save(d, j, a, &save, err);
     if (rc) return rc;
-    if (a->nnodes > 1 && (rc = sd_cluster_begin_new(save, a, err)) != 0) {
+    if (a->nnodes > 1 && (rc = attach_multi_node(save, a, err)) != 0) {
       unlink_save(d, save);
       save_free(save);
       return rc;
     }
-    save->owner_uid = s->uid;
+    save->owner_uid = j->uid;
   }
-  if (sd_session_add_member(s, save, a->rank) != 0) {
+  if (d->save_owner->joined(j->owner, save, a->rank) != 0) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory joining save '%s'", save->id);
     if (save->nbegun == 0) {
       unlink_save(d, save);
@@ -579,7 +594,7 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
     return rc;
   }
   save->ranks[a->rank].state = SD_RANK_BEGUN;
-  save->ranks[a->rank].sess = s;
+  save->ranks[a->rank].owner = j->owner;
   save->nbegun++;
   return 0;
 }
@@ -845,49 +860,44 @@ int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err) {
   return 0;
 }
 
-int sd_save_add_waiter(sd_save *save, sd_session *s, json_t *id, sd_error *err) {
+int sd_save_add_waiter(sd_save *save, void *owner, json_t *id, sd_error *err) {
   sd_waiter *w = calloc(1, sizeof *w);
   if (!w) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory waiting for save '%s'", save->id);
-  w->sess = s;
+  w->owner = owner;
   w->id = json_incref(id ? id : json_null());
   sd_waiter **pp = &save->waiters;
   while (*pp) pp = &(*pp)->next;
   *pp = w;
-  s->pending_waits++;
   return 0;
 }
 
 /* ------------------------------------------------------------------------ *
  * Connections going away
  * ------------------------------------------------------------------------ */
-void sd_save_session_gone(sd_daemon *d, sd_session *s) {
+size_t sd_save_drop_waiters(sd_daemon *d, const void *owner) {
+  size_t dropped = 0;
   for (sd_save *save = d->saves; save; save = save->next) {
     for (sd_waiter **pp = &save->waiters; *pp;) {
       sd_waiter *w = *pp;
-      if (w->sess != s) {
+      if (w->owner != owner) {
         pp = &w->next;
         continue;
       }
       *pp = w->next;
       json_decref(w->id);
       free(w);
-      if (s->pending_waits) s->pending_waits--;
+      dropped++;
     }
   }
-  /* Work on a copy: failing a save edits membership lists. */
-  size_t n = s->nmembers;
-  sd_member *m = s->members;
-  s->members = NULL;
-  s->nmembers = s->mcap = 0;
-  for (size_t i = 0; i < n; i++) m[i].save->ranks[m[i].rank].sess = NULL;
-  for (size_t i = 0; i < n; i++) {
-    sd_save *save = m[i].save;
-    if (!save_alive(d, save)) continue;
-    if (save->ranks[m[i].rank].state == SD_RANK_BEGUN && !save->err.code)
-      sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", m[i].rank,
-                   save->id);
-  }
-  free(m);
+  return dropped;
+}
+
+void sd_save_rank_forget(sd_save *save, uint32_t rank) { save->ranks[rank].owner = NULL; }
+
+void sd_save_rank_lost(sd_daemon *d, sd_save *save, uint32_t rank) {
+  if (!save_alive(d, save)) return;
+  if (save->ranks[rank].state == SD_RANK_BEGUN && !save->err.code)
+    sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", rank, save->id);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -897,8 +907,18 @@ uint64_t sd_save_bytes_planned(const sd_save *save) {
   return save->planned && save->planned->have_plan ? save->planned->total_bytes : save->bytes_put;
 }
 
+void sd_save_writing_totals(const sd_daemon *d, uint64_t *writing, uint64_t *pending) {
+  *writing = *pending = 0;
+  for (const sd_save *s = d->saves; s; s = s->next) {
+    if (s->state != SD_SAVE_WRITING) continue;
+    (*writing)++;
+    uint64_t total = s->pub ? sd_publish_bytes_total(s->pub) : 0, done = sd_save_bytes_written(s);
+    *pending += total > done ? total - done : 0;
+  }
+}
+
 uint64_t sd_save_bytes_written(const sd_save *save) {
-  if (save->cl) return sd_cluster_bytes_written(save);
+  if (save->cl) return save->d->multi_node->bytes_written(save);
   return save->pub ? sd_publish_bytes_written(save->pub) : 0;
 }
 
