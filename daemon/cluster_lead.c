@@ -728,7 +728,7 @@ void sd_lead_shutdown(sd_cluster *cl) {
     next = L->next;
     if (L->busy) continue;
     fsjob j = {.L = L, .kind = JOB_CLEANUP, .root_fd = cl->d->root_fd};
-    job_cleanup(&j);
+    sd_lead_fs_cleanup(&j);
     lead_free(L);
   }
 }

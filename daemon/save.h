@@ -1,4 +1,5 @@
-/* The save state machine: ranks begin, put, file and seal; the last seal plans and publishes; waits get the end. */
+/* The save core's public face: one save's state machine, told by its owner what ranks do, telling it back through sd_save_owner_ops. */
+/* Requests are in save.c, failure, publish and the end in save_end.c, lookup, memory and results in save_store.c. */
 #ifndef SD_SAVE_H
 #define SD_SAVE_H
 
