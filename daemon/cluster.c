@@ -13,18 +13,6 @@
 /* ------------------------------------------------------------------------ *
  * Node names and temporary folders
  * ------------------------------------------------------------------------ */
-/* Characters outside [A-Za-z0-9._-] become '_', so a node name makes a plain file name part. */
-static void clean_name(char *dst, size_t n, const char *src, size_t max) {
-  size_t k = 0;
-  for (size_t i = 0; src[i] && i < max && k + 1 < n; i++) {
-    char c = src[i];
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-             c == '_' || c == '-';
-    dst[k++] = ok ? c : '_';
-  }
-  dst[k] = '\0';
-}
-
 static void node_name_of(const sd_config *cfg, char *out, size_t n) {
   if (cfg->node_name && *cfg->node_name) {
     snprintf(out, n, "%s", cfg->node_name);
@@ -35,56 +23,12 @@ static void node_name_of(const sd_config *cfg, char *out, size_t n) {
   snprintf(out, n, "%s", host);
 }
 
-/* ".shardd-tmp-@NODE@": the folders this node creates start with it, so a
- * restarted daemon removes its own leftovers and nobody else's. */
-static void tmp_tag_of(const char *node, char *out, size_t n) {
-  char clean[80];
-  clean_name(clean, sizeof clean, node, 64);
-  snprintf(out, n, ".shardd-tmp-@%s@", clean);
-}
-
 int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err) {
   if (!cfg->peer_listen || !*cfg->peer_listen) return sd_cleanup_stale(root_fd, err);
   char node[SD_PEER_NAME_MAX + 1], tag[SD_PEER_NAME_MAX + 32];
   node_name_of(cfg, node, sizeof node);
-  tmp_tag_of(node, tag, sizeof tag);
+  sd_cl_tmp_tag(node, tag, sizeof tag);
   return sd_cleanup_stale_owned(root_fd, tag, err);
-}
-
-char *sd_cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
-  const char *slash = strrchr(dir, '/');
-  const char *base = slash ? slash + 1 : dir;
-  char b[100], s[70], out[SD_PEER_NAME_MAX + 32 + 100 + 70 + 48];
-  clean_name(b, sizeof b, base, 64); /* the whole name stays under NAME_MAX */
-  clean_name(s, sizeof s, save_id, 64);
-  snprintf(out, sizeof out, "%s-%s-%s-%ld-%llu", cl->tmp_tag, b, s, (long)getpid(),
-           (unsigned long long)++cl->tmp_counter);
-  return strdup(out);
-}
-
-char *sd_cl_final_path(sd_cluster *cl, const char *dir) {
-  const char *root = cl->d->cfg->root;
-  size_t rl = strlen(root);
-  while (rl > 1 && root[rl - 1] == '/') rl--;
-  size_t n = rl + 1 + strlen(dir) + 1;
-  char *p = malloc(n);
-  if (p) snprintf(p, n, "%.*s%s%s", (int)rl, root, root[rl - 1] == '/' ? "" : "/", dir);
-  return p;
-}
-
-void sd_cl_random_id(char out[17]) {
-  uint8_t b[8];
-  if (sd_peer_random(b, sizeof b) != 0) {
-    /* Uniqueness, not secrecy, is what these ids need. */
-    uint64_t t = uv_hrtime() ^ (uint64_t)getpid() << 32;
-    memcpy(b, &t, sizeof b);
-  }
-  sd_peer_hex(b, sizeof b, out);
-}
-
-sd_csave *sd_cl_find_csave(sd_cluster *cl, const char *save_id) {
-  sd_save *s = save_id ? sd_save_find(cl->d, save_id) : NULL;
-  return s ? s->cl : NULL;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -110,29 +54,6 @@ static void drain_local(uv_idle_t *h) {
     }
     free(m);
     m = next;
-  }
-}
-
-void sd_cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen) {
-  sd_lmsg *m = calloc(1, sizeof *m);
-  uint8_t *copy = plen ? malloc(plen) : NULL;
-  if (!m || (plen && !copy)) {
-    free(m);
-    free(copy);
-    json_decref(hdr);
-    sd_log_error("out of memory queueing a message between this daemon's node and leader roles");
-    return;
-  }
-  if (plen) memcpy(copy, payload, plen);
-  m->hdr = hdr;
-  m->payload = copy;
-  m->plen = plen;
-  m->to_lead = to_lead;
-  *cl->lqtail = m;
-  cl->lqtail = &m->next;
-  if (!cl->lq_active) {
-    cl->lq_active = 1;
-    uv_idle_start(&cl->lq_idle, drain_local);
   }
 }
 
@@ -207,7 +128,7 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
   cl->d = d;
   cl->lqtail = &cl->lq;
   node_name_of(cfg, cl->node, sizeof cl->node);
-  tmp_tag_of(cl->node, cl->tmp_tag, sizeof cl->tmp_tag);
+  sd_cl_tmp_tag(cl->node, cl->tmp_tag, sizeof cl->tmp_tag);
   {
     sd_peer_opts o = {.listen = cfg->peer_listen,
                       .node_name = cl->node,
@@ -229,17 +150,12 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
   }
   uv_idle_init(d->loop, &cl->lq_idle);
   cl->lq_idle.data = cl;
+  cl->lq_drain = drain_local;
   d->cluster = cl;
   sd_log_info("listening for peer daemons on %s as node '%s' (peer timeout %u s)",
               sd_peer_net_listen_addr(cl->net), cl->node, cfg->peer_timeout);
   return 0;
 }
-
-void sd_cl_maybe_free(sd_cluster *cl) {
-  if (cl->shutting && cl->idle_closed && !cl->leads) free(cl);
-}
-
-static void failed_free(sd_cfailed *f);
 
 static void on_idle_closed(uv_handle_t *h) {
   sd_cluster *cl = h->data;
@@ -264,7 +180,7 @@ void sd_cluster_shutdown(sd_daemon *d) {
   while (cl->failed) {
     sd_cfailed *f = cl->failed;
     cl->failed = f->next;
-    failed_free(f);
+    sd_cl_failed_free(f);
   }
   d->cluster = NULL;
   uv_close((uv_handle_t *)&cl->lq_idle, on_idle_closed);
@@ -316,57 +232,7 @@ int sd_cluster_parse_begin(const json_t *req, sd_begin_args *a, sd_error *err) {
   return 0;
 }
 
-/* ------------------------------------------------------------------------ *
- * Recently failed saves. A rank that begins a save its node just failed is
- * either retrying (it had begun the failed attempt: a new save starts) or
- * late (it had not: it gets the failure instead of waiting for ranks that
- * already gave up).
- * ------------------------------------------------------------------------ */
-static void failed_free(sd_cfailed *f) {
-  free(f->id);
-  free(f->began);
-  free(f);
-}
-
-static sd_cfailed **failed_find(sd_cluster *cl, const char *id) {
-  uint64_t now = uv_now(cl->d->loop);
-  for (sd_cfailed **pp = &cl->failed; *pp;) {
-    sd_cfailed *f = *pp;
-    if (now >= f->until) {
-      *pp = f->next;
-      failed_free(f);
-      continue;
-    }
-    if (strcmp(f->id, id) == 0) return pp;
-    pp = &f->next;
-  }
-  return NULL;
-}
-
-void sd_cl_remember_failure(sd_cluster *cl, const sd_save *save) {
-  sd_cfailed **old = failed_find(cl, save->id);
-  if (old) {
-    sd_cfailed *f = *old;
-    *old = f->next;
-    failed_free(f);
-  }
-  sd_cfailed *f = calloc(1, sizeof *f);
-  if (!f) return;
-  f->id = strdup(save->id);
-  f->began = calloc(save->world_size, 1);
-  if (!f->id || !f->began) {
-    failed_free(f);
-    return;
-  }
-  f->world_size = save->world_size;
-  for (uint32_t r = 0; r < save->world_size; r++) f->began[r] = save->ranks[r].state != SD_RANK_NONE;
-  f->err = save->err;
-  f->until = uv_now(cl->d->loop) + SD_LEAD_FORGET_FACTOR * sd_peer_net_timeout(cl->net);
-  f->next = cl->failed;
-  cl->failed = f;
-}
-
-int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
+static int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
   sd_cluster *cl = save->d->cluster;
   if (!cl)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
@@ -375,7 +241,7 @@ int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
   if (a->world_size < a->nnodes)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "save '%s': world_size %u is smaller than nnodes %u", a->save,
                    a->world_size, a->nnodes);
-  sd_cfailed **pp = failed_find(cl, a->save);
+  sd_cfailed **pp = sd_cl_failed_find(cl, a->save);
   if (pp) {
     sd_cfailed *f = *pp;
     if (a->rank < f->world_size && !f->began[a->rank]) {
@@ -383,14 +249,14 @@ int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
       return err->code;
     }
     *pp = f->next; /* a retry: the old attempt is forgotten */
-    failed_free(f);
+    sd_cl_failed_free(f);
   }
   return sd_node_begin(save, a, err);
 }
 
 static const char *mode_name(int m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
 
-int sd_cluster_begin_check(const sd_save *save, const sd_begin_args *a, sd_error *err) {
+static int sd_cluster_begin_check(const sd_save *save, const sd_begin_args *a, sd_error *err) {
   const sd_csave *cs = save->cl;
   uint32_t nn = a->nnodes ? a->nnodes : 1;
   if (!cs) {
@@ -416,24 +282,35 @@ int sd_cluster_begin_check(const sd_save *save, const sd_begin_args *a, sd_error
 }
 
 /* ------------------------------------------------------------------------ *
- * Hooks from save.c
+ * The hooks a multi-node save carries (save.h's sd_save_ext_ops)
  * ------------------------------------------------------------------------ */
-void sd_cluster_sealed(sd_save *save) { sd_node_sealed(save->cl); }
-int sd_cluster_fail(sd_save *save) { return sd_node_fail(save->cl); }
-void sd_cluster_save_free(sd_save *save) {
+static void sd_cluster_sealed(sd_save *save) { sd_node_sealed(save->cl); }
+static int sd_cluster_fail(sd_save *save) { return sd_node_fail(save->cl); }
+static void sd_cluster_save_free(sd_save *save) {
   sd_node_free(save->cl);
   save->cl = NULL;
 }
 
-void sd_cluster_result(const sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes) {
+static void sd_cluster_result(const sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes) {
   const sd_csave *cs = save->cl;
   *files = cs->r_files;
   *tensors = cs->r_tensors;
   *bytes = cs->r_bytes;
 }
 
-uint64_t sd_cluster_bytes_written(const sd_save *save) { return save->cl->bytes_written; }
-uint64_t sd_cluster_bytes_forwarded(const sd_save *save) { return save->cl->bytes_fwd; }
+static uint64_t sd_cluster_bytes_written(const sd_save *save) { return save->cl->bytes_written; }
+static uint64_t sd_cluster_bytes_forwarded(const sd_save *save) { return save->cl->bytes_fwd; }
+
+const sd_save_ext_ops sd_cluster_save_ext = {
+    .attach = sd_cluster_begin_new,
+    .join_check = sd_cluster_begin_check,
+    .sealed = sd_cluster_sealed,
+    .fail = sd_cluster_fail,
+    .detach = sd_cluster_save_free,
+    .result = sd_cluster_result,
+    .bytes_written = sd_cluster_bytes_written,
+    .bytes_forwarded = sd_cluster_bytes_forwarded,
+};
 
 /* ------------------------------------------------------------------------ *
  * Status

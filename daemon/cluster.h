@@ -1,4 +1,4 @@
-/* Multi-node saves: the begin fields, hooks the save state machine calls, status; see proto/PEERS.md. */
+/* Multi-node saves: the begin fields, the hooks a multi-node save carries, status; see proto/PEERS.md. */
 #ifndef SD_CLUSTER_H
 #define SD_CLUSTER_H
 
@@ -23,26 +23,12 @@ void sd_cluster_shutdown(struct sd_daemon *d);
 int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err);
 
 /* ------------------------------------------------------------------------ *
- * Hooks for save.c and ops.c. A save with nnodes > 1 carries save->cl.
+ * For main and ops.c. A save with nnodes > 1 carries save->cl.
  * ------------------------------------------------------------------------ */
 /* begin's optional nnodes, node_rank, leader, write_mode into the args. */
 int sd_cluster_parse_begin(const json_t *req, sd_begin_args *a, sd_error *err);
-/* A new save with nnodes > 1: joins the leader (or leads). */
-int sd_cluster_begin_new(struct sd_save *save, const sd_begin_args *a, sd_error *err);
-/* A joining rank must agree on nnodes, node_rank, leader and write_mode. */
-int sd_cluster_begin_check(const struct sd_save *save, const sd_begin_args *a, sd_error *err);
-/* A rank sealed: its slice descriptions go to the leader. */
-void sd_cluster_sealed(struct sd_save *save);
-/* The save failed (save->err is set): tells the leader, stops the writes.
- * Returns 1 when writes are still in flight; the save is then finished
- * (sd_save_finish) once they stop. */
-int sd_cluster_fail(struct sd_save *save);
-void sd_cluster_save_free(struct sd_save *save);
-/* What `wait` reports for a committed multi-node save. */
-void sd_cluster_result(const struct sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes);
-uint64_t sd_cluster_bytes_written(const struct sd_save *save);
-/* Bytes of this node's slices streamed to other nodes, for the summary line. */
-uint64_t sd_cluster_bytes_forwarded(const struct sd_save *save);
+/* What a save with nnodes > 1 is extended with (main puts it in sd_daemon). */
+extern const sd_save_ext_ops sd_cluster_save_ext;
 /* Extra fields of a save's status entry, and the daemon's "peers" object. */
 void sd_cluster_status_save(const struct sd_save *save, json_t *entry);
 void sd_cluster_status(struct sd_daemon *d, json_t *reply);

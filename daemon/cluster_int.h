@@ -52,6 +52,7 @@ struct sd_cluster {
   sd_cfailed *failed;         /* multi-node saves that failed on this node, recently */
   sd_lmsg *lq, **lqtail;      /* messages between this daemon's participant and leader */
   uv_idle_t lq_idle;
+  uv_idle_cb lq_drain;     /* delivers the queue (cluster.c) */
   int lq_active;
   int shutting, idle_closed;
   uint64_t tmp_counter;
@@ -153,8 +154,14 @@ typedef struct sd_csave {
 } sd_csave;
 
 /* ------------------------------------------------------------------------ *
- * cluster.c: plumbing shared by both roles
+ * cluster_base.c: what both roles share; the dispatch in cluster.c calls
+ * down into the roles, which call these, never cluster.c
  * ------------------------------------------------------------------------ */
+/* ".shardd-tmp-@NODE@" for a node name: the prefix of its temporary folders. */
+void sd_cl_tmp_tag(const char *node, char *out, size_t n);
+void sd_cl_failed_free(sd_cfailed *f);
+/* The entry of a recently failed save id (expired ones are dropped), or NULL. */
+sd_cfailed **sd_cl_failed_find(sd_cluster *cl, const char *id);
 /* Node k's participant on this daemon, or the leader on this daemon: queued
  * and delivered from the loop, never re-entering the sender. */
 void sd_cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payload, size_t plen);
@@ -184,6 +191,7 @@ void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr);
 /* A connection went away: fail every save that needed it. */
 void sd_node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
 
+/* cluster_base.c, shared with cluster_xfer.c: a node save's way out. */
 /* Fails the save from inside (an I/O reference is held around the call);
  * returns 1 when that freed cs: the caller must not touch it again. */
 int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -191,6 +199,9 @@ int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute_
 void sd_node_finish_failed(sd_csave *cs);
 void sd_node_to_leader(sd_csave *cs, json_t *m);
 sd_cdest *sd_node_dest(sd_csave *cs, uint32_t node);
+void sd_node_close_files(sd_csave *cs);
+/* After the leader was lost before hearing we finished: removes our temporary folder. */
+void sd_node_remove_orphan_tmp(sd_csave *cs);
 
 /* ------------------------------------------------------------------------ *
  * cluster_xfer.c: the participant's bytes

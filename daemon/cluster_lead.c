@@ -8,63 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cluster_int.h"
+#include "cluster_lead_int.h"
 #include "log.h"
 #include "owner.h"
 #include "pathsafe.h"
 #include "publish.h"
 #include "sd_base64.h"
 #include "sd_msg.h"
-
-typedef enum { L_COLLECT, L_PREPARE, L_WRITE, L_FINISH, L_FAILED } lstate;
-enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
-
-typedef struct {
-  int joined, local, done;
-  sd_peer *link;
-  char tok[17];
-  char addr[SD_PEER_ADDR_MAX];
-  char name[SD_PEER_NAME_MAX + 1];
-  uint64_t b_local, b_fwd, b_recv;
-} lnode;
-
-typedef struct sd_lead {
-  struct sd_lead *next;
-  sd_cluster *cl;
-  char *id;
-  char cid[17];
-  char *dir, *prefix;
-  uint64_t mss;
-  sd_kv *md;
-  size_t nmd;
-  int overwrite;
-  int has_owner;           /* node 0's join named the uid that began the save */
-  uid_t owner_uid;         /* recorded on the folder, as a one-node save does */
-  uint32_t ws, nnodes;
-  sd_write_mode mode;
-  lnode *nodes;
-  int32_t *rank_node;
-  uint32_t nsealed, njoined, ndone;
-  sd_cmanifest man;
-  sd_cplan plan;
-  int planned;
-  char *tmp;
-  lstate state;
-  int busy;                /* a file-system job is running in the thread pool */
-  int parent_fd, tmp_made, renamed;
-  unsigned created;
-  unsigned file_mode, dir_mode;
-  sd_error err;
-  uint64_t forget_at, t0;
-} sd_lead;
-
-typedef struct {
-  uv_work_t req;
-  sd_lead *L;
-  int kind;
-  int root_fd;
-  sd_error err;
-} fsjob;
 
 static void lead_fail(sd_lead *L, const sd_error *e);
 static void lead_failf(sd_lead *L, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -175,148 +125,6 @@ static void broadcast_abort(sd_lead *L) {
             NULL, 0);
 }
 
-/* ------------------------------------------------------------------------ *
- * The file system, in the thread pool so heartbeats never wait on a disk
- * ------------------------------------------------------------------------ */
-static int errno_code(int e) { return e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO; }
-
-static int write_file(int dirfd, const char *name, const uint8_t *data, size_t len, unsigned mode, sd_error *err,
-                      const char *dir) {
-  int fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, mode);
-  if (fd < 0) {
-    if (errno == EEXIST) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", name, dir);
-    return sd_fail(err, errno_code(errno), "cannot create %s/%s: %s", dir, name, strerror(errno));
-  }
-  fchmod(fd, mode);
-  size_t at = 0;
-  while (at < len) {
-    ssize_t w = pwrite(fd, data + at, len - at, (off_t)at);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = w < 0 ? errno : EIO;
-      close(fd);
-      return sd_fail(err, errno_code(e), "%s/%s: write at offset %zu: %s", dir, name, at, strerror(e));
-    }
-    at += (size_t)w;
-  }
-  if (fsync(fd) < 0) {
-    int e = errno;
-    close(fd);
-    return sd_fail(err, errno_code(e), "%s/%s: fsync: %s", dir, name, strerror(e));
-  }
-  close(fd);
-  return 0;
-}
-
-/* The temporary folder, and every shard file in it at its final size:
- * nodes only open and write, so no node can race another's create. */
-static int job_prepare(fsjob *j) {
-  sd_lead *L = j->L;
-  sd_error *err = &j->err;
-  const char *base = NULL;
-  int rc = sd_path_open_parent(j->root_fd, L->dir, 1, &L->parent_fd, &L->created, &base, err);
-  if (rc) return rc;
-  int fd = sd_openat_beneath(L->parent_fd, base, O_PATH, 0);
-  if (fd >= 0) {
-    struct stat st;
-    int isdir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
-    close(fd);
-    if (!L->overwrite)
-      return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
-                     L->dir);
-    if (!isdir) return sd_fail(err, SHARDD_E_EXISTS, "'%s' exists and is not a folder", L->dir);
-  } else if (fd == -ELOOP || fd == -EXDEV) {
-    return sd_fail(err, SHARDD_E_BAD_PATH, "'%s' is a symlink", L->dir);
-  }
-  if (mkdirat(L->parent_fd, L->tmp, L->dir_mode) < 0)
-    return sd_fail(err, errno_code(errno), "cannot create a temporary folder beside '%s': %s", L->dir,
-                   strerror(errno));
-  L->tmp_made = 1;
-  int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
-  if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
-  fchmod(tfd, L->dir_mode);
-  for (size_t i = 0; i < L->plan.plan.nfiles && !rc; i++) {
-    const sd_plan_file *pf = &L->plan.plan.files[i];
-    int f = openat(tfd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, L->file_mode);
-    if (f < 0) {
-      rc = sd_fail(err, errno_code(errno), "cannot create %s/%s: %s", L->dir, pf->name, strerror(errno));
-      break;
-    }
-    fchmod(f, L->file_mode);
-    if (ftruncate(f, (off_t)pf->file_size) < 0)
-      rc = sd_fail(err, errno_code(errno), "cannot size %s/%s: %s", L->dir, pf->name, strerror(errno));
-    close(f);
-  }
-  close(tfd);
-  return rc;
-}
-
-/* Every node's files are durable: artifacts and index, the folder, the rename, the parent. */
-static int job_finish(fsjob *j) {
-  sd_lead *L = j->L;
-  sd_error *err = &j->err;
-  int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
-  if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
-  int rc = 0;
-  for (size_t i = 0; i < L->man.nfiles && !rc; i++)
-    rc = write_file(tfd, L->man.files[i].name, L->man.files[i].data, L->man.files[i].len, L->file_mode, err, L->dir);
-  if (!rc && L->plan.plan.needs_index)
-    rc = write_file(tfd, L->plan.plan.index_name, (const uint8_t *)L->plan.index_json, L->plan.index_len,
-                    L->file_mode, err, L->dir);
-  if (!rc && L->has_owner) {
-    /* Before the folder's fsync and rename: it is never visible without its owner. */
-    int orc = sd_owner_record(tfd, L->owner_uid);
-    if (orc < 0)
-      sd_log_warn("cannot record the owner (uid %u) of '%s': %s; only root, the daemon's uid and trusted_group"
-                  " members may overwrite it", (unsigned)L->owner_uid, L->dir, strerror(-orc));
-  }
-  if (!rc && fsync(tfd) < 0) rc = sd_fail(err, errno_code(errno), "%s: fsync of the new folder: %s", L->dir, strerror(errno));
-  close(tfd);
-  if (rc) return rc;
-  const char *slash = strrchr(L->dir, '/');
-  const char *base = slash ? slash + 1 : L->dir;
-  int exchanged = 0;
-  int r = renameat2(L->parent_fd, L->tmp, L->parent_fd, base, RENAME_NOREPLACE);
-  if (r < 0 && errno == EEXIST && L->overwrite) {
-    /* Swap in one step, so ROOT/DIR always holds a whole checkpoint. */
-    r = renameat2(L->parent_fd, L->tmp, L->parent_fd, base, RENAME_EXCHANGE);
-    if (r == 0) exchanged = 1;
-    else if (errno == ENOENT) r = renameat2(L->parent_fd, L->tmp, L->parent_fd, base, RENAME_NOREPLACE);
-  }
-  if (r < 0) {
-    if (errno == EEXIST) return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root", L->dir);
-    return sd_fail(err, SHARDD_E_IO, "cannot rename the new folder to '%s': %s", L->dir, strerror(errno));
-  }
-  L->renamed = 1;
-  if (fsync(L->parent_fd) < 0)
-    sd_log_warn("save '%s': fsync of the folder holding %s: %s (published regardless)", L->id, L->dir, strerror(errno));
-  if (exchanged) {
-    sd_error e;
-    if (sd_path_remove_tree(L->parent_fd, L->tmp, &e) != 0)
-      sd_log_warn("save '%s': removing the replaced checkpoint: %s", L->id, e.msg);
-  }
-  return 0;
-}
-
-static int job_cleanup(fsjob *j) {
-  sd_lead *L = j->L;
-  if (L->tmp_made && !L->renamed && L->parent_fd >= 0) {
-    sd_error e = {0};
-    if (sd_path_remove_tree(L->parent_fd, L->tmp, &e) != 0) sd_log_warn("save '%s': %s", L->id, e.msg);
-    L->tmp_made = 0;
-  }
-  if (L->created) sd_path_unmake_parents(j->root_fd, L->dir, L->created);
-  L->created = 0;
-  return 0;
-}
-
-static void fs_work(uv_work_t *req) {
-  fsjob *j = req->data;
-  if (j->kind == JOB_PREPARE) job_prepare(j);
-  else if (j->kind == JOB_FINISH) job_finish(j);
-  else job_cleanup(j);
-}
-
 static void fs_done(uv_work_t *req, int status);
 
 static void start_job(sd_lead *L, int kind) {
@@ -335,7 +143,7 @@ static void start_job(sd_lead *L, int kind) {
   j->root_fd = L->cl->d->root_fd;
   j->req.data = j;
   L->busy = 1;
-  if (uv_queue_work(L->cl->d->loop, &j->req, fs_work, fs_done) != 0) {
+  if (uv_queue_work(L->cl->d->loop, &j->req, sd_lead_fs_work, fs_done) != 0) {
     L->busy = 0;
     free(j);
     if (kind != JOB_CLEANUP) lead_failf(L, SHARDD_E_INTERNAL, "save '%s': cannot queue file-system work", L->id);
@@ -921,7 +729,7 @@ void sd_lead_shutdown(sd_cluster *cl) {
     next = L->next;
     if (L->busy) continue;
     fsjob j = {.L = L, .kind = JOB_CLEANUP, .root_fd = cl->d->root_fd};
-    job_cleanup(&j);
+    sd_lead_fs_cleanup(&j);
     lead_free(L);
   }
 }

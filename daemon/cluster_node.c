@@ -18,42 +18,6 @@
 static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
 
 /* ------------------------------------------------------------------------ *
- * Failing from inside: the save must outlive the call, so an I/O reference
- * is held around it; the caller then checks whether it was the last.
- * ------------------------------------------------------------------------ */
-int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) {
-  sd_error e;
-  va_list ap;
-  va_start(ap, fmt);
-  sd_vfail(&e, code, fmt, ap);
-  va_end(ap);
-  cs->io++;
-  sd_save_fail_err(cs->save, &e);
-  cs->io--;
-  if (cs->io == 0) {
-    sd_node_finish_failed(cs); /* frees cs */
-    return 1;
-  }
-  return 0;
-}
-
-/* ------------------------------------------------------------------------ *
- * To the leader
- * ------------------------------------------------------------------------ */
-void sd_node_to_leader(sd_csave *cs, json_t *m) {
-  if (!m) return;
-  json_object_set_new(m, "save", json_string(cs->save->id));
-  json_object_set_new(m, "tok", json_string(cs->tok));
-  json_object_set_new(m, "node", json_integer(cs->node_rank));
-  if (cs->is_leader)
-    sd_cl_local_send(cs->cl, 1, m, NULL, 0);
-  else if (cs->link)
-    sd_peer_send(cs->link, m, NULL, 0); /* a closing link fails the save from on_lost */
-  else
-    json_decref(m);
-}
-
-/* ------------------------------------------------------------------------ *
  * begin: join the leader
  * ------------------------------------------------------------------------ */
 int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
@@ -196,63 +160,6 @@ void sd_node_sealed(sd_csave *cs) {
 /* ------------------------------------------------------------------------ *
  * The end
  * ------------------------------------------------------------------------ */
-static void close_files(sd_csave *cs) {
-  for (size_t i = 0; i < cs->nfiles; i++)
-    if (cs->files[i].fd >= 0) {
-      close(cs->files[i].fd);
-      cs->files[i].fd = -1;
-    }
-  if (cs->tmp_fd >= 0) close(cs->tmp_fd);
-  cs->tmp_fd = -1;
-}
-
-typedef struct {
-  uv_work_t req;
-  int parent_fd;
-  char *tmp;
-  sd_error err;
-} rmjob;
-
-static void rm_work(uv_work_t *req) {
-  rmjob *j = req->data;
-  sd_path_remove_tree(j->parent_fd, j->tmp, &j->err);
-}
-
-static void rm_done(uv_work_t *req, int status) {
-  (void)status;
-  rmjob *j = req->data;
-  if (j->err.code) sd_log_warn("removing %s: %s", j->tmp, j->err.msg);
-  close(j->parent_fd);
-  free(j->tmp);
-  free(j);
-}
-
-/* The leader is gone and never heard that we finished, so it cannot be
- * renaming the folder: removing it is safe, and nobody else will. */
-static void remove_orphan_tmp(sd_csave *cs) {
-  if (!cs->leader_lost || cs->done_sent || !cs->tmp || cs->parent_fd < 0) return;
-  rmjob *j = calloc(1, sizeof *j);
-  if (!j) return;
-  j->parent_fd = dup(cs->parent_fd);
-  j->tmp = strdup(cs->tmp);
-  j->req.data = j;
-  if (j->parent_fd < 0 || !j->tmp || uv_queue_work(cs->cl->d->loop, &j->req, rm_work, rm_done) != 0) {
-    if (j->parent_fd >= 0) close(j->parent_fd);
-    free(j->tmp);
-    free(j);
-    return;
-  }
-  sd_log_info("save '%s': the leader was lost; removing its temporary folder %s", cs->save->id, cs->tmp);
-}
-
-void sd_node_finish_failed(sd_csave *cs) {
-  close_files(cs);
-  remove_orphan_tmp(cs);
-  sd_save *save = cs->save;
-  sd_error e = save->err;
-  sd_save_finish(save, &e, NULL);
-}
-
 int sd_node_fail(sd_csave *cs) {
   if (cs->failing) return cs->io > 0;
   cs->failing = 1;
@@ -272,8 +179,8 @@ int sd_node_fail(sd_csave *cs) {
     save->state = SD_SAVE_FAILING;
     return 1;
   }
-  close_files(cs);
-  remove_orphan_tmp(cs);
+  sd_node_close_files(cs);
+  sd_node_remove_orphan_tmp(cs);
   /* Nothing in flight: save.c finalizes right away. */
   save->state = SD_SAVE_OPEN;
   return 0;
@@ -283,7 +190,7 @@ void sd_node_free(sd_csave *cs) {
   if (!cs) return;
   if (cs->save->err.code && !cs->cl->shutting) sd_cl_remember_failure(cs->cl, cs->save);
   if (cs->io) sd_log_error("save '%s': freed with %u writes in flight", cs->save->id, cs->io);
-  close_files(cs);
+  sd_node_close_files(cs);
   if (cs->parent_fd >= 0) close(cs->parent_fd);
   for (size_t i = 0; i < cs->nfiles; i++) free(cs->files[i].name);
   free(cs->files);
@@ -316,12 +223,6 @@ typedef struct {
   const uint8_t *src;
   int oom, bad;
 } runctx;
-
-sd_cdest *sd_node_dest(sd_csave *cs, uint32_t node) {
-  for (size_t i = 0; i < cs->ndests; i++)
-    if (cs->dests[i].node == node) return &cs->dests[i];
-  return NULL;
-}
 
 static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
   runctx *c = ud;
@@ -608,7 +509,7 @@ static void on_commit(sd_csave *cs, json_t *h) {
   if (!json_u64(json_object_get(h, "tensors"), &v)) cs->r_tensors = v;
   if (!json_u64(json_object_get(h, "bytes"), &v)) cs->r_bytes = v;
   char *path = sd_cl_final_path(cs->cl, save->dir);
-  close_files(cs);
+  sd_node_close_files(cs);
   sd_log_info("save '%s' committed by the leader; node %u wrote %llu bytes of its own here, forwarded %llu, "
               "received %llu", save->id, cs->node_rank, (unsigned long long)cs->bytes_local,
               (unsigned long long)cs->bytes_fwd, (unsigned long long)cs->bytes_recv);

@@ -12,9 +12,11 @@
 
 #include "listener.h"
 #include "log.h"
-#include "session.h"
 
-static void on_connection(void *ud, int fd) { sd_session_accept(ud, fd); }
+static void on_connection(void *ud, int fd) {
+  sd_daemon *d = ud;
+  d->on_client(d, fd);
+}
 
 #define BACKLOG 128
 

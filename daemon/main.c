@@ -46,7 +46,7 @@ static void status_text(const sd_daemon *d, char *buf, size_t n) {
   for (const sd_save *s = d->saves; s; s = s->next) writing += s->state == SD_SAVE_WRITING;
   snprintf(buf, n, "%zu save%s in flight (%zu writing), %zu client%s; %llu committed, %llu failed", d->nsaves,
            d->nsaves == 1 ? "" : "s", writing, d->nsessions, d->nsessions == 1 ? "" : "s",
-           (unsigned long long)d->saves_committed, (unsigned long long)d->saves_failed);
+           (unsigned long long)d->counters.saves_committed, (unsigned long long)d->counters.saves_failed);
 }
 
 static void notify_status(const sd_daemon *d) {
@@ -134,11 +134,12 @@ static void on_hup(uv_signal_t *h, int signum) {
   sd_error err = {0};
   if (sd_config_reload(&cfg, &applied, &err) != 0) {
     sd_log_error("reload failed, nothing changed: %s", err.msg);
-    sd_metrics_reload(0);
+    d->counters.reloads++;
+    d->counters.reloads_failed++;
   } else {
     apply_log_settings(&cfg);
     sd_log_info("reload done: %u setting%s applied", applied, applied == 1 ? "" : "s");
-    sd_metrics_reload(1);
+    d->counters.reloads++;
   }
   sd_sys_notify_ready(last_status[0] ? last_status : NULL);
 }
@@ -184,11 +185,18 @@ int main(int argc, char **argv) {
   apply_log_settings(&cfg);
   signal(SIGPIPE, SIG_IGN);
   sd_fd_limit_raise();
-  sd_metrics_start();
 
   sd_error err = {0};
   sd_daemon *d = &daemon_state;
+  d->counters.t_start = uv_hrtime();
   d->root_fd = -1;
+  /* The floors meet here: the save core tells the sessions, saves on several
+   * nodes carry the cluster's hooks, connections go to the sessions. */
+  d->save_owner = &sd_session_save_owner;
+  d->multi_node = &sd_cluster_save_ext;
+  d->on_client = sd_session_accept;
+  d->on_request = sd_ops_dispatch;
+  d->metrics_view = sd_metrics_json;
   /* First: the variables are meant for this process alone and are removed
    * from the environment before anything could inherit them. */
   int listen_fd = -1;

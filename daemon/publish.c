@@ -376,22 +376,55 @@ static void job_filled(sd_wjob *job, sd_chunk *c) {
   p->wq_tail = &c->next;
 }
 
-static int do_rename(sd_publish *p) {
-  int rc = renameat2(p->parent_fd, p->tmp_name, p->parent_fd, p->base, RENAME_NOREPLACE);
-  if (rc < 0 && errno == EEXIST && p->overwrite) {
+/* ------------------------------------------------------------------------ *
+ * The atomic step, shared by the ring-driven path below and sd_publish_dir
+ * ------------------------------------------------------------------------ */
+int sd_publish_swap_in(int parent_fd, const char *tmp, const char *base, const char *rel_dir, int overwrite,
+                       int *exchanged, sd_error *err) {
+  *exchanged = 0;
+  int rc = renameat2(parent_fd, tmp, parent_fd, base, RENAME_NOREPLACE);
+  if (rc < 0 && errno == EEXIST && overwrite) {
     /* Swap in one step, so ROOT/DIR always holds a whole checkpoint. */
-    rc = renameat2(p->parent_fd, p->tmp_name, p->parent_fd, p->base, RENAME_EXCHANGE);
+    rc = renameat2(parent_fd, tmp, parent_fd, base, RENAME_EXCHANGE);
     if (rc == 0)
-      p->exchanged = 1;
+      *exchanged = 1;
     else if (errno == ENOENT) /* the old one went away meanwhile */
-      rc = renameat2(p->parent_fd, p->tmp_name, p->parent_fd, p->base, RENAME_NOREPLACE);
+      rc = renameat2(parent_fd, tmp, parent_fd, base, RENAME_NOREPLACE);
   }
   if (rc < 0) {
-    if (errno == EEXIST)
-      pub_fail(p, SHARDD_E_EXISTS, "'%s' already exists under the root", p->rel_dir);
-    else
-      pub_fail(p, SHARDD_E_IO, "cannot rename the new folder to '%s': %s", p->rel_dir,
-               strerror(errno));
+    if (errno == EEXIST) return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root", rel_dir);
+    return sd_fail(err, SHARDD_E_IO, "cannot rename the new folder to '%s': %s", rel_dir, strerror(errno));
+  }
+  return 0;
+}
+
+int sd_publish_dir(int parent_fd, int tmp_fd, const char *tmp, const char *rel_dir, int overwrite,
+                   const char *tag, int *renamed, sd_error *err) {
+  *renamed = 0;
+  if (fsync(tmp_fd) < 0)
+    return sd_fail(err, errno == ENOSPC || errno == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
+                   "%s: fsync of the new folder: %s", rel_dir, strerror(errno));
+  const char *slash = strrchr(rel_dir, '/');
+  int exchanged = 0;
+  int rc = sd_publish_swap_in(parent_fd, tmp, slash ? slash + 1 : rel_dir, rel_dir, overwrite, &exchanged, err);
+  if (rc) return rc;
+  *renamed = 1;
+  if (fsync(parent_fd) < 0)
+    sd_log_warn("save '%s': fsync of the folder holding %s: %s (published regardless)", tag, rel_dir, strerror(errno));
+  if (exchanged) {
+    /* The old checkpoint now sits under the temporary name. Failing to
+     * remove it does not unpublish the new one; a restart cleans it up. */
+    sd_error e;
+    if (sd_path_remove_tree(parent_fd, tmp, &e) != 0)
+      sd_log_warn("save '%s': removing the replaced checkpoint: %s", tag, e.msg);
+  }
+  return 0;
+}
+
+static int do_rename(sd_publish *p) {
+  sd_error err;
+  if (sd_publish_swap_in(p->parent_fd, p->tmp_name, p->base, p->rel_dir, p->overwrite, &p->exchanged, &err) != 0) {
+    pub_fail(p, err.code, "%s", err.msg);
     return -1;
   }
   p->renamed = 1;

@@ -1,47 +1,15 @@
-/* The save state machine: ranks join and describe slices; the last seal plans and publishes; every wait gets the end. */
+/* The save state machine's requests: ranks begin, put, file, declare, ready and seal; waits and lost ranks. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
-#include "metrics.h"
 #include "pathsafe.h"
 #include "save_guard.h"
-#include "cluster.h"
 #include "planner.h"
-#include "save.h"
+#include "save_int.h"
 #include "sd_msg.h"
-#include "session.h"
-
-/* ------------------------------------------------------------------------ *
- * Lookup
- * ------------------------------------------------------------------------ */
-sd_save *sd_save_find(sd_daemon *d, const char *id) {
-  for (sd_save *s = d->saves; s; s = s->next)
-    if (strcmp(s->id, id) == 0) return s;
-  return NULL;
-}
-
-static int save_alive(sd_daemon *d, const sd_save *save) {
-  for (sd_save *s = d->saves; s; s = s->next)
-    if (s == save) return 1;
-  return 0;
-}
-
-const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id) {
-  for (size_t k = 0; k < d->hist_len; k++) {
-    size_t i = (d->hist_head + d->hist_cap - 1 - k) % d->hist_cap; /* newest first */
-    if (strcmp(d->history[i].id, id) == 0) return &d->history[i];
-  }
-  return NULL;
-}
-
-int sd_save_rank_of(const sd_save *save, const sd_session *s) {
-  for (size_t i = 0; i < s->nmembers; i++)
-    if (s->members[i].save == save) return (int)s->members[i].rank;
-  return -1;
-}
 
 /* ------------------------------------------------------------------------ *
  * Tensor table: names hashed, order of first put kept
@@ -65,389 +33,6 @@ static int tensor_table_add(sd_save *save, sd_save_tensor *t) {
   if (sd_nameidx_insert(&save->names, t->name, (uint32_t)save->ntensors, tensor_name, save) != 0) return -1;
   save->tensors[save->ntensors++] = t;
   return 0;
-}
-
-/* ------------------------------------------------------------------------ *
- * Creation and teardown
- * ------------------------------------------------------------------------ */
-static void kv_free(sd_kv *kv, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    free((char *)kv[i].key);
-    free((char *)kv[i].value);
-  }
-  free(kv);
-}
-
-static void save_free(sd_save *save) {
-  sd_save_inline_release(save);
-  if (save->cl) sd_cluster_save_free(save);
-  for (size_t i = 0; i < save->ntensors; i++) {
-    sd_save_tensor *t = save->tensors[i];
-    for (size_t j = 0; j < t->nslices; j++) {
-      free(t->slices[j]->data);
-      free(t->slices[j]);
-    }
-    free(t->slices);
-    free(t->name);
-    free(t);
-  }
-  free(save->tensors);
-  sd_nameidx_free(&save->names);
-  for (size_t i = 0; i < save->nfiles; i++) {
-    free(save->files[i].name);
-    free(save->files[i].data);
-  }
-  free(save->files);
-  if (save->ranks) {
-    for (uint32_t r = 0; r < save->world_size; r++) {
-      for (size_t k = 0; k < save->ranks[r].nregions; k++) sd_region_unref(save->ranks[r].regions[k]);
-      free(save->ranks[r].regions);
-      free(save->ranks[r].pending);
-    }
-  }
-  free(save->ranks);
-  if (save->planned) sd_planned_free(save->planned);
-  free(save->planned);
-  kv_free(save->metadata, save->nmetadata);
-  free(save->early_path);
-  free(save->id);
-  free(save->dir);
-  free(save->prefix);
-  free(save);
-}
-
-static sd_save *save_new(sd_daemon *d, const sd_begin_args *a) {
-  sd_save *save = calloc(1, sizeof *save);
-  if (!save) return NULL;
-  save->d = d;
-  save->id = strdup(a->save);
-  save->dir = strdup(a->dir);
-  save->prefix = strdup(a->prefix ? a->prefix : SD_DEFAULT_PREFIX);
-  save->world_size = a->world_size;
-  save->max_shard_size = a->max_shard_size ? a->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
-  save->overwrite = a->overwrite;
-  save->ranks = calloc(a->world_size, sizeof *save->ranks);
-  save->metadata = calloc(a->nmetadata ? a->nmetadata : 1, sizeof *save->metadata);
-  int bad = !save->id || !save->dir || !save->prefix || !save->ranks || !save->metadata;
-  for (size_t i = 0; i < a->nmetadata && !bad; i++) {
-    save->metadata[i].key = strdup(a->metadata[i].key);
-    save->metadata[i].value = strdup(a->metadata[i].value);
-    save->nmetadata = i + 1;
-    bad = !save->metadata[i].key || !save->metadata[i].value;
-  }
-  if (bad) {
-    save_free(save);
-    return NULL;
-  }
-  save->t_begin = uv_hrtime();
-  return save;
-}
-
-/* ------------------------------------------------------------------------ *
- * The end of a save: remember the result, answer waits, let go of memory
- * ------------------------------------------------------------------------ */
-static void history_push(sd_daemon *d, sd_save_result *r) {
-  if (d->hist_cap == 0) {
-    d->hist_cap = d->cfg && d->cfg->keep_results ? d->cfg->keep_results : 64;
-    d->history = calloc(d->hist_cap, sizeof *d->history);
-    if (!d->history) {
-      d->hist_cap = 0;
-      free(r->id);
-      free(r->dir);
-      return;
-    }
-  }
-  sd_save_result *slot = &d->history[d->hist_head];
-  if (d->hist_len == d->hist_cap) {
-    free(slot->id);
-    free(slot->dir);
-  } else {
-    d->hist_len++;
-  }
-  *slot = *r;
-  d->hist_head = (d->hist_head + 1) % d->hist_cap;
-}
-
-void sd_save_history_free(sd_daemon *d) {
-  for (size_t k = 0; k < d->hist_len; k++) {
-    size_t i = (d->hist_head + d->hist_cap - 1 - k) % d->hist_cap;
-    free(d->history[i].id);
-    free(d->history[i].dir);
-  }
-  free(d->history);
-  d->history = NULL;
-  d->hist_cap = d->hist_len = d->hist_head = 0;
-}
-
-json_t *sd_save_result_reply(const sd_save_result *r, json_t *id) {
-  if (r->err.code) return sd_msg_error_from(id, &r->err);
-  json_t *m = sd_msg_ok(id);
-  if (!m) return NULL;
-  json_object_set_new(m, "state", json_string("committed"));
-  json_object_set_new(m, "save", sd_msg_string_lossy(r->id));
-  json_object_set_new(m, "dir", sd_msg_string_lossy(r->dir));
-  json_object_set_new(m, "files", json_integer((json_int_t)r->files));
-  json_object_set_new(m, "tensors", json_integer((json_int_t)r->tensors));
-  json_object_set_new(m, "bytes", json_integer((json_int_t)r->bytes));
-  return m;
-}
-
-static void send_released(sd_save *save) {
-  if (save->released) return;
-  save->released = 1;
-  for (uint32_t r = 0; r < save->world_size; r++) {
-    sd_session *s = save->ranks[r].sess;
-    if (s && save->ranks[r].state != SD_RANK_NONE) sd_session_send(s, sd_msg_event("released", save->id));
-  }
-}
-
-static void unlink_save(sd_daemon *d, sd_save *save) {
-  for (sd_save **pp = &d->saves; *pp; pp = &(*pp)->next) {
-    if (*pp == save) {
-      *pp = save->next;
-      d->nsaves--;
-      return;
-    }
-  }
-}
-
-static void finalize(sd_save *save, const char *final_path) {
-  sd_daemon *d = save->d;
-  sd_save_result r = {0};
-  r.id = strdup(save->id);
-  if (final_path) {
-    r.dir = strdup(final_path);
-    if (save->planned) {
-      r.files = save->planned->nfiles;
-      r.tensors = save->planned->ntensors;
-      r.bytes = save->planned->total_bytes;
-    } else if (save->cl) {
-      sd_cluster_result(save, &r.files, &r.tensors, &r.bytes);
-    }
-    uint64_t now = uv_hrtime();
-    double secs = (double)(now - save->t_write) / 1e9, total = (double)(now - save->t_begin) / 1e9;
-    uint64_t forwarded = 0; /* bytes streamed to peer daemons (multi-node saves) */
-    if (save->cl) forwarded = sd_cluster_bytes_forwarded(save);
-    d->saves_committed++;
-    d->bytes_committed += r.bytes;
-    sd_metrics_save_committed(r.files, r.bytes, total, secs);
-    /* The one summary line per save: files, bytes, write seconds, GB/s, forwarded bytes. */
-    sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s, %.2f GB/s, "
-                "%llu bytes forwarded (%.3f s since the first begin)",
-                save->id, final_path, (unsigned long long)r.files, (unsigned long long)r.tensors,
-                (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0,
-                (unsigned long long)forwarded, total);
-  } else {
-    r.err = save->err;
-    if (!r.err.code) sd_fail(&r.err, SHARDD_E_INTERNAL, "save '%s' ended without a result", save->id);
-    d->saves_failed++;
-    sd_metrics_save_failed(r.err.code);
-    sd_log_warn("save '%s' failed (%s): %s", save->id, sd_err_name(r.err.code), r.err.msg);
-  }
-  json_t *tmpl = sd_save_result_reply(&r, NULL);
-  history_push(d, &r);
-
-  /* Out of the daemon's tables first: what follows may re-enter (a send
-   * can schedule a close), and the id is free for a new save from now on. */
-  unlink_save(d, save);
-  for (uint32_t k = 0; k < save->world_size; k++)
-    if (save->ranks[k].sess) sd_session_remove_member(save->ranks[k].sess, save);
-  send_released(save);
-  sd_waiter *w = save->waiters;
-  save->waiters = NULL;
-  while (w) {
-    sd_waiter *next = w->next;
-    json_t *m = tmpl ? json_copy(tmpl) : NULL;
-    if (m) {
-      json_object_set(m, "id", w->id);
-      sd_session_send(w->sess, m);
-    }
-    json_decref(w->id);
-    sd_session_wait_done(w->sess);
-    free(w);
-    w = next;
-  }
-  json_decref(tmpl);
-  save_free(save);
-  if (d->shutting_down && d->nsaves == 0 && d->on_idle) d->on_idle(d);
-}
-
-/* ------------------------------------------------------------------------ *
- * Failure
- * ------------------------------------------------------------------------ */
-void sd_save_fail_err(sd_save *save, const sd_error *err) {
-  if (save->err.code) return;
-  save->err = *err;
-  if (!save->err.code) save->err.code = SHARDD_E_INTERNAL;
-  if (save->cl && sd_cluster_fail(save)) return; /* finished once its peer writes stop */
-  if (save->state == SD_SAVE_WRITING) {
-    save->state = SD_SAVE_FAILING;
-    if (save->pub) sd_publish_cancel(save->pub, save->err.code, save->err.msg);
-    return; /* finalized when the writer reports back */
-  }
-  if (save->state == SD_SAVE_OPEN) finalize(save, NULL);
-}
-
-void sd_save_fail(sd_save *save, int code, const char *fmt, ...) {
-  sd_error e;
-  va_list ap;
-  va_start(ap, fmt);
-  sd_vfail(&e, code, fmt, ap);
-  va_end(ap);
-  sd_save_fail_err(save, &e);
-}
-
-void sd_save_fail_all(sd_daemon *d, int code, const char *why) {
-  size_t n = d->nsaves, k = 0;
-  sd_save **all = calloc(n ? n : 1, sizeof *all);
-  if (!all) return;
-  for (sd_save *s = d->saves; s && k < n; s = s->next) all[k++] = s;
-  for (size_t i = 0; i < k; i++)
-    if (save_alive(d, all[i])) sd_save_fail(all[i], code, "%s; save '%s' was not published", why, all[i]->id);
-  free(all);
-}
-
-/* ------------------------------------------------------------------------ *
- * Publishing
- * ------------------------------------------------------------------------ */
-/* A region whose segment is now shorter than its mapping (the client shrank
- * it): 0, or that region's out_of_range error naming it and its rank. */
-static int regions_check(const sd_save *save, sd_error *err) {
-  for (uint32_t r = 0; r < save->world_size; r++)
-    for (size_t k = 0; k < save->ranks[r].nregions; k++)
-      if (sd_region_check(save->ranks[r].regions[k], err) != 0) {
-        char why[SD_ERRMSG_MAX];
-        snprintf(why, sizeof why, "%s", err->msg);
-        return sd_fail(err, err->code, "save '%s', rank %u: %s", save->id, r, why);
-      }
-  return 0;
-}
-
-static void publish_done(sd_save *save, const sd_error *err, const char *final_path) {
-  save->pub = NULL;
-  if (err && err->code) {
-    /* A write that faulted (EFAULT) because a client shrank its segment is
-     * reported as that client's doing, naming the region, not as a disk error. */
-    sd_error shrunk = {0};
-    if (err->code == SHARDD_E_IO && !save->err.code && regions_check(save, &shrunk) == SHARDD_E_OUT_OF_RANGE)
-      err = &shrunk;
-    if (!save->err.code) save->err = *err;
-    finalize(save, NULL);
-    return;
-  }
-  /* Published even if a late abort or shutdown asked otherwise: the
-   * checkpoint is on disk, so report what is true. */
-  finalize(save, final_path ? final_path : save->dir);
-}
-
-void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path) {
-  publish_done(save, err, final_path);
-}
-
-void sd_save_released(sd_save *save) { send_released(save); }
-
-static void on_released(sd_publish *pub, void *ud) {
-  (void)pub;
-  send_released(ud);
-}
-
-static void on_done(sd_publish *pub, void *ud, const sd_error *err, const char *final_path) {
-  (void)pub;
-  sd_save *save = ud;
-  if (save->in_start) {
-    /* Reported from inside sd_publish_start: finish after it returns. */
-    save->done_early = 1;
-    if (err) save->early_err = *err;
-    if (final_path) save->early_path = strdup(final_path);
-    return;
-  }
-  publish_done(save, err, final_path);
-}
-
-static void start_write(sd_save *save) {
-  sd_daemon *d = save->d;
-  sd_error err = {0};
-  if (regions_check(save, &err) != 0) {
-    sd_save_fail_err(save, &err);
-    return;
-  }
-  save->planned = calloc(1, sizeof *save->planned);
-  if (!save->planned) {
-    sd_save_fail(save, SHARDD_E_NO_MEMORY, "out of memory planning save '%s'", save->id);
-    return;
-  }
-  if (sd_planner_build(save, save->planned, &err) != 0) {
-    sd_save_fail_err(save, &err);
-    return;
-  }
-  sd_planned *p = save->planned;
-  sd_publish_req req = {
-      .op_ready = p->op_ready,
-      .hold = save->nsealed < save->world_size,
-      .root_fd = d->root_fd,
-      .root_path = d->cfg->root,
-      .rel_dir = save->dir,
-      .overwrite = save->overwrite,
-      .file_mode = d->cfg->file_mode,
-      .dir_mode = d->cfg->dir_mode,
-      .record_owner = 1,
-      .owner_uid = save->owner_uid,
-      .plan = &p->plan,
-      .ops = p->ops,
-      .nops = p->nops,
-      .spans = p->spans,
-      .nspans = p->nspans,
-      .artifacts = p->artifacts,
-      .nartifacts = p->nartifacts,
-      .index_json = p->index_json,
-      .index_len = p->index_len,
-      .tag = save->id,
-      .on_released = on_released,
-      .on_done = on_done,
-      .ud = save,
-  };
-  sd_log_debug("save '%s': %zu tensors, %zu files, %zu writes, %llu bytes", save->id, p->ntensors,
-               p->plan.nfiles, p->nops, (unsigned long long)p->total_bytes);
-  save->state = SD_SAVE_WRITING;
-  save->t_write = uv_hrtime();
-  save->in_start = 1;
-  sd_publish *pub = NULL;
-  int rc = sd_publish_start(d->writer, &req, &pub, &err);
-  save->in_start = 0;
-  if (rc != 0 && !save->done_early) {
-    save->state = SD_SAVE_OPEN;
-    if (!err.code) sd_fail(&err, rc, "cannot start writing save '%s'", save->id);
-    sd_save_fail_err(save, &err);
-    return;
-  }
-  if (save->done_early) {
-    sd_error e = save->early_err;
-    publish_done(save, e.code ? &e : NULL, save->early_path);
-    return;
-  }
-  save->pub = pub;
-  /* Failed while the plan was being built (cannot happen today, but keep
-   * the invariant that a FAILING save always has its writer cancelled). */
-  if (save->err.code) sd_publish_cancel(pub, save->err.code, save->err.msg);
-}
-
-void sd_save_maybe_start(sd_save *save) {
-  if (save->cl) {
-    /* Peers plan at the leader once every rank sealed: "declared" changes nothing there. */
-    if (save->state == SD_SAVE_OPEN && !save->err.code) sd_cluster_sealed(save); /* the leader plans */
-    return;
-  }
-  if (save->err.code) return;
-  if (save->state == SD_SAVE_OPEN && save->ndeclared == save->world_size) {
-    start_write(save); /* may end the save */
-    return;
-  }
-  if (save->state == SD_SAVE_WRITING && save->pub && save->nsealed == save->world_size) {
-    sd_log_debug("save '%s': every rank sealed with %llu of %llu bytes written", save->id,
-                 (unsigned long long)sd_publish_bytes_written(save->pub),
-                 (unsigned long long)sd_publish_bytes_total(save->pub));
-    sd_publish_unhold(save->pub);
-  }
 }
 
 /* ------------------------------------------------------------------------ *
@@ -483,10 +68,17 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   if (!metadata_equal(save, a))
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives different metadata than earlier ranks",
                    save->id, a->rank);
-  return sd_cluster_begin_check(save, a, err);
+  return save->d->multi_node ? save->d->multi_node->join_check(save, a, err) : 0;
 }
 
-static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a, sd_save **out, sd_error *err) {
+static int attach_multi_node(sd_save *save, const sd_begin_args *a, sd_error *err) {
+  if (!save->d->multi_node)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "save '%s' spans %u nodes, but this daemon cannot join others",
+                   a->save, a->nnodes);
+  return save->d->multi_node->attach(save, a, err);
+}
+
+static int create_save(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_save **out, sd_error *err) {
   int rc = sd_path_check_rel(a->dir, err);
   if (rc) return rc;
   for (sd_save *s = d->saves; s; s = s->next)
@@ -501,8 +93,8 @@ static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a
   if (exists && !a->overwrite)
     return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
                    a->dir);
-  if (exists && s && (rc = sd_save_may_overwrite(d, s, a->dir, err)) != 0) return rc;
-  sd_save *save = save_new(d, a);
+  if (exists && j && (rc = sd_save_may_overwrite(d, j->uid, j->trusted, a->dir, err)) != 0) return rc;
+  sd_save *save = sd_save_new(d, a);
   if (!save) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory creating save '%s'", a->save);
   /* Newest last, so status lists saves in the order they began. */
   sd_save **pp = &d->saves;
@@ -513,7 +105,7 @@ static int create_save(sd_daemon *d, const sd_session *s, const sd_begin_args *a
   return 0;
 }
 
-int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error *err) {
+int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_error *err) {
   if (d->shutting_down) return sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   if (a->world_size == 0 || a->world_size > SD_WORLD_MAX)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'world_size' must be in [1, %d]", SD_WORLD_MAX);
@@ -524,10 +116,10 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
   int rc;
   if (save) {
     /* Another user's save is not there to be joined: refused without harming it. */
-    if (s->uid != save->owner_uid)
+    if (j->uid != save->owner_uid)
       return sd_fail(err, SHARDD_E_PERMISSION, "save '%s' belongs to uid %u; uid %u may not join it", save->id,
-                     (unsigned)save->owner_uid, (unsigned)s->uid);
-    int mine = sd_save_rank_of(save, s);
+                     (unsigned)save->owner_uid, (unsigned)j->uid);
+    int mine = d->save_owner->rank_of(j->owner, save);
     if (mine >= 0)
       return sd_fail(err, SHARDD_E_BAD_STATE, "this connection already is rank %d of save '%s'", mine, save->id);
     if (save->world_size != a->world_size) {
@@ -545,25 +137,25 @@ int sd_save_begin(sd_daemon *d, sd_session *s, const sd_begin_args *a, sd_error 
       return err->code;
     }
   } else {
-    rc = create_save(d, s, a, &save, err);
+    rc = create_save(d, j, a, &save, err);
     if (rc) return rc;
-    if (a->nnodes > 1 && (rc = sd_cluster_begin_new(save, a, err)) != 0) {
-      unlink_save(d, save);
-      save_free(save);
+    if (a->nnodes > 1 && (rc = attach_multi_node(save, a, err)) != 0) {
+      sd_save_unlink(d, save);
+      sd_save_free(save);
       return rc;
     }
-    save->owner_uid = s->uid;
+    save->owner_uid = j->uid;
   }
-  if (sd_session_add_member(s, save, a->rank) != 0) {
+  if (d->save_owner->joined(j->owner, save, a->rank) != 0) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory joining save '%s'", save->id);
     if (save->nbegun == 0) {
-      unlink_save(d, save);
-      save_free(save);
+      sd_save_unlink(d, save);
+      sd_save_free(save);
     }
     return rc;
   }
   save->ranks[a->rank].state = SD_RANK_BEGUN;
-  save->ranks[a->rank].sess = s;
+  save->ranks[a->rank].owner = j->owner;
   save->nbegun++;
   return 0;
 }
@@ -829,68 +421,43 @@ int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err) {
   return 0;
 }
 
-int sd_save_add_waiter(sd_save *save, sd_session *s, json_t *id, sd_error *err) {
+int sd_save_add_waiter(sd_save *save, void *owner, json_t *id, sd_error *err) {
   sd_waiter *w = calloc(1, sizeof *w);
   if (!w) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory waiting for save '%s'", save->id);
-  w->sess = s;
+  w->owner = owner;
   w->id = json_incref(id ? id : json_null());
   sd_waiter **pp = &save->waiters;
   while (*pp) pp = &(*pp)->next;
   *pp = w;
-  s->pending_waits++;
   return 0;
 }
 
 /* ------------------------------------------------------------------------ *
  * Connections going away
  * ------------------------------------------------------------------------ */
-void sd_save_session_gone(sd_daemon *d, sd_session *s) {
+size_t sd_save_drop_waiters(sd_daemon *d, const void *owner) {
+  size_t dropped = 0;
   for (sd_save *save = d->saves; save; save = save->next) {
     for (sd_waiter **pp = &save->waiters; *pp;) {
       sd_waiter *w = *pp;
-      if (w->sess != s) {
+      if (w->owner != owner) {
         pp = &w->next;
         continue;
       }
       *pp = w->next;
       json_decref(w->id);
       free(w);
-      if (s->pending_waits) s->pending_waits--;
+      dropped++;
     }
   }
-  /* Work on a copy: failing a save edits membership lists. */
-  size_t n = s->nmembers;
-  sd_member *m = s->members;
-  s->members = NULL;
-  s->nmembers = s->mcap = 0;
-  for (size_t i = 0; i < n; i++) m[i].save->ranks[m[i].rank].sess = NULL;
-  for (size_t i = 0; i < n; i++) {
-    sd_save *save = m[i].save;
-    if (!save_alive(d, save)) continue;
-    if (save->ranks[m[i].rank].state == SD_RANK_BEGUN && !save->err.code)
-      sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", m[i].rank,
-                   save->id);
-  }
-  free(m);
+  return dropped;
 }
 
-/* ------------------------------------------------------------------------ *
- * Status
- * ------------------------------------------------------------------------ */
-uint64_t sd_save_bytes_planned(const sd_save *save) {
-  return save->planned && save->planned->have_plan ? save->planned->total_bytes : save->bytes_put;
+void sd_save_rank_forget(sd_save *save, uint32_t rank) { save->ranks[rank].owner = NULL; }
+
+void sd_save_rank_lost(sd_daemon *d, sd_save *save, uint32_t rank) {
+  if (!sd_save_alive(d, save)) return;
+  if (save->ranks[rank].state == SD_RANK_BEGUN && !save->err.code)
+    sd_save_fail(save, SHARDD_E_CLIENT_LOST, "rank %u of save '%s' disconnected before seal", rank, save->id);
 }
 
-uint64_t sd_save_bytes_written(const sd_save *save) {
-  if (save->cl) return sd_cluster_bytes_written(save);
-  return save->pub ? sd_publish_bytes_written(save->pub) : 0;
-}
-
-const char *sd_save_state_name(const sd_save *save) {
-  switch (save->state) {
-    case SD_SAVE_OPEN: return save->ndeclared == save->world_size ? "planning" : "open";
-    case SD_SAVE_WRITING: return "writing";
-    case SD_SAVE_FAILING: return "failing";
-  }
-  return "unknown";
-}

@@ -1,4 +1,5 @@
-/* The save state machine: ranks begin, put, file and seal; the last seal plans and publishes; waits get the end. */
+/* The save core's public face: one save's state machine, told by its owner what ranks do, telling it back through sd_save_owner_ops. */
+/* Requests are in save.c, failure, publish and the end in save_end.c, lookup, memory and results in save_store.c. */
 #ifndef SD_SAVE_H
 #define SD_SAVE_H
 
@@ -6,7 +7,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "ops.h"
+#include "daemon.h"
 #include "region.h"
 #include "sd_format.h"
 #include "sd_nameidx.h"
@@ -50,7 +51,7 @@ enum { SD_RANK_NONE, SD_RANK_BEGUN, SD_RANK_SEALED };
 typedef struct {
   int state;
   int declared;            /* no more puts or files ("declared", or sealed) */
-  struct sd_session *sess; /* NULL once disconnected */
+  void *owner;             /* the owner's handle of this rank (a connection); NULL once gone */
   sd_region **regions;     /* one reference each, held until the save ends */
   size_t nregions, cap;
   uint64_t bytes;
@@ -59,7 +60,7 @@ typedef struct {
 } sd_rank;
 
 typedef struct sd_waiter {
-  struct sd_session *sess;
+  void *owner;             /* the owner's handle of who waits */
   json_t *id;
   struct sd_waiter *next;
 } sd_waiter;
@@ -140,12 +141,56 @@ typedef struct {
   int deferred;            /* region bytes put in place later ("ready" or seal) */
 } sd_put_args;
 
+/* ------------------------------------------------------------------------ *
+ * What the core tells those above it. The saves' owner (the protocol layer)
+ * hears about its handles; a save spanning several nodes carries the hooks of
+ * the multi-node layer. Both tables are set in sd_daemon by main.
+ * ------------------------------------------------------------------------ */
+typedef struct sd_save_owner_ops {
+  /* The rank `owner` already plays in save, or -1. */
+  int (*rank_of)(const void *owner, const struct sd_save *save);
+  /* owner becomes rank `rank` of save; nonzero (out of memory) refuses the join. */
+  int (*joined)(void *owner, struct sd_save *save, uint32_t rank);
+  /* The save ended: owner is no longer one of its ranks. */
+  void (*left)(void *owner, struct sd_save *save);
+  /* owner's rank may let go of its shared memory: the save no longer reads it. */
+  void (*released)(void *owner, const struct sd_save *save);
+  /* A waiter's answer (reference stolen; NULL when out of memory): its wait is over. */
+  void (*waited)(void *owner, json_t *reply);
+} sd_save_owner_ops;
+
+typedef struct sd_save_ext_ops {
+  /* A new save with nnodes > 1: joins the leader (or leads), sets save->cl. */
+  int (*attach)(struct sd_save *save, const sd_begin_args *a, sd_error *err);
+  /* A joining rank must agree on nnodes, node_rank, leader and write_mode (any save). */
+  int (*join_check)(const struct sd_save *save, const sd_begin_args *a, sd_error *err);
+  /* Every rank declared or sealed: the slice descriptions go to the leader. */
+  void (*sealed)(struct sd_save *save);
+  /* The save failed (save->err is set): 1 while writes are still in flight,
+   * the save is then finished (sd_save_finish) once they stop. */
+  int (*fail)(struct sd_save *save);
+  /* The save is being freed: let go of save->cl. */
+  void (*detach)(struct sd_save *save);
+  /* What `wait` reports for a committed save. */
+  void (*result)(const struct sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes);
+  uint64_t (*bytes_written)(const struct sd_save *save);
+  /* Bytes of this node's slices streamed to other nodes, for the summary line. */
+  uint64_t (*bytes_forwarded)(const struct sd_save *save);
+} sd_save_ext_ops;
+
+/* Who asks to begin: the owner's handle and what decides its rights. */
+typedef struct {
+  void *owner;
+  uid_t uid;
+  int trusted;             /* a member of trusted_group: may overwrite any checkpoint */
+} sd_joiner;
+
+/* Upper bounds (seconds) of the save duration histogram in sd_counters. */
+extern const double sd_save_duration_buckets[SD_DURATION_NBUCKETS];
+
 sd_save *sd_save_find(sd_daemon *d, const char *id);
 const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id);
-/* The rank s plays in save, or -1. */
-int sd_save_rank_of(const sd_save *save, const struct sd_session *s);
-
-int sd_save_begin(sd_daemon *d, struct sd_session *s, const sd_begin_args *a, sd_error *err);
+int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_error *err);
 /* A disagreement on dtype/shape/index fails the whole save with `mismatch`. */
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err);
 /* Takes over data (freed on failure too). */
@@ -165,21 +210,28 @@ void sd_save_maybe_start(sd_save *save);
 /* Fails the save for every rank; the first error wins. */
 void sd_save_fail(sd_save *save, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void sd_save_fail_err(sd_save *save, const sd_error *err);
-/* Registers a waiter for the end of the save (id is borrowed). */
-int sd_save_add_waiter(sd_save *save, struct sd_session *s, json_t *id, sd_error *err);
+/* Registers a waiter for the end of the save (id is borrowed); it hears
+ * through the owner's `waited`. */
+int sd_save_add_waiter(sd_save *save, void *owner, json_t *id, sd_error *err);
 
-/* Connection s is going away: unsealed ranks fail with client_lost, sealed
- * ones lose their session, its waiters are dropped. */
-void sd_save_session_gone(sd_daemon *d, struct sd_session *s);
+/* The owner's handle is going away: its waiters are dropped (how many is
+ * returned), then each of its ranks is forgotten (sd_save_rank_forget) and,
+ * when the save still lives, lost (sd_save_rank_lost). */
+size_t sd_save_drop_waiters(sd_daemon *d, const void *owner);
+void sd_save_rank_forget(sd_save *save, uint32_t rank);
+/* An unsealed rank of a live save fails it with client_lost. */
+void sd_save_rank_lost(sd_daemon *d, sd_save *save, uint32_t rank);
 /* Shutdown: every save in flight fails with shutting_down. */
 void sd_save_fail_all(sd_daemon *d, int code, const char *why);
 /* Multi-node saves end through these (cluster.c): err NULL and final_path
  * set commits, otherwise the save's error stands. */
 void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path);
-/* Sends "released" to the ranks once: their shared memory is no longer read. */
+/* Tells the ranks "released" once (the owner's `released`): their shared memory is no longer read. */
 void sd_save_released(sd_save *save);
 
 uint64_t sd_save_bytes_planned(const sd_save *save);
+/* Saves writing now and the bytes they have still to write. */
+void sd_save_writing_totals(const sd_daemon *d, uint64_t *writing, uint64_t *pending);
 uint64_t sd_save_bytes_written(const sd_save *save);
 const char *sd_save_state_name(const sd_save *save);
 

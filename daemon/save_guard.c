@@ -3,7 +3,6 @@
 
 #include "owner.h"
 #include "save_guard.h"
-#include "session.h"
 
 /* Inline bytes live in the daemon's memory until the save ends: capped per
  * save and daemon-wide, so one client cannot grow the daemon without bound. */
@@ -36,21 +35,21 @@ void sd_save_inline_release(sd_save *save) {
 
 /* overwrite replaces only what the caller's uid committed: the daemon
  * writes every checkpoint, so the file system cannot tell users apart. */
-int sd_save_may_overwrite(sd_daemon *d, const sd_session *s, const char *dir, sd_error *err) {
+int sd_save_may_overwrite(sd_daemon *d, uid_t uid, int trusted_member, const char *dir, sd_error *err) {
   int found = 0;
   uid_t owner = 0;
   int rc = sd_owner_of(d->root_fd, dir, &found, &owner, err);
   if (rc) return rc;
   long trusted = d->cfg ? d->cfg->trusted_gid : -1;
-  if (sd_session_in_group(s, trusted)) return 0;
-  if (found && owner == s->uid) return 0;
+  if (trusted_member) return 0;
+  if (found && owner == uid) return 0;
   if (found)
     return sd_fail(err, SHARDD_E_PERMISSION,
                    "'%s' was committed by uid %u; uid %u may not overwrite it (only its owner%s may)", dir,
-                   (unsigned)owner, (unsigned)s->uid, trusted >= 0 ? " or members of trusted_group" : "");
+                   (unsigned)owner, (unsigned)uid, trusted >= 0 ? " or members of trusted_group" : "");
   /* Made before owners were recorded, or not by shardd: only who could replace it by hand anyway. */
-  if (s->uid == 0 || s->uid == geteuid()) return 0;
+  if (uid == 0 || uid == geteuid()) return 0;
   return sd_fail(err, SHARDD_E_PERMISSION,
                  "'%s' has no recorded owner; uid %u may not overwrite it (only root, the daemon's uid %u%s may)",
-                 dir, (unsigned)s->uid, (unsigned)geteuid(), trusted >= 0 ? " or members of trusted_group" : "");
+                 dir, (unsigned)uid, (unsigned)geteuid(), trusted >= 0 ? " or members of trusted_group" : "");
 }

@@ -4,8 +4,6 @@
 
 #include "save.h"
 
-struct sd_session;
-
 /* limit_exceeded naming max_inline_bytes_per_save or max_inline_bytes when
  * len more inline bytes would pass it; `what` ("tensor", "file") and `name`
  * say whose bytes in the message. */
@@ -14,9 +12,9 @@ int sd_save_inline_check(const sd_save *save, const char *what, const char *name
 void sd_save_inline_add(sd_save *save, uint64_t len);
 /* The save ends: its bytes no longer count. */
 void sd_save_inline_release(sd_save *save);
-/* permission_denied unless s may replace ROOT/dir (which exists): its
+/* permission_denied unless uid may replace ROOT/dir (which exists): its
  * recorded owner, a member of trusted_group, or, for a folder without an
  * owner, root or the daemon's uid. */
-int sd_save_may_overwrite(sd_daemon *d, const struct sd_session *s, const char *dir, sd_error *err);
+int sd_save_may_overwrite(sd_daemon *d, uid_t uid, int trusted_member, const char *dir, sd_error *err);
 
 #endif

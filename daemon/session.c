@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "metrics.h"
 #include "save.h"
 #include "sd_msg.h"
 #include "session.h"
@@ -26,6 +25,7 @@ typedef struct {
 static void pump(sd_session *s);
 static void maybe_finish(sd_session *s);
 static void on_closed(uv_handle_t *h);
+static void saves_forget(sd_daemon *d, sd_session *s);
 
 /* Pausing starts below the output cap, so a client that merely reads
  * slowly is throttled long before it could be dropped. */
@@ -150,7 +150,7 @@ void sd_session_send(sd_session *s, json_t *msg) {
 static void on_closed(uv_handle_t *h) {
   sd_session *s = h->data;
   sd_daemon *d = s->d;
-  sd_save_session_gone(d, s);
+  saves_forget(d, s);
   sd_region_table_clear(&s->regions);
   sd_linebuf_free(&s->lb);
   free(s->groups);
@@ -192,15 +192,19 @@ static void maybe_finish(sd_session *s) {
   if (s->eof_handled && !s->closing && !s->pumping && s->pending_waits == 0) sd_session_close(s);
 }
 
-void sd_session_wait_done(sd_session *s) {
-  if (s->pending_waits) s->pending_waits--;
-  maybe_finish(s);
+/* ------------------------------------------------------------------------ *
+ * What the save core tells this connection, as its ranks and waiters
+ * ------------------------------------------------------------------------ */
+int sd_session_rank_of(const sd_session *s, const struct sd_save *save) {
+  for (size_t i = 0; i < s->nmembers; i++)
+    if (s->members[i].save == save) return (int)s->members[i].rank;
+  return -1;
 }
 
-/* ------------------------------------------------------------------------ *
- * Membership
- * ------------------------------------------------------------------------ */
-int sd_session_add_member(sd_session *s, struct sd_save *save, uint32_t rank) {
+static int owner_rank_of(const void *owner, const struct sd_save *save) { return sd_session_rank_of(owner, save); }
+
+static int owner_joined(void *owner, struct sd_save *save, uint32_t rank) {
+  sd_session *s = owner;
   if (s->nmembers == s->mcap) {
     size_t ncap = s->mcap ? s->mcap * 2 : 4;
     sd_member *nm = realloc(s->members, ncap * sizeof *nm);
@@ -214,13 +218,47 @@ int sd_session_add_member(sd_session *s, struct sd_save *save, uint32_t rank) {
   return 0;
 }
 
-void sd_session_remove_member(sd_session *s, struct sd_save *save) {
+static void owner_left(void *owner, struct sd_save *save) {
+  sd_session *s = owner;
   for (size_t i = 0; i < s->nmembers; i++) {
     if (s->members[i].save == save) {
       s->members[i] = s->members[--s->nmembers];
       return;
     }
   }
+}
+
+static void owner_released(void *owner, const struct sd_save *save) {
+  sd_session_send(owner, sd_msg_event("released", save->id));
+}
+
+static void owner_waited(void *owner, json_t *reply) {
+  sd_session *s = owner;
+  if (reply) sd_session_send(s, reply);
+  if (s->pending_waits) s->pending_waits--;
+  maybe_finish(s);
+}
+
+const sd_save_owner_ops sd_session_save_owner = {
+    .rank_of = owner_rank_of,
+    .joined = owner_joined,
+    .left = owner_left,
+    .released = owner_released,
+    .waited = owner_waited,
+};
+
+/* The connection is closing: its waits are dropped, its unsealed ranks lost. */
+static void saves_forget(sd_daemon *d, sd_session *s) {
+  size_t dropped = sd_save_drop_waiters(d, s);
+  s->pending_waits = s->pending_waits > dropped ? s->pending_waits - (unsigned)dropped : 0;
+  /* Work on a copy: failing a save edits membership lists. */
+  size_t n = s->nmembers;
+  sd_member *m = s->members;
+  s->members = NULL;
+  s->nmembers = s->mcap = 0;
+  for (size_t i = 0; i < n; i++) sd_save_rank_forget(m[i].save, m[i].rank);
+  for (size_t i = 0; i < n; i++) sd_save_rank_lost(d, m[i].save, m[i].rank);
+  free(m);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -281,7 +319,7 @@ static void pump(sd_session *s) {
     }
     s->partial_since = 0;
     s->spoke = 1;
-    sd_ops_dispatch(s, line, len);
+    s->d->on_request(s, line, len);
   }
   s->pumping = 0;
   flush(s);
@@ -520,6 +558,6 @@ void sd_session_accept(sd_daemon *d, int fd) {
   sweep_start(d);
   sd_log_debug("client %llu connected (pid %d, uid %u)", (unsigned long long)s->id, (int)s->pid,
                (unsigned)s->uid);
-  sd_metrics_connection();
+  d->counters.connections++;
   read_start(s);
 }

@@ -7,7 +7,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "ops.h"
+#include "daemon.h"
 #include "region.h"
 #include "sd_linebuf.h"
 
@@ -57,10 +57,11 @@ void sd_session_close(sd_session *s);
 /* Closes every session (shutdown). */
 void sd_session_close_all(sd_daemon *d);
 
-int sd_session_add_member(sd_session *s, struct sd_save *save, uint32_t rank);
-void sd_session_remove_member(sd_session *s, struct sd_save *save);
-/* A pending wait was answered or dropped: an idle half-closed peer is closed. */
-void sd_session_wait_done(sd_session *s);
+
+/* The rank s plays in save, or -1. */
+int sd_session_rank_of(const sd_session *s, const struct sd_save *save);
+/* What the save core tells the connections that are its ranks and waiters (main wires it). */
+extern const struct sd_save_owner_ops sd_session_save_owner;
 
 /* 1 when the peer's primary or supplementary groups include gid (gid < 0: none configured). */
 int sd_session_in_group(const sd_session *s, long gid);

@@ -1,0 +1,64 @@
+/* The leader's state, shared by its protocol (cluster_lead.c) and its folder work on worker threads (cluster_lead_fs.c). */
+#ifndef SD_CLUSTER_LEAD_INT_H
+#define SD_CLUSTER_LEAD_INT_H
+
+#include "cluster_int.h"
+
+typedef enum { L_COLLECT, L_PREPARE, L_WRITE, L_FINISH, L_FAILED } lstate;
+enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
+
+typedef struct {
+  int joined, local, done;
+  sd_peer *link;
+  char tok[17];
+  char addr[SD_PEER_ADDR_MAX];
+  char name[SD_PEER_NAME_MAX + 1];
+  uint64_t b_local, b_fwd, b_recv;
+} lnode;
+
+typedef struct sd_lead {
+  struct sd_lead *next;
+  sd_cluster *cl;
+  char *id;
+  char cid[17];
+  char *dir, *prefix;
+  uint64_t mss;
+  sd_kv *md;
+  size_t nmd;
+  int overwrite;
+  int has_owner;           /* node 0's join named the uid that began the save */
+  uid_t owner_uid;         /* recorded on the folder, as a one-node save does */
+  uint32_t ws, nnodes;
+  sd_write_mode mode;
+  lnode *nodes;
+  int32_t *rank_node;
+  uint32_t nsealed, njoined, ndone;
+  sd_cmanifest man;
+  sd_cplan plan;
+  int planned;
+  char *tmp;
+  lstate state;
+  int busy;                /* a file-system job is running in the thread pool */
+  int parent_fd, tmp_made, renamed;
+  unsigned created;
+  unsigned file_mode, dir_mode;
+  sd_error err;
+  uint64_t forget_at, t0;
+} sd_lead;
+
+typedef struct {
+  uv_work_t req;
+  sd_lead *L;
+  int kind;
+  int root_fd;
+  sd_error err;
+} fsjob;
+
+/* Runs one fsjob (req->data) on a worker thread: only the job's own fields
+ * and its leader's folder are touched; the result is left in j->err. */
+void sd_lead_fs_work(uv_work_t *req);
+/* A JOB_CLEANUP's work: the unpublished temporary folder and the parents the
+ * leader made go (also run on the loop thread at shutdown). */
+int sd_lead_fs_cleanup(fsjob *j);
+
+#endif

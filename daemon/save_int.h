@@ -1,0 +1,18 @@
+/* What the save core's files (save.c, save_end.c, save_store.c) share and nobody above them sees. */
+#ifndef SD_SAVE_INT_H
+#define SD_SAVE_INT_H
+
+#include "save.h"
+
+/* 1 while save is still in the daemon's table (a callback may have ended it). */
+int sd_save_alive(sd_daemon *d, const sd_save *save);
+/* A new save from a's fields (copied), in no table yet; NULL when out of memory. */
+sd_save *sd_save_new(sd_daemon *d, const sd_begin_args *a);
+/* Lets go of everything the save holds, the multi-node part included. */
+void sd_save_free(sd_save *save);
+/* Out of the daemon's table: its id is free for a new save. */
+void sd_save_unlink(sd_daemon *d, sd_save *save);
+/* Keeps r (its strings taken over) for late waits, dropping the oldest past keep_results. */
+void sd_save_history_push(sd_daemon *d, sd_save_result *r);
+
+#endif
