@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Who calls whom between source files, read from the built objects: cycles and floor breaches."""
-# Reads `nm` of every object of the daemon, proto and client libraries in a meson build tree.
+# Reads `nm` of every object of daemon/, proto/ and client/ in a meson build tree.
 # An edge A -> B means A's object uses a symbol that B's object defines. A cycle (two files that
 # reach each other) or an edge that climbs to a higher floor is printed and fails the check.
 import collections
@@ -39,7 +39,7 @@ def objects(build):
         if rel.startswith(("meson-private", "tests", "build-")):
             continue
         for f in files:
-            if f.endswith(".c.o") and rel.split(os.sep)[0] in ("daemon", "proto"):
+            if f.endswith(".c.o") and rel.split(os.sep)[0] in ("daemon", "proto", "client"):
                 path = os.path.join(root, f)
                 # meson names objects DIR/libX.a.p/SUBDIR_FILE.c.o or FILE.c.o
                 yield path
@@ -47,7 +47,7 @@ def objects(build):
 
 def source_name(obj):
     base = os.path.basename(obj)[:-len(".c.o")]
-    top = "daemon" if "/daemon/" in obj else "proto"
+    top = next((t for t in ("daemon", "client", "proto") if f"/{t}/" in obj), "proto")
     base = base.split("_", 1)[1] if base.startswith(top + "_") else base
     return f"{top}/{base}"
 
