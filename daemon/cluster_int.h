@@ -8,7 +8,7 @@
 
 #include "cluster.h"
 #include "cluster_plan.h"
-#include "ops.h"
+#include "daemon.h"
 #include "peer.h"
 #include "save.h"
 #include "writer.h"

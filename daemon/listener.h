@@ -2,13 +2,13 @@
 #ifndef SD_LISTENER_H
 #define SD_LISTENER_H
 
-#include "ops.h"
+#include "daemon.h"
 #include "sd_error.h"
 
 #define SD_SOCKET_MODE 0660
 
 /* Binds d->cfg->socket_path (removing a stale socket nobody listens on) and
- * starts accepting into sessions. */
+ * starts accepting: each connection goes to d->on_client. */
 int sd_listener_open(sd_daemon *d, sd_error *err);
 /* Accepts on fd, a listening Unix socket passed by systemd socket
  * activation; its file is left in place on close (systemd owns it). */
