@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "sd_confline.h"
 #include "shardd/shardd.h"
 
 /* ------------------------------------------------------------------------ *
@@ -316,13 +317,11 @@ int sd_config_defaults(sd_config *c, sd_error *err) {
 /* ------------------------------------------------------------------------ *
  * The config file's text (pure)
  * ------------------------------------------------------------------------ */
-static int is_blank(char ch) { return ch == ' ' || ch == '\t' || ch == '\r'; }
-
 int sd_config_parse_text(sd_config *c, const char *text, size_t len, const char *file, unsigned *lines,
                          sd_error *err) {
   unsigned *seen = calloc(sd_config_nkeys, sizeof *seen);
   if (!seen) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
-  char line[4096];
+  char line[4096], why[256];
   unsigned lineno = 0;
   int rc = 0;
   for (size_t pos = 0; pos < len && !rc;) {
@@ -341,31 +340,15 @@ int sd_config_parse_text(sd_config *c, const char *text, size_t len, const char 
     memcpy(line, text + pos, n);
     line[n] = '\0';
     pos += n + 1;
-    /* A comment starts at '#' at the start of the line or after a blank;
-     * a '#' inside a value (a path) stays. */
-    for (size_t i = 0; i < n; i++) {
-      if (line[i] == '#' && (i == 0 || is_blank(line[i - 1]))) {
-        line[i] = '\0';
-        n = i;
-        break;
-      }
-    }
-    while (n && is_blank(line[n - 1])) line[--n] = '\0';
-    char *s = line;
-    while (is_blank(*s)) s++;
-    if (!*s) continue;
-    char *eq = strchr(s, '=');
-    if (!eq) {
-      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: expected 'key = value', got '%.200s'", file, lineno, s);
+    char *s = NULL, *value = NULL;
+    sd_conf_line_kind kind = sd_conf_line(line, &s, &value, why, sizeof why);
+    if (kind == SD_CONF_BLANK) continue;
+    if (kind == SD_CONF_BAD_LINE) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: %s", file, lineno, why);
       break;
     }
-    char *kend = eq;
-    while (kend > s && is_blank(kend[-1])) kend--;
-    *kend = '\0';
-    char *value = eq + 1;
-    while (is_blank(*value)) value++;
-    if (!*s) {
-      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: a key is missing before '='", file, lineno);
+    if (kind == SD_CONF_BAD_VALUE) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s:%u: key '%.200s': %s", file, lineno, s, why);
       break;
     }
     const sd_config_key *k = sd_config_find_key(s);
@@ -569,9 +552,11 @@ static void print_effective(const sd_config *c, FILE *out) {
   fprintf(out, "# shardd %s effective settings; config file: %s\n", SHARDD_VERSION_STRING,
           c->config_path ? c->config_path : "none");
   for (size_t i = 0; i < sd_config_nkeys; i++) {
-    char v[PATH_MAX + 64];
+    /* Quoted where the plain reading would not give it back: the output is a valid file. */
+    char v[PATH_MAX + 64], q[2 * sizeof v + 3];
     sd_config_format(c, &sd_config_keys[i], v, sizeof v);
-    fprintf(out, "%s =%s%s\n", sd_config_keys[i].name, *v ? " " : "", v);
+    sd_conf_quote(v, q, sizeof q);
+    fprintf(out, "%s =%s%s\n", sd_config_keys[i].name, *q ? " " : "", q);
   }
 }
 

@@ -124,8 +124,10 @@ int sd_config_defaults(sd_config *c, sd_error *err);
 /* Sets one key from text; err says what is wrong with the value. */
 int sd_config_set(sd_config *c, const sd_config_key *k, const char *value, sd_error *err);
 /* Applies a config file's text: `key = value` lines, blank lines, and
- * comments from a '#' at the start of a line or after a blank. Unknown keys,
- * lines without '=', repeated keys and bad values are errors naming
+ * comments from a '#' at the start of a line or after a blank; a value in
+ * double or single quotes is the text inside them (proto/sd_confline.h,
+ * shardd.conf(5)). Unknown keys, lines without '=', an unclosed quote, text
+ * after a closing quote, repeated keys and bad values are errors naming
  * "FILE:LINE" and the key. lines[i] (may be NULL) gets the line that set key i. */
 int sd_config_parse_text(sd_config *c, const char *text, size_t len, const char *file,
                          unsigned *lines, sd_error *err);

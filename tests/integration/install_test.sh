@@ -21,7 +21,7 @@ meson install -C "$build" --no-rebuild --quiet --destdir "$dest" > "$tmp/install
 find "$dest" \( -type f -o -type l \) | sed "s|^$dest||" | sort > "$tmp/files"
 for want in /sbin/shardd /bin/shardctl /include/shardd/shardd.h /pkgconfig/shardd.pc \
             /libshardd.so /libshardd.so.0 /libshardd.so.0.1.0 \
-            /man8/shardd.8 /man1/shardctl.1 /man7/shardd-protocol.7 \
+            /man8/shardd.8 /man5/shardd.conf.5 /man1/shardctl.1 /man7/shardd-protocol.7 \
             /systemd/system/shardd.service /systemd/system/shardd.socket \
             /sysusers.d/shardd.conf /tmpfiles.d/shardd.conf /etc/shardd/shardd.conf; do
   grep -q -- "$want\$" "$tmp/files" || { cat "$tmp/files"; fail "nothing installed as *$want"; }

@@ -89,6 +89,33 @@ Test(config, check_config_names_file_line_and_key) {
   cr_assert(!h_exists(H.sock), "a daemon with a bad config still bound its socket");
 }
 
+/* shardd.conf(5): a value in quotes is the text inside them, or the file is refused; never kept with its quotes. */
+Test(config, quoted_values_are_unquoted_or_refused) {
+  char conf[PATH_MAX], text[4 * PATH_MAX], want[2 * PATH_MAX];
+  o_path(conf, sizeof conf, "quoted.conf");
+  snprintf(text, sizeof text, "root = \"%s\"  # quoted\nnode_name = 'n #1'\n", H.root);
+  o_write(conf, text);
+  int st = o_run(out, sizeof out, NULL, shardd_bin(), "--check-config", "--config", conf, (char *)NULL);
+  cr_assert(o_exited(st, 0), "a quoted root is refused (0x%x):\n%s", st, out);
+  snprintf(want, sizeof want, "\nroot = %s\n", H.root);
+  cr_assert(strstr(out, want), "the root kept its quotes:\n%s", out);
+  /* Printed quoted where the plain reading would cut it: the output is a valid file too. */
+  cr_assert(strstr(out, "\nnode_name = \"n #1\"\n"), "%s", out);
+
+  o_write(conf, "queue_depth = 8\nroot = \"/data/ckpt\n");
+  st = o_run(out, sizeof out, NULL, shardd_bin(), "--check-config", "--config", conf, (char *)NULL);
+  cr_assert(o_exited(st, 1), "an unclosed quote is accepted:\n%s", out);
+  snprintf(want, sizeof want, "%s:2: key 'root': the value opens a double quote that is not closed", conf);
+  cr_assert(strstr(out, want), "error does not say '%s':\n%s", want, out);
+
+  o_write(conf, "root = \"/data\"/ckpt\n");
+  st = o_run(out, sizeof out, NULL, shardd_bin(), "--config", conf, "--socket", H.sock, (char *)NULL);
+  cr_assert(o_exited(st, 1), "text after a closing quote is accepted:\n%s", out);
+  snprintf(want, sizeof want, "%s:1: key 'root': text after the closing quote: '/ckpt'", conf);
+  cr_assert(strstr(out, want), "error does not say '%s':\n%s", want, out);
+  cr_assert(!h_exists(H.sock), "a daemon with a bad config still bound its socket");
+}
+
 Test(config, missing_file_bad_flag_and_unknown_option) {
   char conf[PATH_MAX];
   o_path(conf, sizeof conf, "absent.conf");
@@ -237,9 +264,13 @@ Test(config, every_key_documented_in_shipped_file_and_man_page) {
   snprintf(path, sizeof path, "%s/etc/shardd.conf.in", src);
   char *conf = h_slurp(path, NULL);
   cr_assert_not_null(conf, "cannot read %s", path);
-  snprintf(path, sizeof path, "%s/doc/man/shardd.8", src);
+  snprintf(path, sizeof path, "%s/doc/man/shardd.conf.5", src);
   char *man = h_slurp(path, NULL);
   cr_assert_not_null(man, "cannot read %s", path);
+  snprintf(path, sizeof path, "%s/doc/man/shardd.8", src);
+  char *man8 = h_slurp(path, NULL);
+  cr_assert_not_null(man8, "cannot read %s", path);
+  cr_assert(strstr(man8, ".BR shardd.conf (5)"), "shardd.8 does not point to shardd.conf(5)");
   /* Defaults only (an empty file): the values the docs must show. */
   char empty[PATH_MAX];
   o_write(o_path(empty, sizeof empty, "empty.conf"), "");
@@ -267,12 +298,27 @@ Test(config, every_key_documented_in_shipped_file_and_man_page) {
       cr_assert(strstr(para, def) || strstr(para, "Defaults:"), "etc/shardd.conf.in: '%s' lacks '%s'", key, def);
       free(para);
     }
-    /* shardd.8 lists each key as a ".TP" entry, ".B key", in CONFIGURATION. */
-    char want[400];
+    /* shardd.conf.5 lists each key as a ".TP" entry, ".B key", then its flag. */
+    char want[400], flag[400];
     snprintf(want, sizeof want, "\n.B %s\n", key);
-    cr_assert(strstr(man, want), "shardd.8 does not document key '%s' (as '.B %s')", key, key);
+    char *entry = strstr(man, want);
+    cr_assert(entry, "shardd.conf.5 does not document key '%s' (as '.B %s')", key, key);
+    size_t j = 0;
+    j += (size_t)snprintf(flag, sizeof flag, "\\-\\-");
+    for (const char *p = key; *p && j + 3 < sizeof flag; p++) {
+      if (*p == '_') j += (size_t)snprintf(flag + j, sizeof flag - j, "\\-");
+      else flag[j++] = *p;
+    }
+    flag[j] = '\0';
+    char *next = strstr(entry + 1, "\n.TP\n");
+    size_t n = next ? (size_t)(next - entry) : strlen(entry);
+    char *para = strndup(entry, n);
+    cr_assert(strstr(para, flag), "shardd.conf.5: key '%s' does not name its flag %s", key, flag);
+    cr_assert(strstr(para, "Default"), "shardd.conf.5: key '%s' does not give its default", key);
+    free(para);
   }
   cr_assert_geq(keys, 9, "--check-config printed only %d keys:\n%s", keys, out);
   free(conf);
   free(man);
+  free(man8);
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "sd_confline.h"
 
 static sd_config c;
 static sd_error err;
@@ -109,6 +110,80 @@ Test(conffile, empty_string_value_allowed_where_it_means_none) {
   cr_assert_str_eq(c.socket_group, "");
   cr_assert_eq(parse("socket_group = # nothing\n", NULL), 0, "%s", err.msg);
   cr_assert_str_eq(c.socket_group, "");
+}
+
+/* ------------------------------------------------------------------------ *
+ * Quoted values (shardd.conf(5)): the text inside the quotes, or an error
+ * ------------------------------------------------------------------------ */
+Test(conffile, double_quoted_value_is_the_text_inside) {
+  cr_assert_eq(parse("root = \"/data/ckpt\"\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.root, "/data/ckpt", "the quotes were kept");
+  cr_assert_eq(parse("root = \"/data/my ckpt #2\"   # a comment after the quote\r\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.root, "/data/my ckpt #2", "a quoted ' #' is not a comment");
+  cr_assert_eq(parse("node_name=\"  padded  \"\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.node_name, "  padded  ", "blanks inside quotes are kept");
+  cr_assert_eq(parse("queue_depth = \"12\"\nsocket_mode = \"0600\"\nlog_level = \"debug\"\n", NULL), 0, "%s",
+               err.msg);
+  cr_assert_eq(c.queue_depth, 12, "a quoted number is a number");
+  cr_assert_eq(c.socket_mode, 0600);
+  cr_assert_eq(c.log_level, SD_LOG_DEBUG);
+}
+
+Test(conffile, double_quotes_take_backslash_escapes) {
+  cr_assert_eq(parse("node_name = \"a\\\"b\\\\c\"\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.node_name, "a\"b\\c");
+  cr_assert_neq(parse("node_name = \"a\\nb\"\n", NULL), 0, "an unknown escape is accepted");
+  cr_assert_str_eq(err.msg, "f.conf:1: key 'node_name': unknown escape '\\n' in a double-quoted value"
+                            " (only \\\" and \\\\ are escapes)");
+}
+
+Test(conffile, single_quotes_are_literal) {
+  cr_assert_eq(parse("root = '/data/a\\b \"c\"'\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.root, "/data/a\\b \"c\"");
+  cr_assert_eq(parse("socket_group = ''\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.socket_group, "", "'' is the empty string");
+  cr_assert_neq(parse("root = \"\"\n", NULL), 0, "an empty quoted root is accepted");
+  cr_assert_str_eq(err.msg, "f.conf:1: key 'root': must not be empty");
+}
+
+Test(conffile, unterminated_quote_names_file_line_and_key) {
+  cr_assert_neq(parse("queue_depth = 3\nroot = \"/data/ckpt\n", NULL), 0, "an unclosed quote is accepted");
+  cr_assert_str_eq(err.msg, "f.conf:2: key 'root': the value opens a double quote that is not closed on the line");
+  cr_assert_neq(parse("root = '/data/ckpt\n", NULL), 0);
+  cr_assert_str_eq(err.msg, "f.conf:1: key 'root': the value opens a single quote that is not closed on the line");
+  cr_assert_neq(parse("root = \"/data/ckpt\\\"\n", NULL), 0, "an escaped quote must not close the value");
+  cr_assert(strstr(err.msg, "not closed"), "%s", err.msg);
+}
+
+Test(conffile, text_after_the_closing_quote_is_refused) {
+  cr_assert_neq(parse("\n\nroot = \"/data\"/ckpt\n", NULL), 0, "text after the quote is accepted");
+  cr_assert_str_eq(err.msg, "f.conf:3: key 'root': text after the closing quote: '/ckpt'");
+  cr_assert_neq(parse("root = \"/a\" \"/b\"  # two\n", NULL), 0);
+  cr_assert_str_eq(err.msg, "f.conf:1: key 'root': text after the closing quote: '\"/b\"'");
+  cr_assert_neq(parse("root = '/a'b\n", NULL), 0);
+  cr_assert(strstr(err.msg, "key 'root': text after the closing quote: 'b'"), "%s", err.msg);
+}
+
+Test(conffile, quotes_inside_an_unquoted_value_are_kept) {
+  cr_assert_eq(parse("root = /data/\"x\"\nnode_name = it's\n", NULL), 0, "%s", err.msg);
+  cr_assert_str_eq(c.root, "/data/\"x\"");
+  cr_assert_str_eq(c.node_name, "it's");
+}
+
+/* Values --check-config must quote to read back: blanks at the ends, a ' #', a leading quote. */
+Test(conffile, quote_for_the_printed_form) {
+  static const char *const vals[] = {"/plain/path#1", "", " lead", "trail ", "a #b", "\"q\"", "'s", "#x", "a\\\"b"};
+  for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+    char q[256], line[300];
+    size_t need = sd_conf_quote(vals[i], q, sizeof q);
+    cr_assert_eq(need, strlen(q), "%s", vals[i]);
+    snprintf(line, sizeof line, "node_name = %s\n", q);
+    cr_assert_eq(parse(line, NULL), 0, "%s: %s", line, err.msg);
+    cr_assert_str_eq(c.node_name, vals[i], "'%s' printed as %s", vals[i], q);
+  }
+  char q[64];
+  sd_conf_quote("/plain", q, sizeof q);
+  cr_assert_str_eq(q, "/plain", "a plain value is printed plain");
 }
 
 /* What --check-config prints reads back to the same settings. */
