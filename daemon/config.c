@@ -91,6 +91,9 @@ const sd_config_key sd_config_keys[] = {
                "peer connections not yet logged in at once; past it the oldest is closed"),
     SD_KEY_NUM("max_leader_saves", max_leader_saves, "64", 1, 1000000, SD_RELOAD,
                "multi-node saves this daemon leads at once, recently failed ones included"),
+    /* monitoring */
+    SD_KEY_STR("metrics_listen", metrics_listen, "", SD_FIXED,
+               "ADDR:PORT to serve Prometheus metrics over HTTP at /metrics (empty: off)"),
 };
 const size_t sd_config_nkeys = sizeof sd_config_keys / sizeof sd_config_keys[0];
 

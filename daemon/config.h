@@ -72,6 +72,8 @@ typedef struct sd_config {
   unsigned peer_handshake_timeout; /* seconds a peer connection has to log in */
   unsigned peer_max_unauth;        /* peer connections not logged in at once */
   unsigned max_leader_saves;       /* leader states (cluster_lead.c), failed ones kept for late nodes included */
+  /* monitoring */
+  char *metrics_listen;    /* "ADDR:PORT" serving GET /metrics (metrics_http.c); "" (default): off */
 
   /* ---- derived; not keys ---- */
   char *config_path;       /* the file read, NULL when none */

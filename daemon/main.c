@@ -14,6 +14,7 @@
 #include "listener.h"
 #include "log.h"
 #include "metrics.h"
+#include "metrics_http.h"
 #include "ops.h"
 #include "pathsafe.h"
 #include "publish.h"
@@ -31,6 +32,7 @@ static uv_timer_t watchdog_timer, status_timer;
 static int idle_done, activated;
 static char socket_shown[PATH_MAX]; /* what the daemon listens on, for logs */
 static char last_status[256];
+static sd_metrics_http *metrics_http; /* GET /metrics, with metrics_listen */
 
 /* ------------------------------------------------------------------------ *
  * Logging and systemd notifications
@@ -118,6 +120,9 @@ static void on_signal(uv_signal_t *h, int signum) {
               d->nsessions);
   d->shutting_down = 1;
   d->on_idle = on_idle;
+  /* First: its thread is joined while the loop still runs to close its handle. */
+  sd_metrics_http_stop(metrics_http);
+  metrics_http = NULL;
   sd_listener_close(d);
   sd_save_fail_all(d, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   if (d->nsaves == 0) on_idle(d);
@@ -232,6 +237,7 @@ int main(int argc, char **argv) {
     snprintf(socket_shown, sizeof socket_shown, "%s", cfg.socket_path);
   }
   if (sd_cluster_init(d, &err) != 0) goto fail; /* peer daemons, with --peer-listen */
+  if (*cfg.metrics_listen && sd_metrics_http_start(d, cfg.metrics_listen, &metrics_http, &err) != 0) goto fail;
 
   sd_log_info("shardd %s listening on %s, root %s%s%s", SHARDD_VERSION_STRING, socket_shown, cfg.root,
               cfg.config_path ? ", config " : "", cfg.config_path ? cfg.config_path : "");

@@ -310,9 +310,7 @@ static json_t *op_abort(sd_session *s, json_t *req, json_t *id) {
 /* ------------------------------------------------------------------------ *
  * status
  * ------------------------------------------------------------------------ */
-static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
-  sd_daemon *d = s->d;
-  json_t *m = sd_msg_ok(id);
+void sd_ops_status_fill(sd_daemon *d, json_t *m, int with_metrics) {
   json_t *saves = json_array();
   for (sd_save *v = d->saves; v; v = v->next) {
     json_t *o = json_object();
@@ -337,8 +335,13 @@ static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
                                              (json_int_t)d->counters.saves_failed, "bytes_written",
                                              (json_int_t)d->counters.bytes_committed));
   sd_cluster_status(d, m);
+  if (with_metrics) json_object_set_new(m, "metrics", d->metrics_view ? d->metrics_view(d) : json_object());
+}
+
+static json_t *op_status(sd_session *s, json_t *req, json_t *id) {
+  json_t *m = sd_msg_ok(id);
   /* Opt-in ("metrics": true) so a plain status stays short for people typing. */
-  if (json_is_true(json_object_get(req, "metrics"))) json_object_set_new(m, "metrics", d->metrics_view ? d->metrics_view(d) : json_object());
+  sd_ops_status_fill(s->d, m, json_is_true(json_object_get(req, "metrics")));
   return m;
 }
 

@@ -4,6 +4,7 @@
 shardd_packages=(
   build-essential pkg-config meson ninja-build
   libuv1-dev liburing-dev libjansson-dev libssl-dev
+  libmicrohttpd-dev                                          # metrics_listen: GET /metrics
   libcriterion-dev
   ncat python3 python3-numpy python3-torch
   python3-venv python3-pip python3-setuptools python3-wheel   # the pip-install test (tests/python)

@@ -1,4 +1,4 @@
-/* Observability through a real daemon: shardctl status (table and JSON), watch, Prometheus metrics (the writer's I/O too), the save summary line and the O_DIRECT fallback warning. */
+/* Observability through a real daemon: shardctl status (table and JSON), watch, Prometheus metrics (the writer's I/O too, and GET /metrics over HTTP), the save summary line and the O_DIRECT fallback warning. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <limits.h>
@@ -16,6 +16,10 @@
 #include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 
 #include "ops_util.h"
 
@@ -467,4 +471,149 @@ Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save)
   cr_assert_eq(log_count("writing buffered: "), 2, "one warning per save");
   h_shared_free(sc.sh);
   h_shared_free(sc2.sh);
+}
+
+/* ------------------------------------------------------------------------ *
+ * GET /metrics over HTTP (metrics_listen), read with a plain socket
+ * ------------------------------------------------------------------------ */
+TestSuite(metrics_http, .init = o_scratch, .fini = h_teardown, .timeout = 100);
+
+static char http[1 << 17];
+
+/* Sends req to 127.0.0.1:port and reads the whole answer (HTTP/1.0: the
+ * server closes) into http; returns the status code. */
+static int http_ask(unsigned port, const char *req) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  struct timeval tv = {20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "connect to port %u: %s", port, strerror(errno));
+  size_t n = strlen(req);
+  cr_assert_eq(write(fd, req, n), (ssize_t)n);
+  size_t got = 0;
+  for (;;) {
+    ssize_t r = read(fd, http + got, sizeof http - 1 - got);
+    cr_assert_geq(r, 0, "reading the answer: %s", strerror(errno));
+    if (r == 0) break;
+    got += (size_t)r;
+    cr_assert_lt(got, sizeof http - 1, "answer too long");
+  }
+  close(fd);
+  http[got] = '\0';
+  int code = 0;
+  cr_assert_eq(sscanf(http, "HTTP/1.%*d %d ", &code), 1, "not an HTTP answer: %.200s", http);
+  return code;
+}
+
+/* The "# TYPE" lines of Prometheus text, in order (malloc'd). */
+static char *type_lines(const char *text) {
+  char *out = calloc(1, strlen(text) + 1);
+  for (const char *p = strstr(text, "# TYPE "); p; p = strstr(p + 1, "\n# TYPE ")) {
+    if (*p == '\n') p++;
+    const char *nl = strchr(p, '\n');
+    strncat(out, p, nl ? (size_t)(nl - p) + 1 : strlen(p));
+  }
+  return out;
+}
+
+static unsigned metrics_port(void) {
+  char *log = o_log_wait("metrics: serving http://127.0.0.1:");
+  unsigned port = 0;
+  const char *at = strstr(log, "metrics: serving http://127.0.0.1:");
+  cr_assert_eq(sscanf(at, "metrics: serving http://127.0.0.1:%u/metrics", &port), 1, "%.200s", at);
+  free(log);
+  cr_assert_gt(port, 0);
+  return port;
+}
+
+Test(metrics_http, get_metrics_after_a_save_404_405_and_a_clean_stop) {
+  /* Set in the config file, quoted (shardd.conf(5)); port 0 picks a free one, logged. */
+  char conf[PATH_MAX];
+  o_write(o_path(conf, sizeof conf, "shardd.conf"), "metrics_listen = \"127.0.0.1:0\"\n");
+  o_start((const char *const[]){"--config", conf, NULL}, NULL);
+  unsigned port = metrics_port();
+
+  cr_assert_eq(http_ask(port, "GET /metrics HTTP/1.0\r\n\r\n"), 200, "%.300s", http);
+  cr_assert(strstr(http, "\nshardd_saves_total{result=\"committed\"} 0\n"), "%s", http);
+
+  const uint64_t st0[1] = {0}, ct[1] = {4};
+  cr_assert_eq(one_rank_save("http-1", st0, ct, 1), 0, "the save failed");
+
+  cr_assert_eq(http_ask(port, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n"), 200, "%.300s", http);
+  char *body = strstr(http, "\r\n\r\n");
+  cr_assert_not_null(body);
+  *body = '\0';
+  body += 4;
+  cr_assert(strstr(http, "Content-Type: text/plain; version=0.0.4"), "headers: %s", http);
+  cr_assert(strstr(body, "\nshardd_up 1\n"), "%s", body);
+  char want[256];
+  snprintf(want, sizeof want, "\nshardd_build_info{version=\"%s\"} 1\n", SHARDD_VERSION_STRING);
+  cr_assert(strstr(body, want), "no '%s' in:\n%s", want + 1, body);
+  cr_assert(strstr(body, "\nshardd_saves_total{result=\"committed\"} 1\n"), "%s", body);
+  cr_assert(strstr(body, "\nshardd_puts_total 1\n"), "%s", body);
+  cr_assert(strstr(body, "\nshardd_save_duration_seconds_count 1\n"), "%s", body);
+
+  /* The same families as shardctl metrics, plus the two a scrape target adds. */
+  int st = h_shardctl(out, sizeof out, "metrics", (char *)NULL);
+  cr_assert(o_exited(st, 0), "%s", out);
+  cr_assert(strstr(out, "\nshardd_saves_total{result=\"committed\"} 1\n"), "%s", out);
+  char *a = type_lines(body), *b = type_lines(out);
+  const char *extra = "# TYPE shardd_up gauge\n# TYPE shardd_build_info gauge\n";
+  cr_assert(strncmp(a, extra, strlen(extra)) == 0, "HTTP families start:\n%s", a);
+  cr_assert_str_eq(a + strlen(extra), b, "HTTP and shardctl families differ:\n%s\nvs\n%s", a, b);
+  free(a);
+  free(b);
+
+  /* Scrapes in a row each get an answer from the loop. */
+  for (int i = 0; i < 20; i++)
+    cr_assert_eq(http_ask(port, "GET /metrics HTTP/1.0\r\n\r\n"), 200, "scrape %d: %.300s", i, http);
+
+  cr_assert_eq(http_ask(port, "GET / HTTP/1.0\r\n\r\n"), 404, "%.300s", http);
+  cr_assert_eq(http_ask(port, "GET /metrics/x HTTP/1.0\r\n\r\n"), 404, "%.300s", http);
+  cr_assert_eq(http_ask(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n"), 405, "%.300s", http);
+  cr_assert(strstr(http, "Allow: GET, HEAD\r\n"), "%.300s", http);
+  cr_assert_eq(http_ask(port, "DELETE /metrics HTTP/1.0\r\n\r\n"), 405, "%.300s", http);
+  cr_assert_eq(http_ask(port, "HEAD /metrics HTTP/1.0\r\n\r\n"), 200, "%.300s", http);
+  cr_assert_null(strstr(http, "shardd_up"), "HEAD answered with a body: %.300s", http);
+
+  /* SIGTERM: a clean exit 0, and the port is closed. */
+  o_stop();
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_neq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0, "the metrics port still accepts after exit");
+  close(fd);
+}
+
+Test(metrics_http, off_by_default_and_a_bind_failure_names_the_address) {
+  o_start(NULL, NULL);
+  h_expect_serving();
+  cr_assert(!o_log_has("metrics: serving"), "metrics served without metrics_listen");
+  o_stop();
+
+  /* A port already taken: the daemon refuses to start, naming the address. */
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  cr_assert_eq(listen(fd, 1), 0);
+  socklen_t len = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)ntohs(sa.sin_port));
+  const char *bin = getenv("SHARDD");
+  int st = o_run(out, sizeof out, NULL, bin, "--root", H.root, "--socket", H.sock, "--metrics-listen", addr,
+                 (char *)NULL);
+  close(fd);
+  cr_assert(o_exited(st, 1), "started on a taken port (0x%x):\n%s", st, out);
+  char want[128];
+  snprintf(want, sizeof want, "cannot serve metrics on %s: Address already in use", addr);
+  cr_assert(strstr(out, want), "error does not say '%s':\n%s", want, out);
+  cr_assert(!h_exists(H.sock), "the client socket outlived a failed start");
+
+  st = o_run(out, sizeof out, NULL, bin, "--root", H.root, "--socket", H.sock, "--metrics-listen", "9477",
+             (char *)NULL);
+  cr_assert(o_exited(st, 1) && strstr(out, "metrics_listen '9477' must be HOST:PORT"), "%s", out);
 }

@@ -1,0 +1,168 @@
+/* Prometheus text exposition (version 0.0.4) of the daemon's status and metrics objects, for shardctl metrics and GET /metrics. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "sd_prom.h"
+
+static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
+
+static const char *str(const json_t *o, const char *key) {
+  const char *s = json_string_value(json_object_get(o, key));
+  return s ? s : "?";
+}
+
+static void prom_head(FILE *out, const char *name, const char *type, const char *help) {
+  fprintf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void prom_value(FILE *out, double v) {
+  if (v == (double)(uint64_t)v && v < 9e15) fprintf(out, "%llu\n", (unsigned long long)v);
+  else fprintf(out, "%.9g\n", v);
+}
+
+static void prom_simple(FILE *out, const char *name, const char *type, const char *help, double v) {
+  prom_head(out, name, type, help);
+  fprintf(out, "%s ", name);
+  prom_value(out, v);
+}
+
+/* Label values escape backslash, double quote and newline. */
+static void prom_label(FILE *out, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"') fprintf(out, "\\%c", *v);
+    else if (*v == '\n') fputs("\\n", out);
+    else fputc(*v, out);
+  }
+}
+
+static void print_prometheus(FILE *out, const json_t *st, const json_t *m) {
+  prom_head(out, "shardd_saves_total", "counter", "Saves that ended since the daemon started, by result.");
+  fprintf(out, "shardd_saves_total{result=\"committed\"} ");
+  prom_value(out, num(m, "saves_committed"));
+  fprintf(out, "shardd_saves_total{result=\"failed\"} ");
+  prom_value(out, num(m, "saves_failed"));
+  prom_head(out, "shardd_save_errors_total", "counter", "Failed saves by error code.");
+  const char *code;
+  json_t *v;
+  json_object_foreach((json_t *)json_object_get(m, "save_errors"), code, v) {
+    fprintf(out, "shardd_save_errors_total{code=\"");
+    prom_label(out, code);
+    fprintf(out, "\"} ");
+    prom_value(out, json_number_value(v));
+  }
+  prom_simple(out, "shardd_bytes_written_total", "counter", "Bytes of committed checkpoints (shard files).",
+              num(m, "bytes_written"));
+  prom_simple(out, "shardd_files_written_total", "counter", "Shard files of committed checkpoints.",
+              num(m, "files_written"));
+  prom_simple(out, "shardd_puts_total", "counter", "Slices accepted by put.", num(m, "puts"));
+  prom_simple(out, "shardd_put_bytes_total", "counter", "Bytes of the slices accepted by put.",
+              num(m, "bytes_put"));
+  prom_simple(out, "shardd_connections_total", "counter", "Client connections accepted.", num(m, "connections"));
+  prom_simple(out, "shardd_config_reloads_total", "counter", "SIGHUP reloads handled.", num(m, "reloads"));
+  prom_simple(out, "shardd_config_reload_failures_total", "counter", "SIGHUP reloads refused (invalid file).",
+              num(m, "reloads_failed"));
+  prom_simple(out, "shardd_clients", "gauge", "Open client connections.", num(m, "clients"));
+  prom_simple(out, "shardd_regions", "gauge", "Shared-memory regions mapped.", num(m, "regions"));
+  prom_simple(out, "shardd_saves_in_flight", "gauge", "Saves begun and not yet ended.", num(m, "saves_in_flight"));
+  prom_simple(out, "shardd_saves_writing", "gauge", "Saves whose files are being written.",
+              num(m, "saves_writing"));
+  prom_simple(out, "shardd_write_bytes_pending", "gauge", "Bytes of saves being written not yet written.",
+              num(m, "write_bytes_pending"));
+  prom_simple(out, "shardd_io_queue_depth", "gauge", "io_uring queue depth (entries).", num(m, "queue_depth"));
+
+  /* The writer's I/O and staging memory (absent from an older shardd). */
+  if (json_object_get(m, "writes_direct")) {
+    static const char *const modes[2] = {"direct", "buffered"};
+    static const char *const wkeys[2] = {"writes_direct", "writes_buffered"};
+    static const char *const bkeys[2] = {"write_bytes_direct", "write_bytes_buffered"};
+    prom_head(out, "shardd_writes_total", "counter",
+              "Data writes handed to io_uring, by mode (buffered: the file system refused O_DIRECT).");
+    for (int k = 0; k < 2; k++) {
+      fprintf(out, "shardd_writes_total{mode=\"%s\"} ", modes[k]);
+      prom_value(out, num(m, wkeys[k]));
+    }
+    prom_head(out, "shardd_write_bytes_total", "counter",
+              "Bytes the kernel took from data writes, by mode (direct ones include last-block padding).");
+    for (int k = 0; k < 2; k++) {
+      fprintf(out, "shardd_write_bytes_total{mode=\"%s\"} ", modes[k]);
+      prom_value(out, num(m, bkeys[k]));
+    }
+    prom_simple(out, "shardd_registered_buffer_writes_total", "counter",
+                "Data writes from staging buffers registered with io_uring.", num(m, "writes_registered"));
+    prom_simple(out, "shardd_staging_bytes", "gauge", "Staging buffer memory allocated now.",
+                num(m, "staging_bytes"));
+    prom_simple(out, "shardd_staging_peak_bytes", "gauge", "Most staging buffer memory allocated at once.",
+                num(m, "staging_peak_bytes"));
+    prom_simple(out, "shardd_staging_max_bytes", "gauge", "Bound on staging buffer memory (staging_mib).",
+                num(m, "staging_max_bytes"));
+    prom_simple(out, "shardd_staging_registered", "gauge",
+                "1 when staging buffers are registered with io_uring, 0 when plain writes are used.",
+                num(m, "staging_registered"));
+  }
+
+  const json_t *h = json_object_get(m, "save_duration_seconds");
+  prom_head(out, "shardd_save_duration_seconds", "histogram", "Committed saves, first begin to publish.");
+  const json_t *b;
+  size_t i;
+  json_array_foreach(json_object_get(h, "buckets"), i, b) {
+    fprintf(out, "shardd_save_duration_seconds_bucket{le=\"%g\"} ", num(b, "le"));
+    prom_value(out, num(b, "count"));
+  }
+  fprintf(out, "shardd_save_duration_seconds_bucket{le=\"+Inf\"} ");
+  prom_value(out, num(h, "count"));
+  fprintf(out, "shardd_save_duration_seconds_sum ");
+  prom_value(out, num(h, "sum"));
+  fprintf(out, "shardd_save_duration_seconds_count ");
+  prom_value(out, num(h, "count"));
+  const json_t *ws = json_object_get(m, "save_write_seconds");
+  prom_head(out, "shardd_save_write_seconds", "summary", "Committed saves, last seal to publish (the write).");
+  fprintf(out, "shardd_save_write_seconds_sum ");
+  prom_value(out, num(ws, "sum"));
+  fprintf(out, "shardd_save_write_seconds_count ");
+  prom_value(out, num(ws, "count"));
+
+  /* Per save in flight, for progress panels. */
+  const json_t *saves = json_object_get(st, "saves");
+  const char *names[2] = {"shardd_save_bytes_written", "shardd_save_bytes_planned"};
+  const char *keys[2] = {"bytes_written", "bytes_planned"};
+  const char *helps[2] = {"Bytes written so far of a save in flight.",
+                          "Bytes a save in flight will write (bytes put while still open)."};
+  for (int k = 0; k < 2; k++) {
+    prom_head(out, names[k], "gauge", helps[k]);
+    json_array_foreach(saves, i, b) {
+      fprintf(out, "%s{save=\"", names[k]);
+      prom_label(out, str(b, "save"));
+      fprintf(out, "\",state=\"");
+      prom_label(out, str(b, "state"));
+      fprintf(out, "\"} ");
+      prom_value(out, num(b, keys[k]));
+    }
+  }
+  prom_simple(out, "shardd_uptime_seconds", "gauge", "Seconds since the daemon started.",
+              num(m, "uptime_seconds"));
+}
+
+
+char *sd_prom_render(const json_t *status, const json_t *metrics, const char *version, size_t *len) {
+  char *text = NULL;
+  size_t n = 0;
+  /* A stream into memory: the renderer stays one set of fprintf calls. */
+  FILE *out = open_memstream(&text, &n);
+  if (!out) return NULL;
+  if (version) {
+    prom_simple(out, "shardd_up", "gauge", "1 while the daemon answers (a failed scrape is the 0).", 1);
+    prom_head(out, "shardd_build_info", "gauge", "The daemon's version, as a label; the value is 1.");
+    fprintf(out, "shardd_build_info{version=\"");
+    prom_label(out, version);
+    fprintf(out, "\"} 1\n");
+  }
+  print_prometheus(out, status, metrics);
+  int bad = ferror(out);
+  if (fclose(out) != 0 || bad) {
+    free(text);
+    return NULL;
+  }
+  if (len) *len = n;
+  return text;
+}
