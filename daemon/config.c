@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "peer_auth.h"
 #include "sd_confline.h"
 #include "shardd/shardd.h"
 
@@ -450,11 +451,23 @@ static int resolve_group(sd_config *c, const unsigned *lines, const char *key, c
   return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s: no group named '%.100s'", w, value);
 }
 
+/* An ADDR:PORT key's shape, so --check-config catches it (binding is at start). */
+static int check_addr(sd_config *c, const unsigned *lines, const char *key, const char *value, sd_error *err) {
+  char host[256], w[512];
+  unsigned port;
+  sd_error e = {0};
+  if (!*value || sd_peer_addr_split(value, host, sizeof host, &port, &e) == 0) return 0;
+  where(c, c->src, lines, sd_config_find_key(key), w, sizeof w);
+  return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s: must be HOST:PORT or [IPV6]:PORT, the port 0 to 65535, got '%.100s'",
+                 w, value);
+}
+
 /* Settings checked against the system rather than as text. */
 static int resolve(sd_config *c, const unsigned *lines, sd_error *err) {
   int rc = resolve_group(c, lines, "socket_group", c->socket_group, &c->socket_gid, err);
-  if (rc) return rc;
-  return resolve_group(c, lines, "trusted_group", c->trusted_group, &c->trusted_gid, err);
+  if (!rc) rc = resolve_group(c, lines, "trusted_group", c->trusted_group, &c->trusted_gid, err);
+  if (!rc) rc = check_addr(c, lines, "metrics_listen", c->metrics_listen, err);
+  return rc;
 }
 
 /* Defaults, then the file at path (NULL: none), then the command-line

@@ -608,12 +608,18 @@ Test(metrics_http, off_by_default_and_a_bind_failure_names_the_address) {
                  (char *)NULL);
   close(fd);
   cr_assert(o_exited(st, 1), "started on a taken port (0x%x):\n%s", st, out);
-  char want[128];
+  char want[PATH_MAX + 128];
   snprintf(want, sizeof want, "cannot serve metrics on %s: Address already in use", addr);
   cr_assert(strstr(out, want), "error does not say '%s':\n%s", want, out);
   cr_assert(!h_exists(H.sock), "the client socket outlived a failed start");
 
   st = o_run(out, sizeof out, NULL, bin, "--root", H.root, "--socket", H.sock, "--metrics-listen", "9477",
              (char *)NULL);
-  cr_assert(o_exited(st, 1) && strstr(out, "metrics_listen '9477' must be HOST:PORT"), "%s", out);
+  cr_assert(o_exited(st, 1) && strstr(out, "option --metrics-listen: must be HOST:PORT or [IPV6]:PORT"), "%s", out);
+  /* --check-config catches a malformed address in the file too (binding is only tried at start). */
+  char conf[PATH_MAX];
+  o_write(o_path(conf, sizeof conf, "bad.conf"), "metrics_listen = \"localhost\"\n");
+  st = o_run(out, sizeof out, NULL, bin, "--check-config", "--config", conf, (char *)NULL);
+  snprintf(want, sizeof want, "%s:1: key 'metrics_listen': must be HOST:PORT", conf);
+  cr_assert(o_exited(st, 1) && strstr(out, want), "no '%s' in:\n%s", want, out);
 }
