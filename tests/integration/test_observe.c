@@ -510,11 +510,16 @@ static int http_ask(unsigned port, const char *req) {
 /* The "# TYPE" lines of Prometheus text, in order (malloc'd). */
 static char *type_lines(const char *text) {
   char *out = calloc(1, strlen(text) + 1);
+  size_t n = 0;
+  cr_assert_not_null(out);
   for (const char *p = strstr(text, "# TYPE "); p; p = strstr(p + 1, "\n# TYPE ")) {
     if (*p == '\n') p++;
     const char *nl = strchr(p, '\n');
-    strncat(out, p, nl ? (size_t)(nl - p) + 1 : strlen(p));
+    size_t k = nl ? (size_t)(nl - p) + 1 : strlen(p);
+    memcpy(out + n, p, k);
+    n += k;
   }
+  out[n] = '\0';
   return out;
 }
 
