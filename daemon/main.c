@@ -120,7 +120,7 @@ static void on_signal(uv_signal_t *h, int signum) {
               d->nsessions);
   d->shutting_down = 1;
   d->on_idle = on_idle;
-  /* First: its thread is joined while the loop still runs to close its handle. */
+  /* First, while the loop still runs: the HTTP thread is joined here, its uv handle closed by the loop. */
   sd_metrics_http_stop(metrics_http);
   metrics_http = NULL;
   sd_listener_close(d);
