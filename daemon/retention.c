@@ -51,8 +51,9 @@ static int open_fail(sd_error *err, int e, const char *rel) {
   return sd_fail(err, SHARDD_E_IO, "cannot open '%s': %s", rel, strerror(e));
 }
 
-/* sd_retention_check on parent_fd/name; rel names it in messages. */
-static int check_at(int parent_fd, const char *name, const char *rel, uid_t *owner, sd_error *err) {
+/* sd_retention_check on parent_fd/name; rel names it in messages. *id (may be NULL) gets the folder's
+ * device and inode, so the rename that follows can tell it moved what was checked. */
+static int check_at(int parent_fd, const char *name, const char *rel, uid_t *owner, struct stat *id, sd_error *err) {
   if (!strncmp(name, ".shardd-", 8))
     return sd_fail(err, SHARDD_E_NOT_CHECKPOINT, "'%s' is a temporary folder of shardd, not a checkpoint", rel);
   struct stat st;
@@ -78,6 +79,7 @@ static int check_at(int parent_fd, const char *name, const char *rel, uid_t *own
     rc = sd_fail(err, SHARDD_E_NOT_CHECKPOINT, "'%s' holds no .safetensors file or index: not a checkpoint", rel);
   close(fd);
   if (!rc) *owner = u;
+  if (!rc && id) *id = st;
   return rc;
 }
 
@@ -100,7 +102,7 @@ int sd_retention_check(int root_fd, const char *rel, uid_t *owner, sd_error *err
   int rc = sd_path_check_rel(rel, err), pfd = -1;
   const char *base = NULL;
   if (rc || (rc = open_parent(root_fd, rel, &pfd, &base, err))) return rc;
-  rc = check_at(pfd, base, rel, owner, err);
+  rc = check_at(pfd, base, rel, owner, NULL, err);
   close(pfd);
   return rc;
 }
@@ -140,8 +142,8 @@ static void removal_done(uv_work_t *req, int status) {
   removal_free(r);
 }
 
-/* Renames parent_fd/base (checked) to a fresh hidden name it appends to r. */
-static int hide(removal *r, const char *base, const char *rel, sd_error *err) {
+/* Renames parent_fd/base (checked, as *id) to a fresh hidden name it appends to r. */
+static int hide(removal *r, const char *base, const char *rel, const struct stat *id, sd_error *err) {
   uint32_t rnd = 0;
   if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = (uint32_t)getpid() ^ (uint32_t)(uintptr_t)r;
   char hidden[NAME_MAX + 1];
@@ -159,6 +161,15 @@ static int hide(removal *r, const char *base, const char *rel, sd_error *err) {
     free(copy);
     return e == ENOENT ? sd_fail(err, SHARDD_E_NOT_FOUND, "'%s' does not exist under the root", rel)
                        : sd_fail(err, SHARDD_E_IO, "cannot rename '%s' away to delete it: %s", rel, strerror(e));
+  }
+  /* Swapped for another folder since the check (only a writer of the parent could): put it back. */
+  struct stat st;
+  if (fstatat(r->parent_fd, hidden, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_dev != id->st_dev ||
+      st.st_ino != id->st_ino) {
+    int back = renameat2(r->parent_fd, hidden, r->parent_fd, base, RENAME_NOREPLACE);
+    free(copy);
+    return sd_fail(err, SHARDD_E_CONFLICT, "'%s' changed while it was being deleted; %s", rel,
+                   back == 0 ? "nothing was deleted" : "it is left under a hidden name");
   }
   r->names[r->n++] = copy;
   return 0;
@@ -184,8 +195,9 @@ int sd_retention_delete(uv_loop_t *loop, int root_fd, const char *rel, uid_t uid
   int rc = sd_path_check_rel(rel, err), pfd = -1;
   const char *base = NULL;
   uid_t owner = 0;
+  struct stat id;
   if (rc || (rc = open_parent(root_fd, rel, &pfd, &base, err))) return rc;
-  if ((rc = check_at(pfd, base, rel, &owner, err)) == 0 && owner != uid)
+  if ((rc = check_at(pfd, base, rel, &owner, &id, err)) == 0 && owner != uid)
     rc = sd_fail(err, SHARDD_E_PERMISSION, "'%s' was committed by uid %u; uid %u may not delete it (only its owner may)",
                  rel, (unsigned)owner, (unsigned)uid);
   removal *r = rc ? NULL : calloc(1, sizeof *r);
@@ -195,7 +207,7 @@ int sd_retention_delete(uv_loop_t *loop, int root_fd, const char *rel, uid_t uid
     return rc;
   }
   r->parent_fd = pfd;
-  if ((rc = hide(r, base, rel, err)) != 0) {
+  if ((rc = hide(r, base, rel, &id, err)) != 0) {
     removal_free(r);
     return rc;
   }
@@ -209,14 +221,14 @@ int sd_retention_delete(uv_loop_t *loop, int root_fd, const char *rel, uid_t uid
  * ------------------------------------------------------------------------ */
 typedef struct {
   char *name;
-  struct timespec ctime;
+  struct stat st;          /* as checked: identity and ctime */
 } candidate;
 
 /* Newest first; equal times by name, newest-sorting name first (step numbers). */
 static int by_newest(const void *a, const void *b) {
   const candidate *x = a, *y = b;
-  if (x->ctime.tv_sec != y->ctime.tv_sec) return x->ctime.tv_sec < y->ctime.tv_sec ? 1 : -1;
-  if (x->ctime.tv_nsec != y->ctime.tv_nsec) return x->ctime.tv_nsec < y->ctime.tv_nsec ? 1 : -1;
+  if (x->st.st_ctim.tv_sec != y->st.st_ctim.tv_sec) return x->st.st_ctim.tv_sec < y->st.st_ctim.tv_sec ? 1 : -1;
+  if (x->st.st_ctim.tv_nsec != y->st.st_ctim.tv_nsec) return x->st.st_ctim.tv_nsec < y->st.st_ctim.tv_nsec ? 1 : -1;
   return -strcmp(x->name, y->name);
 }
 
@@ -245,8 +257,7 @@ static int collect(int pfd, const char *rel, const char *base, uid_t uid, sd_ret
     uid_t owner = 0;
     struct stat st;
     if (de->d_name[0] == '.' || !strcmp(de->d_name, base) || (busy && busy(ud, srel)) ||
-        check_at(pfd, de->d_name, srel, &owner, &ignored) != 0 || owner != uid ||
-        fstatat(pfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        check_at(pfd, de->d_name, srel, &owner, &st, &ignored) != 0 || owner != uid)
       continue;
     if (n == cap) {
       size_t ncap = cap ? cap * 2 : 16;
@@ -258,7 +269,7 @@ static int collect(int pfd, const char *rel, const char *base, uid_t uid, sd_ret
       c = nc;
       cap = ncap;
     }
-    c[n].ctime = st.st_ctim;
+    c[n].st = st;
     if (!(c[n].name = strdup(de->d_name))) rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
     else n++;
   }
@@ -288,7 +299,7 @@ int sd_retention_keep_last(uv_loop_t *loop, int root_fd, const char *rel, uid_t 
       char srel[SD_REL_PATH_MAX + NAME_MAX + 2];
       sibling(srel, sizeof srel, rel, base, c[i].name);
       sd_error e = {0};
-      if (hide(r, c[i].name, srel, &e) != 0) {
+      if (hide(r, c[i].name, srel, &c[i].st, &e) != 0) {
         sd_log_warn("keep_last=%u: cannot delete '%s': %s", n, srel, e.msg);
         if (!rc) rc = sd_fail(err, e.code, "%s", e.msg);
       } else {
