@@ -592,4 +592,12 @@ SHARDD_EXPORT int shardd_status(shardd_client *c, char **json_out) {
   return 0;
 }
 
+SHARDD_EXPORT int shardd_delete(shardd_client *c, const char *dir) {
+  if (!c) return SHARDD_E_INVALID_ARGUMENT;
+  if (!dir) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "delete: dir is NULL");
+  json_t *req = json_pack("{s:s, s:s}", "op", "delete", "dir", dir);
+  if (!req) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "delete: dir is not valid UTF-8");
+  return sd_client_request(c, req, NULL);
+}
+
 SHARDD_EXPORT void shardd_free(void *p) { free(p); }

@@ -219,6 +219,8 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
     json_object_set_new(req, "metadata", md);
   }
   if (!rc && o->overwrite) json_object_set_new(req, "overwrite", json_true());
+  if (!rc && o->keep_last < 0) rc = sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "begin: keep_last is negative");
+  if (!rc && o->keep_last > 0) json_object_set_new(req, "keep_last", json_integer(o->keep_last));
   if (!rc && o->nnodes > 1) rc = begin_peers(c, req, o);
   if (rc) {
     json_decref(req);

@@ -39,6 +39,8 @@ static const char usage_text[] =
     "                     0.5 s until Ctrl-C (or N times)\n"
     "  metrics            the daemon's counters in Prometheus text format\n"
     "  abort SAVE         fail save SAVE for every rank (error code 'aborted')\n"
+    "  rm DIR             delete checkpoint DIR (relative to the daemon's root, or\n"
+    "                     absolute beneath it); only the uid that committed it may\n"
     "\n"
     "Options:\n"
     "  --socket PATH      daemon socket (default: $SHARDD_SOCKET, else\n"
@@ -430,6 +432,20 @@ static int cmd_metrics(const char *socket) {
   return ex;
 }
 
+static int cmd_rm(const char *socket, const char *dir) {
+  shardd_client *c;
+  if (connect_or_report("rm", socket, &c)) return EXIT_INVALID;
+  int ex = 0, rc = shardd_delete(c, dir);
+  if (rc != 0) {
+    fprintf(stderr, "shardctl: rm %s: %s: %s\n", dir, shardd_err_name(rc), shardd_last_error(c));
+    ex = EXIT_INVALID;
+  } else {
+    printf("deleted: %s\n", dir);
+  }
+  shardd_close(c);
+  return ex;
+}
+
 static int cmd_abort(const char *socket, const char *save) {
   shardd_client *c;
   if (connect_or_report("abort", socket, &c)) return EXIT_INVALID;
@@ -522,7 +538,7 @@ int main(int argc, char **argv) {
   const char *cmd = pos[0];
   int daemon_only = !strcmp(cmd, "status") || !strcmp(cmd, "watch") || !strcmp(cmd, "metrics");
   int want = daemon_only ? 1 : 2;
-  if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && !daemon_only && strcmp(cmd, "abort"))
+  if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && !daemon_only && strcmp(cmd, "abort") && strcmp(cmd, "rm"))
     return usage_error("unknown command '%s'", cmd);
   if (as_json && strcmp(cmd, "status")) return usage_error("--json goes with status, not %s", cmd);
   if ((count || interval_ms != 500) && strcmp(cmd, "watch"))
@@ -530,6 +546,7 @@ int main(int argc, char **argv) {
   if (npos != want)
     return usage_error(want == 1 ? "%s takes no argument"
                        : !strcmp(cmd, "abort") ? "%s needs exactly one SAVE"
+                       : !strcmp(cmd, "rm")    ? "%s needs exactly one DIR"
                                                : "%s needs exactly one DIR or FILE",
                        cmd);
   if (!strcmp(cmd, "verify")) return cmd_verify(pos[1]);
@@ -537,5 +554,6 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "status")) return cmd_status(socket, as_json);
   if (!strcmp(cmd, "watch")) return cmd_watch(socket, count, interval_ms);
   if (!strcmp(cmd, "metrics")) return cmd_metrics(socket);
+  if (!strcmp(cmd, "rm")) return cmd_rm(socket, pos[1]);
   return cmd_abort(socket, pos[1]);
 }

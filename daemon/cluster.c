@@ -347,3 +347,5 @@ void sd_cluster_status(sd_daemon *d, json_t *m) {
   json_object_set_new(p, "net_bytes_received", json_integer((json_int_t)sd_peer_net_bytes_received(cl->net)));
   json_object_set_new(m, "peers", p);
 }
+
+int sd_cluster_save_leads(const sd_save *save) { return !save->cl || save->cl->is_leader; }

@@ -29,6 +29,9 @@ int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err);
 int sd_cluster_parse_begin(const json_t *req, sd_begin_args *a, sd_error *err);
 /* What a save with nnodes > 1 is extended with (main puts it in sd_daemon). */
 extern const sd_save_ext_ops sd_cluster_save_ext;
+/* 1 when this daemon leads save (or the save spans one node): the leader
+ * alone publishes, so it alone runs what follows a commit (keep_last). */
+int sd_cluster_save_leads(const struct sd_save *save);
 /* Extra fields of a save's status entry, and the daemon's "peers" object. */
 void sd_cluster_status_save(const struct sd_save *save, json_t *entry);
 void sd_cluster_status(struct sd_daemon *d, json_t *reply);

@@ -328,6 +328,7 @@ static sd_lead *lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *er
   L->ws = (uint32_t)ws;
   L->nnodes = (uint32_t)nn;
   L->overwrite = json_is_true(json_object_get(h, "overwrite"));
+  L->keep_last = json_integer_value(json_object_get(h, "keep_last"));
   L->mode = !strcmp(mode, "shared") ? SD_WRITE_SHARED : SD_WRITE_OWNER;
   L->nodes = calloc(nn, sizeof *L->nodes);
   L->rank_node = malloc(ws * sizeof *L->rank_node);
@@ -387,6 +388,10 @@ static int join_differs(const sd_lead *L, json_t *h, uint32_t k, sd_error *err) 
   if (mss != (json_int_t)L->mss)
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives max_shard_size %lld, other nodes gave %llu",
                    L->id, k, (long long)mss, (unsigned long long)L->mss);
+  json_int_t kl = json_integer_value(json_object_get(h, "keep_last"));
+  if (kl != L->keep_last)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives keep_last %lld, other nodes gave %lld", L->id, k,
+                   (long long)kl, (long long)L->keep_last);
   if (ov != L->overwrite)
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives overwrite %s, other nodes gave %s", L->id, k,
                    ov ? "true" : "false", L->overwrite ? "true" : "false");

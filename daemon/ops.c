@@ -5,6 +5,7 @@
 #include "cluster.h"
 #include "log.h"
 #include "pathsafe.h"
+#include "retention.h"
 #include "save.h"
 #include "sd_artifact.h"
 #include "sd_msg.h"
@@ -115,6 +116,7 @@ static json_t *op_begin(sd_session *s, json_t *req, json_t *id) {
   a.prefix = b.prefix;
   a.max_shard_size = b.max_shard_size;
   a.overwrite = b.overwrite;
+  a.keep_last = (uint32_t)b.keep_last;
   a.rank = (uint32_t)b.rank;
   a.world_size = (uint32_t)b.world_size;
   a.metadata = b.metadata;
@@ -308,6 +310,39 @@ static json_t *op_abort(sd_session *s, json_t *req, json_t *id) {
 }
 
 /* ------------------------------------------------------------------------ *
+ * delete: a checkpoint its caller committed
+ * ------------------------------------------------------------------------ */
+/* dir relative to the root, or absolute beneath it (as `wait` reports it): the relative part. */
+static int delete_rel(const sd_daemon *d, const char *dir, const char **rel, sd_error *err) {
+  *rel = dir;
+  if (dir[0] != '/') return sd_path_check_rel(dir, err);
+  const char *root = d->cfg->root;
+  size_t n = strlen(root);
+  while (n > 1 && root[n - 1] == '/') n--;
+  if (strncmp(dir, root, n) != 0 || dir[n] != '/')
+    return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%.200s' is outside the root %s", dir, root);
+  while (dir[n] == '/') n++;
+  *rel = dir + n;
+  return sd_path_check_rel(*rel, err);
+}
+
+static json_t *op_delete(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  const char *dir = NULL, *rel = NULL;
+  if (sd_msg_str(req, "dir", 1, &dir, NULL, &err) < 0 || delete_rel(s->d, dir, &rel, &err)) return fail(id, &err);
+  for (sd_save *v = s->d->saves; v; v = v->next)
+    if (strcmp(v->dir, rel) == 0) {
+      sd_fail(&err, SHARDD_E_CONFLICT, "'%s' is the destination of save '%s', still in flight", rel, v->id);
+      return fail(id, &err);
+    }
+  if (sd_retention_delete(s->d->loop, s->d->root_fd, rel, s->uid, &err) != 0) return fail(id, &err);
+  sd_log_info("uid %u deleted '%s'", (unsigned)s->uid, rel);
+  json_t *m = sd_msg_ok(id);
+  json_object_set_new(m, "dir", sd_msg_string_lossy(rel));
+  return m;
+}
+
+/* ------------------------------------------------------------------------ *
  * status
  * ------------------------------------------------------------------------ */
 void sd_ops_status_fill(sd_daemon *d, json_t *m, int with_metrics) {
@@ -355,6 +390,7 @@ static const struct {
     {"hello", op_hello}, {"attach", op_attach}, {"detach", op_detach}, {"begin", op_begin},
     {"put", op_put},     {"file", op_file},     {"seal", op_seal},     {"wait", op_wait},
     {"abort", op_abort}, {"status", op_status}, {"declared", op_declared}, {"ready", op_ready},
+    {"delete", op_delete},
 };
 
 void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {

@@ -51,6 +51,9 @@ int sd_path_check_rel(const char *rel, sd_error *err) {
     if (n >= sizeof SD_TMP_PREFIX - 1 && !strncmp(p, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX - 1))
       return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' has a part starting with '%s', which is reserved",
                      rel, SD_TMP_PREFIX);
+    if (n >= sizeof SD_DEL_PREFIX - 1 && !strncmp(p, SD_DEL_PREFIX, sizeof SD_DEL_PREFIX - 1))
+      return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' has a part starting with '%s', which is reserved",
+                     rel, SD_DEL_PREFIX);
     if (!end) break;
     p = end + 1;
   }
@@ -294,6 +297,7 @@ static int remove_tree_at(int dirfd, const char *name, unsigned depth, sd_error 
     return sd_fail(err, SHARDD_E_LIMIT, "'%s' is nested deeper than %d folders", name,
                    SD_WALK_DEPTH_MAX);
   int fd = sd_openat_beneath(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+  if (fd == -ENOENT) return 0; /* removed meanwhile (by a peer daemon sharing the root) */
   if (fd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open '%s': %s", name, strerror(-fd));
   DIR *d = fdopendir(fd);
   if (!d) {
@@ -338,6 +342,9 @@ static int cleanup_at(int dirfd, unsigned depth, const char *owner, sd_error *er
     if (!is_dir_entry(fd, de)) continue; /* symlinks included: never followed */
     if (!strncmp(de->d_name, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX - 1)) {
       if (!owner || !strncmp(de->d_name, owner, strlen(owner))) rc = sd_path_remove_tree(fd, de->d_name, err);
+    } else if (!strncmp(de->d_name, SD_DEL_PREFIX, sizeof SD_DEL_PREFIX - 1)) {
+      /* Renamed away for deletion: nobody's save, on any node; a peer may be removing it too. */
+      rc = sd_path_remove_tree(fd, de->d_name, err);
     } else if (depth + 1 < SD_WALK_DEPTH_MAX) {
       int sub = sd_openat_beneath(fd, de->d_name, O_PATH | O_DIRECTORY | O_NOFOLLOW, 0);
       if (sub < 0) continue; /* raced away, or not ours to read */

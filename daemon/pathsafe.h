@@ -18,7 +18,7 @@ int sd_path_check_rel(const char *rel, sd_error *err);
 int sd_path_check_name(const char *name, sd_error *err);
 /* *exists = 1 when ROOT/rel exists; a symlink on the way fails with BAD_PATH. */
 int sd_path_exists(int root_fd, const char *rel, int *exists, sd_error *err);
-/* Removes temporary folders a crashed daemon left anywhere under the root. */
+/* Removes temporary folders (and half-deleted checkpoints) a crashed daemon left anywhere under the root. */
 int sd_cleanup_stale(int root_fd, sd_error *err);
 /* Only those whose name starts with owner_prefix: on a root shared by peer
  * daemons, another node's folder may belong to a save still in flight. */
@@ -30,6 +30,10 @@ int sd_cleanup_stale_owned(int root_fd, const char *owner_prefix, sd_error *err)
 /* Temporary folders are named with this prefix, so a restarted daemon can
  * recognise (and remove) what a crashed one left behind. */
 #define SD_TMP_PREFIX ".shardd-tmp-"
+/* A checkpoint being deleted (retention.c) is first renamed to
+ * PARENT/SD_DEL_PREFIX<name>-<random>: whatever a crash leaves under such a
+ * name is garbage, whichever node or daemon made it. */
+#define SD_DEL_PREFIX ".shardd-del-"
 /* Deepest folder sd_cleanup_stale and sd_path_remove_tree descend into. */
 #define SD_WALK_DEPTH_MAX 64
 

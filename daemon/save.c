@@ -65,6 +65,9 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   if (save->overwrite != a->overwrite)
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives overwrite %s, earlier ranks gave %s",
                    save->id, a->rank, a->overwrite ? "true" : "false", save->overwrite ? "true" : "false");
+  if (save->keep_last != a->keep_last)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives keep_last %u, earlier ranks gave %u", save->id,
+                   a->rank, a->keep_last, save->keep_last);
   if (!metadata_equal(save, a))
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives different metadata than earlier ranks",
                    save->id, a->rank);

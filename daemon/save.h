@@ -78,6 +78,7 @@ typedef struct sd_save {
   sd_kv *metadata;         /* owned strings */
   size_t nmetadata;
   int overwrite;
+  uint32_t keep_last;      /* 0: none; else the owner's `committed` prunes older checkpoints */
   sd_save_state state;
   sd_rank *ranks;
   uint32_t nbegun, nsealed, ndeclared;
@@ -121,6 +122,7 @@ typedef struct {
   const sd_kv *metadata;
   size_t nmetadata;
   int overwrite;
+  uint32_t keep_last;      /* 0: not given */
   /* Multi-node saves (cluster.c, proto/PEERS.md): nnodes 1 is the one-node path. */
   uint32_t nnodes, node_rank;
   const char *leader;      /* "host:port" of node 0's peer listener */
@@ -157,6 +159,9 @@ typedef struct sd_save_owner_ops {
   void (*released)(void *owner, const struct sd_save *save);
   /* A waiter's answer (reference stolen; NULL when out of memory): its wait is over. */
   void (*waited)(void *owner, json_t *reply);
+  /* The save committed to final_path and every waiter has its answer; called
+   * once per save, before it is freed (retention runs from here). May be NULL. */
+  void (*committed)(struct sd_save *save, const char *final_path);
 } sd_save_owner_ops;
 
 typedef struct sd_save_ext_ops {

@@ -95,6 +95,8 @@ static void finalize(sd_save *save, const char *final_path) {
     w = next;
   }
   json_decref(tmpl);
+  /* After every answer went out: retention never delays or fails a commit. */
+  if (final_path && d->save_owner->committed) d->save_owner->committed(save, final_path);
   sd_save_free(save);
   if (d->shutting_down && d->nsaves == 0 && d->on_idle) d->on_idle(d);
 }

@@ -89,6 +89,7 @@ sd_save *sd_save_new(sd_daemon *d, const sd_begin_args *a) {
   save->world_size = a->world_size;
   save->max_shard_size = a->max_shard_size ? a->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
   save->overwrite = a->overwrite;
+  save->keep_last = a->keep_last;
   save->ranks = calloc(a->world_size, sizeof *save->ranks);
   save->metadata = calloc(a->nmetadata ? a->nmetadata : 1, sizeof *save->metadata);
   int bad = !save->id || !save->dir || !save->prefix || !save->ranks || !save->metadata;

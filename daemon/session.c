@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "log.h"
+#include "retention.h"
 #include "save.h"
 #include "sd_msg.h"
 #include "session.h"
@@ -239,12 +241,35 @@ static void owner_waited(void *owner, json_t *reply) {
   maybe_finish(s);
 }
 
+static int dir_in_flight(void *ud, const char *rel) {
+  for (const sd_save *v = ((sd_daemon *)ud)->saves; v; v = v->next)
+    if (strcmp(v->dir, rel) == 0) return 1;
+  return 0;
+}
+
+/* keep_last, once the commit is answered: a failure is logged, the save stays committed. */
+static void owner_committed(struct sd_save *save, const char *final_path) {
+  (void)final_path;
+  if (!save->keep_last || !sd_cluster_save_leads(save)) return;
+  sd_daemon *d = save->d;
+  sd_error err = {0};
+  int n = sd_retention_keep_last(d->loop, d->root_fd, save->dir, save->owner_uid, save->keep_last, dir_in_flight, d,
+                                 &err);
+  if (n < 0)
+    sd_log_warn("save '%s' committed, but keep_last=%u failed (%s): %s", save->id, save->keep_last,
+                sd_err_name(err.code), err.msg);
+  else if (n > 0)
+    sd_log_info("save '%s': keep_last=%u deleted %d older checkpoints of uid %u", save->id, save->keep_last, n,
+                (unsigned)save->owner_uid);
+}
+
 const sd_save_owner_ops sd_session_save_owner = {
     .rank_of = owner_rank_of,
     .joined = owner_joined,
     .left = owner_left,
     .released = owner_released,
     .waited = owner_waited,
+    .committed = owner_committed,
 };
 
 /* The connection is closing: its waits are dropped, its unsealed ranks lost. */

@@ -41,7 +41,8 @@ int sd_req_begin_fields(const json_t *req, sd_req_begin *b, sd_error *err) {
       sd_msg_u64(req, "max_shard_size", 0, 0, &b->max_shard_size, err) < 0 ||
       sd_msg_str(req, "prefix", 0, &b->prefix, NULL, err) < 0 ||
       sd_msg_str_map(req, "metadata", 0, SD_METADATA_MAX, &b->metadata, &b->nmetadata, err) < 0 ||
-      sd_msg_bool(req, "overwrite", 0, &b->overwrite, err) < 0)
+      sd_msg_bool(req, "overwrite", 0, &b->overwrite, err) < 0 ||
+      sd_msg_u64(req, "keep_last", 0, SD_KEEP_LAST_MAX, &b->keep_last, err) < 0)
     return err->code;
   return 0;
 }
@@ -50,6 +51,9 @@ int sd_req_begin_check(const json_t *req, const sd_req_begin *b, sd_error *err) 
   if (json_object_get(req, "max_shard_size") && !json_is_null(json_object_get(req, "max_shard_size")) &&
       b->max_shard_size == 0)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'max_shard_size' must be at least 1");
+  /* 0 would delete the checkpoint just committed: "keep nothing" is not retention. */
+  if (json_object_get(req, "keep_last") && !json_is_null(json_object_get(req, "keep_last")) && b->keep_last == 0)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'keep_last' must be at least 1 (the save being committed)");
   if (b->prefix && (strlen(b->prefix) > SD_PREFIX_MAX || sd_prefix_check(b->prefix, err) != 0)) {
     if (!err->code)
       sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'prefix' must be at most %d bytes", SD_PREFIX_MAX);

@@ -14,6 +14,8 @@
 #define SD_WORLD_MAX 65536
 #define SD_PREFIX_MAX 128
 #define SD_METADATA_MAX 1024
+/* keep_last: at most this many checkpoints kept per owner and parent folder. */
+#define SD_KEEP_LAST_MAX 1000000
 
 /* A save id names the temporary folder and appears in logs: 1 to
  * SD_SAVE_ID_MAX bytes of letters, digits and -_.:@+=, not starting with '.'. */
@@ -27,16 +29,18 @@ int sd_req_hello(const json_t *req, sd_error *err);
 typedef struct {
   const char *save, *dir, *prefix;
   uint64_t rank, world_size, max_shard_size;
+  uint64_t keep_last;      /* 0: not given, keep every older checkpoint */
   sd_kv *metadata;
   size_t nmetadata;
   int overwrite;
 } sd_req_begin;
 
 /* Reads every field, in this order: save (and its id check), dir, rank,
- * world_size, max_shard_size, prefix, metadata, overwrite. */
+ * world_size, max_shard_size, prefix, metadata, overwrite, keep_last. */
 int sd_req_begin_fields(const json_t *req, sd_req_begin *b, sd_error *err);
 /* Then judges them together: max_shard_size at least 1 when given, a plain
- * prefix, metadata 'format' only "pt". */
+ * prefix, metadata 'format' only "pt", keep_last in [1, SD_KEEP_LAST_MAX]
+ * when given. */
 int sd_req_begin_check(const json_t *req, const sd_req_begin *b, sd_error *err);
 
 /* put: the tensor and the slice box, with the slice's byte size. */

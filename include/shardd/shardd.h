@@ -56,7 +56,9 @@ extern "C" {
   XX(CONNECT,          25, "connect_failed",    "cannot reach the daemon")          \
   XX(PROTOCOL,         26, "protocol_error",    "unexpected reply from the daemon") \
   XX(PEER_LOST,        27, "peer_lost",         "a peer daemon was lost")           \
-  XX(FORMAT,           28, "bad_format",        "invalid safetensors data")
+  XX(FORMAT,           28, "bad_format",        "invalid safetensors data")         \
+  XX(NOT_FOUND,        29, "not_found",         "no such checkpoint")               \
+  XX(NOT_CHECKPOINT,   30, "not_a_checkpoint",  "not a checkpoint shardd wrote")
 
 typedef enum {
   SHARDD_OK = 0,
@@ -142,6 +144,10 @@ typedef struct {
   int node_rank;
   const char *leader;        /* "host:port" of node 0's shardd peer listener */
   const char *write_mode;    /* NULL or "owner": each file written by one node; "shared": in place by all */
+  /* After the save commits, the caller's older checkpoints in the same parent
+   * folder beyond the newest keep_last are deleted (as shardd_delete does);
+   * 0 keeps them all. The same on every rank of the save. */
+  int keep_last;
 } shardd_save_opts;
 
 /* Fills rank, world_size, nnodes, node_rank and leader from a torchrun-style
@@ -218,6 +224,12 @@ SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms
  * for the save again (the "released" event), so the arena may be reused. */
 SHARDD_EXPORT int shardd_wait_released(shardd_client *c, const char *save, int timeout_ms);
 SHARDD_EXPORT int shardd_abort(shardd_client *c, const char *save);
+/* Deletes the checkpoint dir (relative to the daemon's root, or absolute
+ * beneath it) that this connection's uid committed: renamed away atomically,
+ * then removed by the daemon. Refused with bad_path (outside the root),
+ * not_found, not_a_checkpoint (not written by shardd), permission_denied
+ * (another uid committed it) or conflict (a save is writing to it). */
+SHARDD_EXPORT int shardd_delete(shardd_client *c, const char *dir);
 /* The daemon's status reply as a JSON string; free it with shardd_free. */
 SHARDD_EXPORT int shardd_status(shardd_client *c, char **json_out);
 SHARDD_EXPORT void shardd_free(void *p);

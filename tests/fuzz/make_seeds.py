@@ -36,6 +36,8 @@ lines = {
     "hello-bad-proto": b'{"op":"hello","proto":2,"id":[1,{"a":null}]}',
     "begin-full": b'{"op":"begin","id":"x","save":"s:1@a+b=c","dir":"a/b/c","rank":3,"world_size":4,'
                   b'"max_shard_size":1e3,"prefix":"shard","metadata":{"format":"pt","k":"v\\u00e9"},"overwrite":true}',
+    "begin-keep-last": b'{"op":"begin","save":"s","dir":"run/step-3","rank":0,"world_size":1,"keep_last":2}',
+    "begin-keep-last-zero": b'{"op":"begin","save":"s","dir":"d","rank":0,"world_size":1,"keep_last":0}',
     "begin-bad-dir": b'{"op":"begin","id":14,"save":"step-2","dir":"../elsewhere","rank":0,"world_size":1}',
     "begin-rank-past-world": b'{"op":"begin","save":"s","dir":"d","rank":1,"world_size":1,"max_shard_size":null}',
     "put-empty-no-source": b'{"op":"put","save":"s","name":"router.bias","dtype":"F32","shape":[3],"start":[3],"count":[0]}',

@@ -615,3 +615,43 @@ Test(peers, restart_cleans_only_this_nodes_temporary_folders) {
   cr_assert(h_exists(h_path(p, sizeof p, names[1])), "node1's folder (maybe in flight) was removed");
   cr_assert(h_exists(h_path(p, sizeof p, names[3])), "a folder of unknown owner was removed");
 }
+
+/* ------------------------------------------------------------------------ *
+ * keep_last across nodes: the leader prunes after it published
+ * ------------------------------------------------------------------------ */
+Test(peers, keep_last_runs_on_the_leader_after_publishing) {
+  static const h_put puts[] = {{.rank = -1, .name = "n", .dtype = "F32", .ndim = 1, .shape = {4}}};
+  const char *dirs[] = {"ck/kl/s1", "ck/kl/s2", "ck/kl/s3"};
+  char p[PATH_MAX];
+  for (int i = 0; i < 3; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "kl%d", i);
+    h_script s = {.opts = cluster_opts(id, dirs[i], 0), .puts = puts, .nputs = 1, .seed = 50 + (unsigned)i};
+    s.opts.keep_last = 2;
+    run_ranks(&s);
+    h_expect_committed(&s);
+    h_shared_free(s.sh);
+  }
+  /* The leader's ranks had their answers, so its keep_last pass has run by the time it answers status. */
+  json_decref(node_status(0));
+  cr_assert(!h_exists(h_path(p, sizeof p, "ck/kl/s1")), "ck/kl/s1 is left after 3 saves with keep_last=2");
+  h_verify_ok("ck/kl/s2");
+  h_verify_ok("ck/kl/s3");
+  cr_assert(log_has(0, "keep_last=2: deleted 'ck/kl/s1'"), "the leader did not prune");
+  for (int i = 1; i < NODES; i++) cr_assert(!log_has(i, "keep_last=2: deleted"), "node %d pruned too", i);
+}
+
+Test(peers, nodes_disagreeing_on_keep_last_is_a_conflict) {
+  static const h_put puts[] = {{.rank = -1, .name = "n", .dtype = "F32", .ndim = 1, .shape = {4}}};
+  h_script s = {.opts = cluster_opts("klc", "ck/klc", 0), .puts = puts, .nputs = 1, .wait_after_fail = 1};
+  pid_t pids[H_MAX_RANKS];
+  s.sh = h_shared_new();
+  for (int r = 0; r < WORLD; r++) {
+    s.opts.keep_last = rank_node[r] == 1 ? 3 : 2;
+    pids[r] = h_fork(peer_rank, r, &s);
+  }
+  h_reap_all(&s, pids);
+  h_expect_failed(&s, SHARDD_E_CONFLICT, "keep_last", (char *)NULL);
+  h_expect_unpublished("ck/klc");
+  h_shared_free(s.sh);
+}

@@ -389,7 +389,8 @@ class Client:
     # ---- saves ------------------------------------------------------------
 
     def begin(self, save, dir, rank=0, world_size=1, max_shard_size=None, prefix=None,
-              metadata=None, overwrite=False, nnodes=1, node_rank=0, leader=None, write_mode=None):
+              metadata=None, overwrite=False, nnodes=1, node_rank=0, leader=None, write_mode=None,
+              keep_last=None):
         """Joins (or creates) save `save`, writing to `dir` under the daemon's root.
 
         A save spanning nodes (one shardd per node, peers over TCP) gives
@@ -397,8 +398,15 @@ class Client:
         shardd peer listener) and optionally write_mode ("owner", "shared"),
         the same on every rank. shardd.nodes_from_env() reads them from torchrun's
         environment.
+
+        keep_last=N: once this save commits, the caller's older checkpoints in
+        the same parent folder beyond the newest N are deleted (as delete()
+        does); the same N on every rank.
         """
         keep = []
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                      or keep_last < 1):
+            raise ValueError("keep_last must be a whole number of at least 1, got %r" % (keep_last,))
         nnodes, node_rank = int(nnodes or 1), int(node_rank or 0)
         if nnodes > 1 and not leader:
             raise ValueError("begin: nnodes is %d but no leader (node 0's shardd HOST:PORT) is given"
@@ -407,7 +415,8 @@ class Client:
                         parse_size(max_shard_size) or 0, None if prefix is None else _bytes(prefix, "prefix"),
                         None, 0, 1 if overwrite else 0, nnodes, node_rank,
                         None if leader is None else _bytes(leader, "leader"),
-                        None if write_mode is None else _bytes(write_mode, "write_mode"))
+                        None if write_mode is None else _bytes(write_mode, "write_mode"),
+                        keep_last or 0)
         if metadata:
             flat = []
             for k, v in metadata.items():
@@ -540,6 +549,16 @@ class Client:
     def abort(self, save):
         """Fails the save for every rank; nothing is published."""
         self._check(_lib.lib().shardd_abort(self._handle(), _bytes(save, "save")))
+
+    def delete(self, dir):
+        """Deletes the checkpoint `dir` (under the daemon's root, or absolute beneath it) this uid committed.
+
+        Atomic: the folder is renamed away, then removed by the daemon. Raises
+        ShardError: bad_path, not_found, not_a_checkpoint (not written by
+        shardd), permission_denied (another uid committed it), conflict (a
+        save is writing to it).
+        """
+        self._check(_lib.lib().shardd_delete(self._handle(), _bytes(os.fspath(dir), "dir")))
 
     def status(self):
         """The daemon's status: {'saves': [...], 'clients', 'regions', 'totals': {...}}."""

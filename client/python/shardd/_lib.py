@@ -22,6 +22,7 @@ class SaveOpts(ctypes.Structure):
         ("node_rank", ctypes.c_int),
         ("leader", ctypes.c_char_p),
         ("write_mode", ctypes.c_char_p),
+        ("keep_last", ctypes.c_int),
     ]
 
 
@@ -93,6 +94,7 @@ _PROTOTYPES = {
     "shardd_wait": (_i, [_p, _s, _i, ctypes.POINTER(Result)]),
     "shardd_wait_released": (_i, [_p, _s, _i]),
     "shardd_abort": (_i, [_p, _s]),
+    "shardd_delete": (_i, [_p, _s]),
     "shardd_status": (_i, [_p, ctypes.POINTER(_p)]),
     "shardd_free": (None, [_p]),
     "shardd_ckpt_open": (_i, [_s, ctypes.POINTER(_p)]),

@@ -245,7 +245,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
          ordered: bool = True, socket: Optional[str] = None, nnodes: Optional[int] = None,
          node_rank: Optional[int] = None, leader: Optional[str] = None,
          write_mode: Optional[str] = None,
-         progress: Optional[Progress] = None) -> Union[Dict[str, Any], PendingSave]:
+         progress: Optional[Progress] = None,
+         keep_last: Optional[int] = None) -> Union[Dict[str, Any], PendingSave]:
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
@@ -272,7 +273,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     str} written beside the shards. wait=True returns the result dict;
     wait=False returns a PendingSave. timeout (seconds) applies to each wait.
     progress(bytes_written, bytes_total) is called while waiting, from the
-    daemon's status. Raises ShardError.
+    daemon's status. keep_last=N: after the commit the daemon deletes this
+    uid's older checkpoints beside dir beyond the newest N. Raises ShardError.
     """
     dir = os.fspath(dir)
     if not isinstance(dir, str):
@@ -315,7 +317,7 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         if wants_pinned_memory(item[5] for item in items):
             arena.pin()
         _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,
-             files)
+             files, keep_last)
         if temp_arena is not None:
             # Safe right after seal: the daemon holds its own mapping.
             temp_arena.close()
@@ -336,9 +338,9 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
 
 
 def _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,
-         files):
+         files, keep_last=None):
     client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
-                 overwrite=overwrite, **topo)
+                 overwrite=overwrite, keep_last=keep_last, **topo)
     try:
         buf = arena.buffer
         for name, dt, shape, start, count, src, off, index in items:
@@ -357,3 +359,13 @@ def _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metad
         except Exception:
             pass
         raise
+
+
+def delete(dir: Union[str, "os.PathLike[str]"], client: Optional[Client] = None,
+           socket: Optional[str] = None) -> None:
+    """Deletes the checkpoint `dir` this uid committed (see Client.delete); connects to `socket` when no client."""
+    if client is not None:
+        client.delete(dir)
+        return
+    with Client(socket) as c:
+        c.delete(dir)

@@ -658,6 +658,33 @@ class SaveTest(unittest.TestCase):
         w8 = read_checkpoint(path("loop", dirs[-1]))[0]["linear.weight"]
         self.assertFalse(np.array_equal(w2, w8))
 
+    def test_delete_and_keep_last(self):
+        import pathlib
+        w = {"w": np.arange(4, dtype=np.float32)}
+        for step in range(1, 5):
+            shardd.save(w, "keep/step-%d" % step, client=self.client, keep_last=2, timeout=WAIT)
+            # A status round trip orders us behind the daemon's keep_last pass.
+            self.client.status()
+        self.assertEqual(sorted(os.listdir(path("keep"))), ["step-3", "step-4"])
+        with self.assertRaises(ValueError):
+            shardd.save(w, "keep/bad", client=self.client, keep_last=0)
+        self.client.delete("keep/step-3")
+        self.assertFalse(os.path.exists(path("keep", "step-3")))
+        shardd.delete(pathlib.Path("keep/step-4"), socket=D.socket)
+        self.assertFalse(os.path.exists(path("keep", "step-4")))
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.delete("keep/step-4")
+        self.assertEqual(cm.exception.name, "not_found")
+        self.assertIn("keep/step-4", str(cm.exception))
+        os.makedirs(path("keep", "mine"))
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.delete("keep/mine")
+        self.assertEqual(cm.exception.name, "not_a_checkpoint")
+        self.assertTrue(os.path.isdir(path("keep", "mine")))
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.delete("../etc")
+        self.assertEqual(cm.exception.name, "bad_path")
+
     def test_missing_library_is_reported(self):
         env = dict(os.environ, LIBSHARDD=os.path.join(D.tmp, "libnothing.so"))
         p = subprocess.run([sys.executable, "-c", "import shardd; shardd.Client('/x')"], env=env,
