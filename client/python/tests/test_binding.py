@@ -507,10 +507,11 @@ class SaveTest(unittest.TestCase):
 
     def test_views_keep_the_segment_until_dropped(self):
         a = self.client.arena(4096)
+        name = a.name
 
         def mapped():  # a memfd arena shows in our maps as "/memfd:NAME (deleted)"
             with open("/proc/self/maps") as f:
-                return any(l.rstrip().endswith("/" + a.name + " (deleted)") for l in f)
+                return any(l.rstrip().endswith("/" + name + " (deleted)") for l in f)
 
         v = a.view(np.int32, (8,))
         v[:] = 5
