@@ -89,7 +89,7 @@ static int make_shm(shardd_client *c, shardd_arena *a, size_t size, int *rc) {
   return fd;
 }
 
-SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out) {
+static int arena_create(shardd_client *c, size_t size, shardd_arena **out, int memfd) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!out) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "arena_create: out is NULL");
   *out = NULL;
@@ -101,7 +101,7 @@ SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_aren
   shardd_arena *a = calloc(1, sizeof *a);
   if (!a) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot allocate the arena");
 
-  a->memfd = use_memfd();
+  a->memfd = memfd;
   int fd = a->memfd ? make_memfd(c, a, size, &rc) : make_shm(c, a, size, &rc);
   if (fd < 0) {
     free(a);
@@ -153,6 +153,15 @@ SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_aren
   c->arenas = a;
   *out = a;
   return sd_client_ok(c);
+}
+
+SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out) {
+  int memfd = use_memfd();
+  int rc = arena_create(c, size, out, memfd);
+  /* A daemon from before descriptor attach asks for the name it expects. */
+  if (memfd && c && rc == SHARDD_E_INVALID_ARGUMENT && strstr(c->err, "missing field 'shm'"))
+    rc = arena_create(c, size, out, 0);
+  return rc;
 }
 
 SHARDD_EXPORT void *shardd_arena_data(shardd_arena *a) { return a ? a->base : NULL; }
