@@ -325,7 +325,9 @@ static void fds_receive(sd_session *s, uint64_t line) {
       if (fd < 0) e->fd = -2;
       continue;
     }
-    sd_log_warn("client %llu (pid %d): closed a descriptor it sent %s", (unsigned long long)s->id, (int)s->pid,
+    /* debug: the client hears of it in the reply, and a log line per line
+     * would let one client flood the log */
+    sd_log_debug("client %llu (pid %d): closed a descriptor it sent %s", (unsigned long long)s->id, (int)s->pid,
                 e ? "with a line that already carried one" : "beyond what the daemon holds");
     if (fd >= 0) close(fd);
     if (e && e->fd >= 0) close(e->fd);
