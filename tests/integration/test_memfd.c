@@ -2,12 +2,17 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "xclient.h"
@@ -332,4 +337,107 @@ Test(memfd, attach_by_name_still_works) {
   save_from_region(c, rid, "named", size, 6);
   shm_unlink("/shardd-memfd-named");
   x_close(c);
+}
+
+/* ------------------------------------------------------------------------ *
+ * No privilege needed: a daemon running as a plain user, with no
+ * capability, maps memfds that other users pass it, while a 0600 segment
+ * of another user is out of its reach by name.
+ * ------------------------------------------------------------------------ */
+#define U_DAEMON 4245
+
+static int tail_equals(const char *file, size_t size, unsigned seed) {
+  size_t len = 0;
+  uint8_t *b = (uint8_t *)h_slurp(file, &len);
+  if (!b || len < size) return 0;
+  int ok = 1;
+  for (size_t i = 0; i < size && ok; i++) ok = b[len - size + i] == (uint8_t)((i * 7 + seed) & 0xff);
+  free(b);
+  return ok;
+}
+
+Test(memfd, an_unprivileged_daemon_takes_memfds_from_any_user) {
+  if (geteuid() != 0) cr_skip_test("needs root to run the daemon as another user");
+  char dir[] = "/tmp/shardd-memfd-XXXXXX", root[96], sock[96], logp[96];
+  cr_assert_not_null(mkdtemp(dir));
+  snprintf(root, sizeof root, "%s/root", dir);
+  snprintf(sock, sizeof sock, "%s/s.sock", dir);
+  snprintf(logp, sizeof logp, "%s/log", dir);
+  cr_assert_eq(mkdir(root, 0755), 0);
+  cr_assert_eq(chmod(dir, 0755), 0);
+  cr_assert_eq(chown(dir, U_DAEMON, U_DAEMON), 0);
+  cr_assert_eq(chown(root, U_DAEMON, U_DAEMON), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    int lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (lf < 0 || dup2(lf, 1) < 0 || dup2(lf, 2) < 0) _exit(100);
+    if (setgroups(0, NULL) != 0 || setgid(U_DAEMON) != 0 || setuid(U_DAEMON) != 0) _exit(101);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* after setuid, which clears it: dies with a failed test */
+    execl(getenv("SHARDD"), "shardd", "--root", root, "--socket", sock, "--socket-mode", "0666", (char *)NULL);
+    _exit(102);
+  }
+  h_track_pid(pid);
+  x_conn *c = NULL;
+  for (int i = 0; i < 500 && !c; i++) {
+    c = x_try_connect(sock);
+    if (!c) usleep(20000);
+  }
+  cr_assert_not_null(c, "the unprivileged daemon did not start");
+  /* it really holds no capability */
+  char sp[64];
+  snprintf(sp, sizeof sp, "/proc/%d/status", (int)pid);
+  char *st = h_slurp(sp, NULL);
+  cr_assert_not_null(st);
+  cr_assert_not_null(strstr(st, "CapEff:\t0000000000000000"), "the daemon has capabilities:\n%s", st);
+  free(st);
+
+  /* root's memfd, then another user's: each attached by descriptor and saved */
+  size_t size = 2 * 4096 + 8;
+  int fd = memfd_make("root", size, 11, F_SEAL_SHRINK | F_SEAL_SEAL);
+  x_ok(x_call(c, "{\"op\":\"hello\",\"proto\":1}"), "hello");
+  int64_t rid = region_of(call_fd(c, "{\"op\":\"attach\",\"fd\":true}", fd), "root's memfd");
+  close(fd);
+  x_ok(x_callf(c, "{\"op\":\"begin\",\"save\":\"u\",\"dir\":\"u\",\"rank\":0,\"world_size\":1}"), "begin");
+  x_ok(x_callf(c, "{\"op\":\"put\",\"save\":\"u\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[%zu],\"region\":%lld,"
+                  "\"offset\":0}",
+               size, (long long)rid),
+       "put");
+  x_ok(x_call(c, "{\"op\":\"seal\",\"save\":\"u\"}"), "seal");
+  x_ok(x_call(c, "{\"op\":\"wait\",\"save\":\"u\"}"), "wait");
+  char file[160];
+  snprintf(file, sizeof file, "%s/u/model.safetensors", root);
+  cr_assert(tail_equals(file, size, 11), "%s does not hold the memfd's bytes", file);
+
+  /* a 0600 segment of root: the daemon cannot open it by name */
+  int shm = x_shm_create("/shardd-memfd-private", 4096, 1, NULL);
+  x_err(x_call(c, "{\"op\":\"attach\",\"shm\":\"/shardd-memfd-private\"}"), "permission_denied", "cannot open",
+        "a segment the daemon's user cannot read");
+  close(shm);
+  shm_unlink("/shardd-memfd-private");
+  x_close(c);
+
+  /* another user (not the daemon's) passes its memfd */
+  fflush(NULL);
+  pid_t k = fork();
+  cr_assert(k >= 0);
+  if (k == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(4244) != 0 || setuid(4243) != 0) _exit(100);
+    x_conn *o = x_try_connect(sock);
+    int mfd = memfd_create("other", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (!o || mfd < 0 || ftruncate(mfd, 4096) != 0 || fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) _exit(101);
+    send_with_fds(o, "{\"op\":\"attach\",\"fd\":true}", &mfd, 1);
+    char *r = x_read_line(o, X_REPLY_MS);
+    _exit(r && strstr(r, "\"ok\":true") && strstr(r, "\"size\":4096") ? 0 : 102);
+  }
+  int ws = h_reap(k);
+  cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "another user's memfd was not attached (status %d)", ws);
+
+  kill(pid, SIGTERM);
+  ws = h_reap(pid);
+  cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "the unprivileged daemon did not stop cleanly (%d)", ws);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  cr_assert_eq(system(cmd), 0);
 }
