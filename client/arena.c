@@ -1,4 +1,4 @@
-/* libshardd arenas: POSIX shared memory the trainer fills and the daemon reads, attached per connection. */
+/* libshardd arenas: sealed memfds passed to the daemon (or named POSIX shm), which the trainer fills and the daemon reads. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -24,7 +24,72 @@ static void arena_name(char *buf, size_t n) {
   snprintf(buf, n, "/shardd-%ld-%lu-%016" PRIx64, (long)getpid(), k, rnd);
 }
 
-SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out) {
+/* SHARDD_ARENA=shm: named POSIX shm attached by name (old daemons, tools
+ * that open the segment by name); otherwise a sealed memfd. */
+static int use_memfd(void) {
+  const char *v = getenv("SHARDD_ARENA");
+  return !(v && strcmp(v, "shm") == 0);
+}
+
+static int size_fd(shardd_client *c, int fd, size_t size, const char *what) {
+  while (ftruncate(fd, (off_t)size) < 0) {
+    if (errno == EINTR) continue;
+    int e = errno;
+    return sd_client_fail(c, e == ENOSPC || e == EFBIG ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
+                          "cannot size %s to %zu bytes: %s", what, size, strerror(e));
+  }
+  return 0;
+}
+
+/* An anonymous memfd sealed against shrinking (F_SEAL_SEAL fixes the seal
+ * set): the daemon can map it with no fear of a shrink, and needs no right
+ * to any file, since the descriptor itself is the permission. It may grow
+ * and stays writable: the trainer fills it. */
+static int make_memfd(shardd_client *c, shardd_arena *a, size_t size, int *rc) {
+  static unsigned long counter;
+  unsigned long k = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+  char mname[48];
+  snprintf(mname, sizeof mname, "shardd-%ld-%lu", (long)getpid(), k);
+  snprintf(a->name, sizeof a->name, "memfd:%s", mname);
+  int fd = memfd_create(mname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    *rc = sd_client_fail(c, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "memfd_create %s: %s", mname,
+                         strerror(errno));
+    return -1;
+  }
+  *rc = size_fd(c, fd, size, a->name);
+  if (!*rc && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+    *rc = sd_client_fail(c, SHARDD_E_IO, "cannot seal %s: %s", a->name, strerror(errno));
+  if (*rc) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int make_shm(shardd_client *c, shardd_arena *a, size_t size, int *rc) {
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 8; tries++) {
+    arena_name(a->name, sizeof a->name);
+    fd = shm_open(a->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    *rc = sd_client_fail(c, SHARDD_E_IO, "shm_open %s: %s", a->name, strerror(errno));
+    return -1;
+  }
+  char what[80];
+  snprintf(what, sizeof what, "shm %s", a->name);
+  *rc = size_fd(c, fd, size, what);
+  if (*rc) {
+    close(fd);
+    shm_unlink(a->name);
+    return -1;
+  }
+  return fd;
+}
+
+static int arena_create(shardd_client *c, size_t size, shardd_arena **out, int memfd) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!out) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "arena_create: out is NULL");
   *out = NULL;
@@ -36,39 +101,20 @@ SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_aren
   shardd_arena *a = calloc(1, sizeof *a);
   if (!a) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot allocate the arena");
 
-  int fd = -1;
-  for (int tries = 0; fd < 0 && tries < 8; tries++) {
-    arena_name(a->name, sizeof a->name);
-    fd = shm_open(a->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0 && errno != EEXIST) break;
-  }
+  a->memfd = memfd;
+  int fd = a->memfd ? make_memfd(c, a, size, &rc) : make_shm(c, a, size, &rc);
   if (fd < 0) {
-    rc = sd_client_fail(c, SHARDD_E_IO, "shm_open %s: %s", a->name, strerror(errno));
     free(a);
     return rc;
   }
-  int e = 0;
-  while (ftruncate(fd, (off_t)size) < 0) {
-    if (errno != EINTR) {
-      e = errno;
-      break;
-    }
-  }
-  if (e) {
-    close(fd);
-    shm_unlink(a->name);
-    rc = sd_client_fail(c, e == ENOSPC || e == EFBIG ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
-               "cannot size shm %s to %zu bytes: %s", a->name, size, strerror(e));
-    free(a);
-    return rc;
-  }
+  int e;
   /* Allocating the pages now keeps that cost out of the first save's copies. */
   a->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   e = errno;
-  close(fd);
   if (a->base == MAP_FAILED) {
-    shm_unlink(a->name);
-    rc = sd_client_fail(c, e == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "mmap shm %s (%zu bytes): %s",
+    close(fd);
+    if (!a->memfd) shm_unlink(a->name);
+    rc = sd_client_fail(c, e == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "mmap %s (%zu bytes): %s",
                a->name, size, strerror(e));
     free(a);
     return rc;
@@ -83,7 +129,11 @@ SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_aren
   for (size_t off = 0; off < size; off += (size_t)page) ((volatile char *)a->base)[off] = 0;
 
   json_t *r = NULL;
-  rc = sd_client_request(c, json_pack("{s:s, s:s}", "op", "attach", "shm", a->name), &r);
+  if (a->memfd)
+    rc = sd_client_request_fd(c, json_pack("{s:s, s:b}", "op", "attach", "fd", 1), fd, &r);
+  else
+    rc = sd_client_request(c, json_pack("{s:s, s:s}", "op", "attach", "shm", a->name), &r);
+  close(fd); /* the daemon has its own now; the mapping keeps the memory */
   if (!rc) {
     json_t *reg = json_object_get(r, "region");
     if (!json_is_integer(reg))
@@ -94,7 +144,7 @@ SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_aren
   }
   if (rc) {
     munmap(a->base, size);
-    shm_unlink(a->name);
+    if (!a->memfd) shm_unlink(a->name);
     free(a);
     return rc;
   }
@@ -103,6 +153,15 @@ SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_aren
   c->arenas = a;
   *out = a;
   return sd_client_ok(c);
+}
+
+SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out) {
+  int memfd = use_memfd();
+  int rc = arena_create(c, size, out, memfd);
+  /* A daemon from before descriptor attach asks for the name it expects. */
+  if (memfd && c && rc == SHARDD_E_INVALID_ARGUMENT && strstr(c->err, "missing field 'shm'"))
+    rc = arena_create(c, size, out, 0);
+  return rc;
 }
 
 SHARDD_EXPORT void *shardd_arena_data(shardd_arena *a) { return a ? a->base : NULL; }
@@ -126,7 +185,7 @@ SHARDD_EXPORT int shardd_arena_destroy(shardd_arena *a) {
       sd_client_ok(c);
   }
   munmap(a->base, a->size);
-  shm_unlink(a->name);
+  if (!a->memfd) shm_unlink(a->name);
   free(a);
   return rc;
 }

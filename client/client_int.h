@@ -25,6 +25,7 @@ struct shardd_arena {
   void *base;
   size_t size;
   int64_t region;
+  int memfd;               /* a sealed memfd passed to the daemon (else named POSIX shm) */
   char name[64];
 };
 
@@ -37,6 +38,7 @@ struct shardd_client {
   json_t *early;           /* "id" -> wait reply that arrived while we awaited something else */
   json_t *released;        /* save -> true once "released" (or the save's end) was seen */
   shardd_arena *arenas;
+  int pass_fd, passing;    /* passing: the next request carries pass_fd (SCM_RIGHTS) */
   char *node;
   char *server;
   char err[SD_CLIENT_ERR_MAX];
@@ -52,6 +54,8 @@ int64_t sd_client_now_ms(void);
 int sd_client_conn_check(shardd_client *c);
 /* One request, one reply (for every op but wait); steals req. */
 int sd_client_request(shardd_client *c, json_t *req, json_t **reply);
+/* The same, the request's line carrying fd (SCM_RIGHTS, one sendmsg); fd stays the caller's. */
+int sd_client_request_fd(shardd_client *c, json_t *req, int fd, json_t **reply);
 /* n requests (stolen), a bounded number unanswered at a time; every reply is
  * read. Returns the first failure, its index in *failed and its message. */
 int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *failed);

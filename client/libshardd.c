@@ -92,9 +92,30 @@ static int wait_fd(shardd_client *c, short events, int64_t deadline) {
 
 /* A half-written line cannot be taken back, so any failure here ends the
  * connection; MSG_NOSIGNAL keeps a dead daemon from killing the trainer. */
+static ssize_t send_some(shardd_client *c, const char *buf, size_t len) {
+  if (!c->passing) return send(c->fd, buf, len, MSG_NOSIGNAL);
+  /* The descriptor rides on the line's first bytes: the daemon files it
+   * under the line those bytes belong to. */
+  union {
+    char b[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } ctl;
+  memset(&ctl, 0, sizeof ctl);
+  struct iovec iov = {(void *)buf, len};
+  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+  struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  memcpy(CMSG_DATA(cm), &c->pass_fd, sizeof(int));
+  ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+  if (n > 0) c->passing = 0;
+  return n;
+}
+
 static int send_all(shardd_client *c, const char *buf, size_t len, int64_t deadline) {
   while (len > 0) {
-    ssize_t n = send(c->fd, buf, len, MSG_NOSIGNAL);
+    ssize_t n = send_some(c, buf, len);
     if (n > 0) {
       buf += n;
       len -= (size_t)n;
@@ -344,6 +365,19 @@ int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *fa
 int sd_client_request(shardd_client *c, json_t *req, json_t **reply) {
   json_int_t id;
   int rc = send_request(c, req, &id);
+  if (rc) return rc;
+  json_t *r;
+  rc = await_reply(c, id, deadline_in(c->timeout_ms), &r);
+  if (rc) return rc;
+  return finish_reply(c, r, reply);
+}
+
+int sd_client_request_fd(shardd_client *c, json_t *req, int fd, json_t **reply) {
+  c->pass_fd = fd;
+  c->passing = 1;
+  json_int_t id;
+  int rc = send_request(c, req, &id);
+  c->passing = 0;
   if (rc) return rc;
   json_t *r;
   rc = await_reply(c, id, deadline_in(c->timeout_ms), &r);

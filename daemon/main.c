@@ -1,4 +1,6 @@
 /* shardd entry point: settings, root, writer, socket (bound or from systemd), signals, notifications, clean shutdown. */
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -181,8 +183,19 @@ static void close_walk(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
 
+/* Descriptors 0-2 stay taken (on /dev/null when closed at start), so a
+ * descriptor a client passes never lands there: libuv never closes those. */
+static void stdio_hold(void) {
+  for (int fd = 0; fd < 3; fd++) {
+    if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    int n = open("/dev/null", O_RDWR);
+    if (n > 2) close(n);
+  }
+}
+
 int main(int argc, char **argv) {
   int code = 0;
+  stdio_hold();
   if (sd_config_load(&cfg, argc, argv, &code)) {
     sd_config_free(&cfg);
     return code;

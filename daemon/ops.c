@@ -64,10 +64,38 @@ static json_t *op_hello(sd_session *s, json_t *req, json_t *id) {
   return r;
 }
 
+/* attach {"fd":true}: the descriptor that came with the line, a sealed memfd. */
+static int attach_fd(sd_session *s, json_t *req, sd_region **r, sd_error *err) {
+  if (json_object_get(req, "shm"))
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "attach: give 'shm' or \"fd\":true, not both");
+  if (s->line_fd == -1)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "attach: \"fd\":true but no descriptor came with this line (send it as SCM_RIGHTS in the "
+                   "same sendmsg as the line)");
+  if (s->line_fd < 0)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "attach: more than one descriptor came with this line (or one could not be received); "
+                   "all were closed");
+  int fd = s->line_fd;
+  s->line_fd = -1;
+  return sd_region_adopt(fd, r, err);
+}
+
 static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   const char *name = NULL;
-  if (sd_msg_str(req, "shm", 1, &name, NULL, &err) < 0) return fail(id, &err);
+  json_t *fdv = json_object_get(req, "fd");
+  if (fdv && !json_is_boolean(fdv)) {
+    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "field 'fd' must be a boolean");
+    return fail(id, &err);
+  }
+  int by_fd = json_is_true(fdv);
+  if (!by_fd && s->line_fd != -1) {
+    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT,
+            "attach: a descriptor came with this line but it has no \"fd\":true; it was closed");
+    return fail(id, &err);
+  }
+  if (!by_fd && sd_msg_str(req, "shm", 1, &name, NULL, &err) < 0) return fail(id, &err);
   if (s->regions.n >= s->d->cfg->max_regions) {
     sd_fail(&err, SHARDD_E_LIMIT, "this connection already has %zu regions attached (max_regions=%u)",
             s->regions.n, s->d->cfg->max_regions);
@@ -76,13 +104,13 @@ static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
   sd_region *r = NULL;
   sd_region_peer peer = {.uid = s->uid, .gid = s->gid, .groups = s->groups, .ngroups = s->ngroups,
                          .trusted_gid = s->d->cfg->trusted_gid};
-  if (sd_region_open(name, &peer, &r, &err) != 0) return fail(id, &err);
+  if ((by_fd ? attach_fd(s, req, &r, &err) : sd_region_open(name, &peer, &r, &err)) != 0) return fail(id, &err);
   uint32_t rid = 0;
   if (sd_region_table_add(&s->regions, r, &rid, &err) != 0) {
     sd_region_unref(r);
     return fail(id, &err);
   }
-  sd_log_debug("client %llu attached %s as region %u (%llu bytes)", (unsigned long long)s->id, name, rid,
+  sd_log_debug("client %llu attached %s as region %u (%llu bytes)", (unsigned long long)s->id, r->name, rid,
                (unsigned long long)r->size);
   json_t *m = sd_msg_ok(id);
   json_object_set_new(m, "region", json_integer(rid));
@@ -412,6 +440,14 @@ void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {
     if (strcmp(ops[i].name, op) == 0) fn = ops[i].fn;
   if (!fn) {
     sd_fail(&err, SHARDD_E_UNKNOWN_OP, "unknown op '%.100s'", op);
+    sd_session_send(s, sd_msg_error_from(id, &err));
+    json_decref(req);
+    return;
+  }
+  /* Only attach takes a descriptor; one sent with anything else is refused
+   * (the session closes it). */
+  if (s->line_fd != -1 && fn != op_attach) {
+    sd_fail(&err, SHARDD_E_INVALID_ARGUMENT, "op '%s' takes no descriptor; the one sent with it was closed", op);
     sd_session_send(s, sd_msg_error_from(id, &err));
     json_decref(req);
     return;

@@ -1,4 +1,4 @@
-/* Shared-memory regions: client shm segments mapped read-only and refcounted. */
+/* Shared-memory regions: client shm segments (named, or sealed memfds passed over the socket) mapped read-only and refcounted. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -33,6 +33,7 @@ int sd_region_may_attach(const sd_region_peer *p, uid_t owner_uid, gid_t owner_g
 }
 
 int sd_region_check(const sd_region *r, sd_error *err) {
+  if (r->sealed) return 0;
   struct stat st;
   if (fstat(r->fd, &st) != 0)
     return sd_fail(err, SHARDD_E_IO, "cannot stat shm '%s': %s", r->name, strerror(errno));
@@ -40,6 +41,28 @@ int sd_region_check(const sd_region *r, sd_error *err) {
     return sd_fail(err, SHARDD_E_OUT_OF_RANGE,
                    "shm '%s' shrank from %llu to %llu bytes after it was attached", r->name,
                    (unsigned long long)r->size, (unsigned long long)st.st_size);
+  return 0;
+}
+
+/* Maps fd read-only into a new region (taking over fd on success). */
+static int map_fd(int fd, uint64_t size, const char *name, int sealed, sd_region **out, sd_error *err) {
+  void *base = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED)
+    return sd_fail(err, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "cannot map %s%s%s: %s",
+                   sealed ? "" : "shm '", name, sealed ? "" : "'", strerror(errno));
+  sd_region *r = calloc(1, sizeof *r);
+  if (!r) {
+    munmap(base, (size_t)size);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", name);
+  }
+  r->refs = 1;
+  r->base = base;
+  r->size = size;
+  r->fd = fd;
+  r->sealed = sealed;
+  snprintf(r->name, sizeof r->name, "%s", name);
+  live++;
+  *out = r;
   return 0;
 }
 
@@ -78,27 +101,64 @@ int sd_region_open(const char *name, const sd_region_peer *peer, sd_region **out
     rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "shm '%s' is empty", name);
     goto out;
   }
-  void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED) {
-    rc = sd_fail(err, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "cannot map shm '%s': %s",
-                 name, strerror(errno));
+  rc = map_fd(fd, (uint64_t)st.st_size, name, 0, out, err);
+  if (!rc) fd = -1;
+out:
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+/* What /proc says the descriptor is ("/memfd:NAME (deleted)", "pipe:[N]", a
+ * path), for the memfd check and the messages; "" when /proc is not there. */
+static void fd_link(int fd, char *buf, size_t n) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t k = readlink(path, buf, n - 1);
+  buf[k > 0 ? (size_t)k : 0] = '\0';
+}
+
+int sd_region_adopt(int fd, sd_region **out, sd_error *err) {
+  *out = NULL;
+  char link[SD_SHM_NAME_MAX + 64], name[SD_SHM_NAME_MAX + 1];
+  fd_link(fd, link, sizeof link);
+  int rc = 0;
+  /* Only a memfd can carry F_SEAL_SHRINK (a /dev/shm file reports a fixed
+   * F_SEAL_SEAL; other files and pipes fail F_GET_SEALS), and /proc names
+   * memfds "/memfd:NAME", so a file or pipe is refused either way. */
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (link[0] && strncmp(link, "/memfd:", 7) != 0)) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                 "attach: the descriptor sent is not a memfd (it is '%.200s'); pass a memfd sealed with "
+                 "F_SEAL_SHRINK, or attach POSIX shm by its 'shm' name",
+                 link[0] ? link : "not sealable");
     goto out;
   }
-  sd_region *r = calloc(1, sizeof *r);
-  if (!r) {
-    munmap(base, (size_t)st.st_size);
-    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", name);
+  if (link[0]) {
+    char *del = strstr(link, " (deleted)");
+    if (del) *del = '\0';
+    snprintf(name, sizeof name, "memfd:%.200s", link + 7);
+  } else {
+    snprintf(name, sizeof name, "memfd");
+  }
+  if (!(seals & F_SEAL_SHRINK)) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                 "attach: %s is not sealed against shrinking (F_SEAL_SHRINK); seal it with fcntl(F_ADD_SEALS) "
+                 "before passing it",
+                 name);
     goto out;
   }
-  r->refs = 1;
-  r->base = base;
-  r->size = (uint64_t)st.st_size;
-  r->fd = fd;
-  fd = -1;
-  snprintf(r->name, sizeof r->name, "%s", name);
-  live++;
-  *out = r;
-  rc = 0;
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    rc = sd_fail(err, SHARDD_E_IO, "cannot stat %s: %s", name, strerror(errno));
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) {
+    rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "attach: %s is %s", name,
+                 S_ISREG(st.st_mode) ? "empty" : "not a regular memfd");
+    goto out;
+  }
+  rc = map_fd(fd, (uint64_t)st.st_size, name, 1, out, err);
+  if (!rc) fd = -1;
 out:
   if (fd >= 0) close(fd);
   return rc;

@@ -15,6 +15,7 @@ typedef struct sd_region {
   const uint8_t *base;
   uint64_t size;
   int fd;                  /* kept open, so a shrink after attach can be detected */
+  int sealed;              /* a memfd sealed with F_SEAL_SHRINK: its size can never drop */
   char name[SD_SHM_NAME_MAX + 1];
 } sd_region;
 
@@ -36,9 +37,14 @@ int sd_region_may_attach(const sd_region_peer *p, uid_t owner_uid, gid_t owner_g
 /* Opens POSIX shm `name` ("/x") read-only, checks the peer may attach it
  * (SHARDD_E_PERMISSION otherwise) and maps it. One reference. */
 int sd_region_open(const char *name, const sd_region_peer *peer, sd_region **out, sd_error *err);
+/* Takes over fd, a descriptor the client passed (SCM_RIGHTS): it must be a
+ * memfd sealed with F_SEAL_SHRINK, regular and non-empty; then it is mapped.
+ * The descriptor is the permission, so no owner check. fd is closed on
+ * failure (SHARDD_E_INVALID_ARGUMENT naming it and what is wrong). */
+int sd_region_adopt(int fd, sd_region **out, sd_error *err);
 /* SHARDD_E_OUT_OF_RANGE naming the region when its segment is now shorter
  * than when it was mapped (the client shrank it): reading the missing pages
- * would fault. */
+ * would fault. Always 0 for a sealed memfd, which cannot shrink. */
 int sd_region_check(const sd_region *r, sd_error *err);
 void sd_region_ref(sd_region *r);
 /* Unmaps on the last reference. */

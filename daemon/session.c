@@ -1,5 +1,6 @@
 /* One client connection: reads lines, dispatches requests in order, queues replies and events, closes gracefully. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -153,6 +154,9 @@ static void on_closed(uv_handle_t *h) {
   sd_session *s = h->data;
   sd_daemon *d = s->d;
   saves_forget(d, s);
+  for (size_t i = 0; i < s->nfds; i++)
+    if (s->fds[i].fd >= 0) close(s->fds[i].fd);
+  s->nfds = 0;
   sd_region_table_clear(&s->regions);
   sd_linebuf_free(&s->lb);
   free(s->groups);
@@ -300,6 +304,74 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 
 static void read_start(sd_session *s);
 
+/* ------------------------------------------------------------------------ *
+ * Descriptors passed with a line (attach of a memfd). libuv's ipc pipe
+ * receives them (recvmsg, SCM_RIGHTS, MSG_CMSG_CLOEXEC) and queues them;
+ * each is taken out at once, so none waits in libuv and none is lost.
+ * ------------------------------------------------------------------------ */
+static void free_handle(uv_handle_t *h) { free(h); }
+
+/* The next queued descriptor as a plain fd; -1 when it could not be kept
+ * (it is closed then), -3 out of memory (it stays queued; close the session). */
+static int fd_accept(sd_session *s) {
+  uv_pipe_t *tmp = malloc(sizeof *tmp);
+  if (!tmp) return -3;
+  if (uv_pipe_init(s->d->loop, tmp, 0) != 0) {
+    free(tmp);
+    return -3;
+  }
+  int fd = -1;
+  uv_os_fd_t f;
+  /* uv_accept adopts any descriptor into a pipe handle (and closes it if it
+   * cannot); a duplicate leaves libuv its own to close with the handle. */
+  if (uv_accept((uv_stream_t *)&s->pipe, (uv_stream_t *)tmp) == 0 && uv_fileno((uv_handle_t *)tmp, &f) == 0)
+    fd = fcntl(f, F_DUPFD_CLOEXEC, 3);
+  uv_close((uv_handle_t *)tmp, free_handle);
+  return fd;
+}
+
+/* Files every queued descriptor under `line`: one per line; a second for
+ * the same line, or one past the table, is closed and spoils that line's. */
+static void fds_receive(sd_session *s, uint64_t line) {
+  while (!s->closing && uv_pipe_pending_count(&s->pipe) > 0) {
+    int fd = fd_accept(s);
+    if (fd == -3) {
+      sd_log_error("client %llu: out of memory receiving a descriptor; closing", (unsigned long long)s->id);
+      sd_session_close(s); /* libuv closes what is still queued */
+      return;
+    }
+    sd_line_fd *e = NULL;
+    for (size_t i = 0; i < s->nfds && !e; i++)
+      if (s->fds[i].line == line) e = &s->fds[i];
+    if (!e && s->nfds < SD_SESSION_LINE_FDS && line != UINT64_MAX) {
+      e = &s->fds[s->nfds++];
+      e->line = line;
+      e->fd = fd;
+      if (fd < 0) e->fd = -2;
+      continue;
+    }
+    /* debug: the client hears of it in the reply, and a log line per line
+     * would let one client flood the log */
+    sd_log_debug("client %llu (pid %d): closed a descriptor it sent %s", (unsigned long long)s->id, (int)s->pid,
+                e ? "with a line that already carried one" : "beyond what the daemon holds");
+    if (fd >= 0) close(fd);
+    if (e && e->fd >= 0) close(e->fd);
+    if (e) e->fd = -2;
+  }
+}
+
+/* The descriptor of the line about to be handled, into s->line_fd. */
+static void line_fd_take(sd_session *s) {
+  uint64_t line = s->lines_done++;
+  s->line_fd = -1;
+  for (size_t i = 0; i < s->nfds; i++) {
+    if (s->fds[i].line != line) continue;
+    s->line_fd = s->fds[i].fd;
+    s->fds[i] = s->fds[--s->nfds];
+    return;
+  }
+}
+
 /* The peer sent EOF and all its lines are handled: without a way to send
  * seal, its unsealed ranks are lost now, not when the socket closes. */
 static void peer_finished(sd_session *s) {
@@ -344,7 +416,11 @@ static void pump(sd_session *s) {
     }
     s->partial_since = 0;
     s->spoke = 1;
+    line_fd_take(s);
     s->d->on_request(s, line, len);
+    /* A descriptor the handler did not take (a stray one) goes now. */
+    if (s->line_fd >= 0) close(s->line_fd);
+    s->line_fd = -1;
   }
   s->pumping = 0;
   flush(s);
@@ -362,9 +438,16 @@ static void pump(sd_session *s) {
 }
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
-  (void)buf;
   sd_session *s = stream->data;
   if (nread > 0) {
+    /* The kernel hands a message's descriptors to the read that ends in (or
+     * at the end of) that message's bytes, never later, so they belong to
+     * the line holding this read's last byte. */
+    const char *p = buf->base, *end = p + nread - 1;
+    uint64_t line = s->nl_seen;
+    for (const char *q = p; (q = memchr(q, '\n', (size_t)(end - q))); q++) line++;
+    s->nl_seen = line + (*end == '\n');
+    fds_receive(s, line);
     sd_linebuf_commit(&s->lb, (size_t)nread);
     pump(s);
     /* The sweep below hangs up on a line left unfinished for too long. */
@@ -372,6 +455,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
       s->partial_since = uv_now(s->d->loop);
     return;
   }
+  fds_receive(s, UINT64_MAX); /* none come without bytes; closed if they do */
   if (nread == 0) return;
   if (nread == UV_ENOBUFS) {
     sd_log_error("client %llu: out of memory reading a request; closing", (unsigned long long)s->id);
@@ -549,7 +633,9 @@ void sd_session_accept(sd_daemon *d, int fd) {
     return;
   }
   s->d = d;
-  if (uv_pipe_init(d->loop, &s->pipe, 0) != 0) {
+  s->line_fd = -1;
+  /* ipc: reads go through recvmsg, so descriptors sent with attach arrive. */
+  if (uv_pipe_init(d->loop, &s->pipe, 1) != 0) {
     close(fd);
     free(s);
     return;

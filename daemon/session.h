@@ -18,6 +18,15 @@ typedef struct {
   uint32_t rank;
 } sd_member;
 
+/* A descriptor that came with the client's bytes (SCM_RIGHTS), held for the
+ * line it belongs to until that line is handled. */
+typedef struct {
+  uint64_t line;
+  int fd;                   /* -2: several came with that line (all closed) */
+} sd_line_fd;
+
+#define SD_SESSION_LINE_FDS 8
+
 typedef struct sd_session {
   sd_daemon *d;
   uv_pipe_t pipe;
@@ -38,6 +47,14 @@ typedef struct sd_session {
   unsigned pending_waits;
   uint64_t since;           /* loop time (ms) it connected */
   int spoke;                /* it sent at least one request */
+  uint64_t nl_seen;         /* '\n' bytes received: the number of the line now arriving */
+  uint64_t lines_done;      /* lines handed to on_request */
+  sd_line_fd fds[SD_SESSION_LINE_FDS];
+  size_t nfds;
+  /* While a line is handled: the descriptor that came with it (the handler
+   * takes it by setting -1; the session closes any it leaves), -1 none,
+   * -2 more than one came (all closed). */
+  int line_fd;
   int reading, paused, eof, eof_handled, pumping, closing;
   struct sd_session *prev, *next;
 } sd_session;

@@ -31,6 +31,10 @@ trap 'rm -rf "$tmp"' EXIT
 grep -qx "ExecStart=$installed --config .*/shardd/shardd.conf" "$service" ||
   fail "$service: ExecStart is not '$installed --config .../shardd/shardd.conf'"
 grep -qx "ReadWritePaths=$root" "$service" || fail "$service: ReadWritePaths is not $root"
+# No privilege: arenas come as descriptors, so the service needs no capability.
+grep -qx "AmbientCapabilities=" "$service" && grep -qx "CapabilityBoundingSet=" "$service" ||
+  fail "$service: the service must run with no capabilities (empty AmbientCapabilities= and CapabilityBoundingSet=)"
+if grep -n 'CAP_' "$service"; then fail "$service: names a capability"; fi
 grep -qx "ListenStream=/run/shardd/shardd.sock" "$socket" ||
   fail "$socket: ListenStream does not match the client default /run/shardd/shardd.sock"
 if grep -n '@[A-Z_]*@' "$service" "$socket" "$sysusers" "$tmpfiles"; then

@@ -109,7 +109,11 @@ SHARDD_EXPORT const char *shardd_last_error(const shardd_client *c);
 SHARDD_EXPORT const char *shardd_node_name(const shardd_client *c);
 
 /* ------------------------------------------------------------------------ *
- * Shared-memory arenas: a POSIX shm segment the daemon maps read-only.
+ * Shared-memory arenas: memory the trainer fills and the daemon maps read-only.
+ * By default a memfd sealed against shrinking (F_SEAL_SHRINK), passed to the
+ * daemon over the socket (SCM_RIGHTS): no file name, no file permission. With
+ * SHARDD_ARENA=shm in the environment, a POSIX shm segment (0600) attached
+ * by name instead (for daemons before descriptor attach).
  * ------------------------------------------------------------------------ */
 /* Creates, sizes, maps and attaches a segment, and pre-faults every page for
  * writing (a one-time cost), so copies during a save run at memory speed.
@@ -117,9 +121,10 @@ SHARDD_EXPORT const char *shardd_node_name(const shardd_client *c);
 SHARDD_EXPORT int shardd_arena_create(shardd_client *c, size_t size, shardd_arena **out);
 SHARDD_EXPORT void *shardd_arena_data(shardd_arena *a);
 SHARDD_EXPORT size_t shardd_arena_size(const shardd_arena *a);
-/* The POSIX shm name ("/shardd-<pid>-<n>-<random>"), for logs and tests. */
+/* "memfd:shardd-<pid>-<n>" for a memfd arena (the default); with SHARDD_ARENA=shm in
+ * the environment, the POSIX shm name ("/shardd-<pid>-<n>-<random>"). For logs and tests. */
 SHARDD_EXPORT const char *shardd_arena_name(const shardd_arena *a);
-/* Detaches, unmaps and unlinks. The daemon keeps its own mapping for as long as
+/* Detaches, unmaps and (shm) unlinks. The daemon keeps its own mapping for as long as
  * a save still needs the bytes, so this is safe right after seal. */
 SHARDD_EXPORT int shardd_arena_destroy(shardd_arena *a);
 

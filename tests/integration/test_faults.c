@@ -310,8 +310,10 @@ static void expect_shrunk_error(shardd_client *c, const char *save, const char *
 }
 
 /* Before the write starts (checked when the last rank seals) and during
- * it (the kernel's EFAULT from the truncated mapping, named as the segment's). */
+ * it (the kernel's EFAULT from the truncated mapping, named as the segment's).
+ * Only named shm can shrink (a memfd arena is sealed), so these arenas are. */
 Test(faults, client_shrinking_its_shm_fails_only_its_own_save) {
+  setenv("SHARDD_ARENA", "shm", 1);
   setenv("SHARDD_TEST_STALL_AT", "start:2:1500", 1);
   x_start(NULL);
   unsetenv("SHARDD_TEST_STALL_AT");

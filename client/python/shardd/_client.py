@@ -183,11 +183,13 @@ class _Segment:
 
 
 class Arena:
-    """A POSIX shared-memory segment attached to the daemon through one Client.
+    """Shared memory attached to the daemon through one Client: a memfd sealed
+    against shrinking, passed over the socket (or, with SHARDD_ARENA=shm in the
+    environment, a POSIX shm segment attached by name).
 
     `buffer` is a writable memoryview and `array` a writable numpy uint8 view
     of it. Views keep the memory mapped even after close(); the segment is
-    unmapped, unlinked and detached once the arena and every view are gone.
+    unmapped (unlinked) and detached once the arena and every view are gone.
     """
 
     def __init__(self, client, size):
@@ -236,7 +238,7 @@ class Arena:
 
     @property
     def name(self):
-        """The POSIX shm name, for logs."""
+        """"memfd:shardd-PID-N" (or the POSIX shm name with SHARDD_ARENA=shm), for logs."""
         self._check()
         return self._name
 

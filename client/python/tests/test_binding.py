@@ -424,8 +424,9 @@ class SaveTest(unittest.TestCase):
         c = self.client
         a = c.arena(64)
         self.assertEqual(a.size, 64)
-        self.assertTrue(a.name.startswith("/shardd-"))
-        self.assertTrue(os.path.exists("/dev/shm" + a.name))
+        # A sealed memfd passed to the daemon: nothing in /dev/shm.
+        self.assertTrue(a.name.startswith("memfd:shardd-"), a.name)
+        self.assertFalse(os.path.exists("/dev/shm/" + a.name))
         v = a.view(np.float32, (4,))
         v[:] = [1, 2, 3, 4]
         self.assertEqual(bytes(a.buffer[:4]), np.float32(1).tobytes())
@@ -504,18 +505,49 @@ class SaveTest(unittest.TestCase):
             shardd.save({"x": big}, "grow/3", client=shardd.Client(D.socket), arena=a)
         a.close()
 
+    def test_arenas_are_sealed_memfds_passed_to_the_daemon(self):
+        # The default arena: a memfd sealed against shrinking, sent with attach.
+        c = self.client
+        a = c.arena(1 << 16)
+        self.assertTrue(a.name.startswith("memfd:shardd-%d-" % os.getpid()), a.name)
+        fdlinks = [os.readlink("/proc/%d/fd/%s" % (D.proc.pid, f)) for f in os.listdir("/proc/%d/fd" % D.proc.pid)]
+        self.assertIn("/" + a.name + " (deleted)", fdlinks, "the daemon holds no descriptor of the arena")
+        w = np.arange(4096, dtype=np.float32).reshape(64, 64) * 3 - 7
+        b = (np.arange(1000) % 251).astype(np.uint8)
+        shardd.save({"w": w, "b": b}, "memfd/1", client=c, arena=a)
+        arrays, _, _, _ = read_checkpoint(path("memfd", "1"))
+        self.assertEqual(arrays["w"].tobytes(), as_stored(w).tobytes())
+        self.assertEqual(arrays["b"].tobytes(), b.tobytes())
+        a.close()
+        # SHARDD_ARENA=shm: a named POSIX shm segment attached by name, same bytes.
+        os.environ["SHARDD_ARENA"] = "shm"
+        try:
+            n = c.arena(1 << 16)
+        finally:
+            del os.environ["SHARDD_ARENA"]
+        self.assertTrue(n.name.startswith("/shardd-"), n.name)
+        self.assertTrue(os.path.exists("/dev/shm" + n.name))
+        shardd.save({"w": w}, "memfd/2", client=c, arena=n)
+        self.assertEqual(read_checkpoint(path("memfd", "2"))[0]["w"].tobytes(), as_stored(w).tobytes())
+        n.close()
+
     def test_views_keep_the_segment_until_dropped(self):
         a = self.client.arena(4096)
-        shm = "/dev/shm" + a.name
+        name = a.name
+
+        def mapped():  # a memfd arena shows in our maps as "/memfd:NAME (deleted)"
+            with open("/proc/self/maps") as f:
+                return any(l.rstrip().endswith("/" + name + " (deleted)") for l in f)
+
         v = a.view(np.int32, (8,))
         v[:] = 5
         a.close()
         self.assertTrue(a.closed)
-        # The view still reads mapped memory; the segment goes with the last view.
+        # The view still reads mapped memory; the memory goes with the last view.
         self.assertEqual(v.sum(), 40)
-        self.assertTrue(os.path.exists(shm))
+        self.assertTrue(mapped())
         del v
-        self.assertFalse(os.path.exists(shm))
+        self.assertFalse(mapped())
         # An arena survives its client's close as plain memory.
         c = shardd.Client(D.socket)
         b = c.arena(100)
