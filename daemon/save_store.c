@@ -117,6 +117,7 @@ void sd_save_history_push(sd_daemon *d, sd_save_result *r) {
       d->hist_cap = 0;
       free(r->id);
       free(r->dir);
+      free(r->began);
       return;
     }
   }
@@ -124,6 +125,7 @@ void sd_save_history_push(sd_daemon *d, sd_save_result *r) {
   if (d->hist_len == d->hist_cap) {
     free(slot->id);
     free(slot->dir);
+    free(slot->began);
   } else {
     d->hist_len++;
   }
@@ -136,6 +138,7 @@ void sd_save_history_free(sd_daemon *d) {
     size_t i = (d->hist_head + d->hist_cap - 1 - k) % d->hist_cap;
     free(d->history[i].id);
     free(d->history[i].dir);
+    free(d->history[i].began);
   }
   free(d->history);
   d->history = NULL;

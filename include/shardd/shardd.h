@@ -56,7 +56,8 @@ extern "C" {
   XX(CONNECT,          25, "connect_failed",    "cannot reach the daemon")          \
   XX(PROTOCOL,         26, "protocol_error",    "unexpected reply from the daemon") \
   XX(PEER_LOST,        27, "peer_lost",         "a peer daemon was lost")           \
-  XX(FORMAT,           28, "bad_format",        "invalid safetensors data")
+  XX(FORMAT,           28, "bad_format",        "invalid safetensors data")       \
+  XX(SAVE_FAILED,      29, "save_failed",       "the save already failed")
 
 typedef enum {
   SHARDD_OK = 0,
