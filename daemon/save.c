@@ -115,8 +115,9 @@ static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
   if (!r || now - r->t_end_ms >= (uint64_t)window * 1000u) return 0;
   unsigned ago = (unsigned)((now - r->t_end_ms) / 1000u);
   if (!r->err.code)
-    return sd_fail(err, SHARDD_E_EXISTS, "save '%s' committed to %.300s %u s ago; its id answers so for "
-                   "history_window %u s (begin a new save with a new id)", a->save, r->dir ? r->dir : "?", ago, window);
+    return sd_fail(err, SHARDD_E_EXISTS, "save '%s' has just committed to %.300s; its id answers so for "
+                   "history_window %u s after it ended (begin a new save with a new id)", a->save, r->dir ? r->dir : "?",
+                   window);
   if (r->began && a->rank < r->world_size && (r->began[a->rank / 8] >> (a->rank % 8) & 1)) return 0;
   return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' failed %u s ago, before rank %u began (%s: %s)", a->save, ago,
                  a->rank, sd_err_name(r->err.code), r->err.msg);

@@ -10,10 +10,6 @@
 /* Ranks named in a message; more are counted. */
 #define SD_DEADLINE_NAMED 16
 
-uint64_t sd_save_now_ms(void) { return uv_hrtime() / 1000000u; }
-
-void sd_save_touch(sd_save *save) { save->t_active_ms = sd_save_now_ms(); }
-
 /* "ranks 1, 3" / "rank 2" / "ranks 0, 1, ... and 40 more", for the ranks with want(rank) set. */
 static void rank_list(const sd_save *save, int (*want)(const sd_rank *), char *out, size_t n, uint32_t *count) {
   size_t k = 0;

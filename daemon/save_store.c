@@ -106,6 +106,10 @@ sd_save *sd_save_new(sd_daemon *d, const sd_begin_args *a) {
   return save;
 }
 
+uint64_t sd_save_now_ms(void) { return uv_hrtime() / 1000000u; }
+
+void sd_save_touch(sd_save *save) { save->t_active_ms = sd_save_now_ms(); }
+
 /* ------------------------------------------------------------------------ *
  * Finished saves, newest last
  * ------------------------------------------------------------------------ */
