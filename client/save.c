@@ -219,6 +219,11 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
     json_object_set_new(req, "metadata", md);
   }
   if (!rc && o->overwrite) json_object_set_new(req, "overwrite", json_true());
+  /* 0 leaves the daemon's default; a negative deadline is sent as 0, "never". */
+  if (!rc && o->join_timeout) json_object_set_new(req, "join_timeout",
+                                               json_integer(o->join_timeout > 0 ? o->join_timeout : 0));
+  if (!rc && o->idle_timeout) json_object_set_new(req, "idle_timeout",
+                                               json_integer(o->idle_timeout > 0 ? o->idle_timeout : 0));
   if (!rc && o->nnodes > 1) rc = begin_peers(c, req, o);
   if (rc) {
     json_decref(req);

@@ -22,6 +22,8 @@ class SaveOpts(ctypes.Structure):
         ("node_rank", ctypes.c_int),
         ("leader", ctypes.c_char_p),
         ("write_mode", ctypes.c_char_p),
+        ("join_timeout", ctypes.c_int),
+        ("idle_timeout", ctypes.c_int),
     ]
 
 
@@ -91,6 +93,7 @@ _PROTOTYPES = {
     "shardd_declared": (_i, [_p, _s]),
     "shardd_ready": (_i, [_p, _s, _p, _u64]),
     "shardd_wait": (_i, [_p, _s, _i, ctypes.POINTER(Result)]),
+    "shardd_wait_or_abort": (_i, [_p, _s, _i, ctypes.POINTER(Result)]),
     "shardd_wait_released": (_i, [_p, _s, _i]),
     "shardd_abort": (_i, [_p, _s]),
     "shardd_status": (_i, [_p, ctypes.POINTER(_p)]),
