@@ -57,6 +57,7 @@ int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
                         "max_shard_size", (json_int_t)save->max_shard_size, "overwrite", save->overwrite,
                         "write_mode", mode_str(cs->mode), "leader", cs->leader, "metadata", md, "owner_uid",
                         (json_int_t)save->owner_uid);
+  if (j) json_object_set_new(j, "join_timeout", json_integer(save->join_timeout));
   sd_node_to_leader(cs, j);
   sd_log_debug("save '%s': node %u of %u, leader %s%s", save->id, cs->node_rank, cs->nnodes, cs->leader,
                cs->is_leader ? " (this daemon)" : "");

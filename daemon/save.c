@@ -158,15 +158,15 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
   } else {
     rc = create_save(d, j, a, &save, err);
     if (rc) return rc;
+    const sd_config *cfg = d->cfg;
+    save->join_timeout = a->has_join_timeout ? a->join_timeout : cfg ? cfg->join_timeout : 300;
+    save->idle_timeout = a->has_idle_timeout ? a->idle_timeout : cfg ? cfg->idle_timeout : 600;
     if (a->nnodes > 1 && (rc = attach_multi_node(save, a, err)) != 0) {
       sd_save_unlink(d, save);
       sd_save_free(save);
       return rc;
     }
     save->owner_uid = j->uid;
-    const sd_config *cfg = d->cfg;
-    save->join_timeout = a->has_join_timeout ? a->join_timeout : cfg ? cfg->join_timeout : 300;
-    save->idle_timeout = a->has_idle_timeout ? a->idle_timeout : cfg ? cfg->idle_timeout : 600;
     sd_save_deadlines_arm(d);
   }
   if (d->save_owner->joined(j->owner, save, a->rank) != 0) {
@@ -181,6 +181,7 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
   save->ranks[a->rank].owner = j->owner;
   save->nbegun++;
   sd_save_touch(save);
+  if (save->cl) d->multi_node->began(save, a->rank);
   return 0;
 }
 

@@ -173,6 +173,8 @@ typedef struct sd_save_ext_ops {
   int (*attach)(struct sd_save *save, const sd_begin_args *a, sd_error *err);
   /* A joining rank must agree on nnodes, node_rank, leader and write_mode (any save). */
   int (*join_check)(const struct sd_save *save, const sd_begin_args *a, sd_error *err);
+  /* A rank of this node began (the first one after attach): the leader counts them for join_timeout. */
+  void (*began)(struct sd_save *save, uint32_t rank);
   /* Every rank declared or sealed: the slice descriptions go to the leader. */
   void (*sealed)(struct sd_save *save);
   /* The save failed (save->err is set): 1 while writes are still in flight,
