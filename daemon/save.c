@@ -105,8 +105,9 @@ static int create_save(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a,
   return 0;
 }
 
-/* A one-node save id that ended within history_window: a rank that had not begun it is late and gets its
- * outcome (the ranks it would wait for gave up, or the checkpoint is there); one that had is retrying. A
+/* A one-node save id that ended within history_window. Failed: a rank that had not begun it is late and
+ * gets its outcome (the ranks it would wait for gave up); one that had is retrying. Committed: exists,
+ * unless the begin asks to overwrite (saving to one dir under one id every step is a new save). A
  * multi-node save's node keeps its own record of failures (cluster.c, proto/PEERS.md). */
 static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
   unsigned window = d->cfg ? d->cfg->history_window : 300;
@@ -114,9 +115,10 @@ static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
   uint64_t now = sd_save_now_ms();
   if (!r || now - r->t_end_ms >= (uint64_t)window * 1000u) return 0;
   unsigned ago = (unsigned)((now - r->t_end_ms) / 1000u);
+  if (!r->err.code && a->overwrite) return 0;
   if (!r->err.code)
     return sd_fail(err, SHARDD_E_EXISTS, "save '%s' has just committed to %.300s; its id answers so for "
-                   "history_window %u s after it ended (begin a new save with a new id)", a->save, r->dir ? r->dir : "?",
+                   "history_window %u s after it ended (begin a new save with a new id, or pass overwrite)", a->save, r->dir ? r->dir : "?",
                    window);
   if (r->began && a->rank < r->world_size && (r->began[a->rank / 8] >> (a->rank % 8) & 1)) return 0;
   return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' failed %u s ago, before rank %u began (%s: %s)", a->save, ago,

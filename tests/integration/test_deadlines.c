@@ -91,19 +91,24 @@ Test(deadlines, a_late_begin_after_a_failure_gets_save_failed_with_the_cause) {
   h_shared_free(s.sh);
 }
 
-/* A save that committed answers a repeated begin of its id with exists, whatever dir or overwrite. */
+/* A save that committed answers a repeated begin of its id with exists, whatever its dir, unless it overwrites. */
 Test(deadlines, a_begin_for_a_just_committed_id_gets_exists) {
   h_script s = {.opts = {.save = "done", .dir = "done/1", .world_size = 1}, .puts = one_put, .nputs = 1, .seed = 5};
   h_run(&s);
   h_expect_committed(&s);
   shardd_client *c = NULL;
   cr_assert_eq(shardd_connect(H.sock, &c), 0);
-  shardd_save_opts o = {.save = "done", .dir = "done/2", .world_size = 1, .overwrite = 1};
+  shardd_save_opts o = {.save = "done", .dir = "done/2", .world_size = 1};
   int rc = shardd_begin(c, &o);
   cr_assert_eq(rc, SHARDD_E_EXISTS, "repeated begin: %s: %s", shardd_err_name(rc), shardd_last_error(c));
   cr_assert(strstr(shardd_last_error(c), "has just committed"), "%s", shardd_last_error(c));
-  shardd_close(c);
   cr_assert_eq(save_count(), 0);
+  /* Asking to overwrite is a new save (the same id to the same dir every step). */
+  o.overwrite = 1;
+  cr_assert_eq(shardd_begin(c, &o), 0, "%s", shardd_last_error(c));
+  cr_assert_eq(save_count(), 1);
+  cr_assert_eq(shardd_abort(c, "done"), 0);
+  shardd_close(c);
   h_expect_unpublished("done/2");
   h_check_script(&s);
   h_shared_free(s.sh);
