@@ -11,8 +11,10 @@
 #include "harness.h"
 #include "peer_util.h"
 
-/* Every failure here must reach each rank; these bound only a hung test. */
-TestSuite(deadlines, .init = h_setup, .fini = h_teardown, .timeout = 100);
+/* One suite (criterion leaks when two run side by side); each test says which daemons it starts.
+ * The timeout bounds only a hung test. */
+TestSuite(deadlines, .timeout = 120);
+#define ONE_NODE .init = h_setup, .fini = h_teardown
 
 static const h_put one_put[] = {
     {.rank = -1, .name = "w", .dtype = "F32", .ndim = 1, .shape = {64}, .how = H_ARENA},
@@ -60,7 +62,7 @@ static double lone_rank(h_script *s, const char *id, const char *dir) {
   return secs;
 }
 
-Test(deadlines, a_lone_rank_fails_with_timeout_naming_the_missing_rank) {
+Test(deadlines, a_lone_rank_fails_with_timeout_naming_the_missing_rank, ONE_NODE) {
   h_script s;
   double secs = lone_rank(&s, "lone", "lone/1");
   printf("deadlines: join_timeout 2 s, lone rank 0 heard timeout %.2f s after it began\n", secs);
@@ -69,7 +71,7 @@ Test(deadlines, a_lone_rank_fails_with_timeout_naming_the_missing_rank) {
 }
 
 /* The late rank 1 arrives after the save gave up: it learns why, and starts nothing. */
-Test(deadlines, a_late_begin_after_a_failure_gets_save_failed_with_the_cause) {
+Test(deadlines, a_late_begin_after_a_failure_gets_save_failed_with_the_cause, ONE_NODE) {
   h_script s;
   lone_rank(&s, "late", "late/1");
   shardd_client *c = NULL;
@@ -92,7 +94,7 @@ Test(deadlines, a_late_begin_after_a_failure_gets_save_failed_with_the_cause) {
 }
 
 /* A save that committed answers a repeated begin of its id with exists, whatever its dir, unless it overwrites. */
-Test(deadlines, a_begin_for_a_just_committed_id_gets_exists) {
+Test(deadlines, a_begin_for_a_just_committed_id_gets_exists, ONE_NODE) {
   h_script s = {.opts = {.save = "done", .dir = "done/1", .world_size = 1}, .puts = one_put, .nputs = 1, .seed = 5};
   h_run(&s);
   h_expect_committed(&s);
@@ -121,7 +123,7 @@ static void rank1_silent(const h_script *s, int rank, int point, shardd_client *
   if (rank == 1 && point == H_AT_BEGIN) h_await(s->sh, C_GO, 1);
 }
 
-Test(deadlines, silent_ranks_past_idle_timeout_fail_the_save_naming_them) {
+Test(deadlines, silent_ranks_past_idle_timeout_fail_the_save_naming_them, ONE_NODE) {
   static const h_put puts[] = {ROWS(0), ROWS(1)};
   h_put p[2];
   memcpy(p, puts, sizeof p);
@@ -149,7 +151,7 @@ Test(deadlines, silent_ranks_past_idle_timeout_fail_the_save_naming_them) {
 }
 
 /* The client stops waiting: the save does not stay open in the daemon. */
-Test(deadlines, a_client_wait_that_times_out_aborts_the_save) {
+Test(deadlines, a_client_wait_that_times_out_aborts_the_save, ONE_NODE) {
   shardd_client *c = NULL;
   cr_assert_eq(shardd_connect(H.sock, &c), 0);
   shardd_save_opts o = {.save = "gaveup", .dir = "gaveup/1", .world_size = 2};
@@ -197,9 +199,9 @@ static void peers_setup(void) {
   for (int r = 0; r < H_MAX_RANKS; r++) rank_node[r] = r / PER_NODE;
 }
 
-TestSuite(deadline_peers, .init = peers_setup, .fini = pu_teardown, .timeout = 120);
+#define THREE_NODES .init = peers_setup, .fini = pu_teardown
 
-Test(deadline_peers, a_node_that_never_begins_fails_the_save_on_every_rank) {
+Test(deadlines, a_node_that_never_begins_fails_the_save_on_every_rank, THREE_NODES) {
   h_put p[NODES * PER_NODE];
   for (int r = 0; r < NODES * PER_NODE; r++) {
     p[r] = (h_put)ROWS(r);
