@@ -557,21 +557,6 @@ SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms
   return rc;
 }
 
-SHARDD_EXPORT int shardd_wait_or_abort(shardd_client *c, const char *save, int timeout_ms, shardd_result *out) {
-  int rc = shardd_wait(c, save, timeout_ms, out);
-  if (rc != SHARDD_E_TIMEOUT) return rc;
-  char why[sizeof c->err];
-  snprintf(why, sizeof why, "%s", c->err);
-  /* Abort, then take the pending wait's answer: only then is the save over
-   * in the daemon (the answer is "aborted", or the commit that won the race). */
-  int arc = shardd_abort(c, save);
-  if (arc != 0 && arc != SHARDD_E_BAD_STATE && arc != SHARDD_E_NO_SUCH_SAVE) return arc;
-  rc = shardd_wait(c, save, c->timeout_ms, out);
-  if (rc == 0) return 0;
-  if (rc != SHARDD_E_ABORTED) return rc;
-  return sd_client_fail(c, SHARDD_E_TIMEOUT, "%s; aborted it (nothing was published)", why);
-}
-
 SHARDD_EXPORT int shardd_wait_released(shardd_client *c, const char *save, int timeout_ms) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!save) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "wait_released: save id is NULL");
