@@ -74,7 +74,8 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
     free(payload);
     return;
   }
-  if (!strcmp(t, "join") || !strcmp(t, "manifest") || !strcmp(t, "fail") || !strcmp(t, "done")) {
+  if (!strcmp(t, "join") || !strcmp(t, "began") || !strcmp(t, "manifest") || !strcmp(t, "fail") ||
+      !strcmp(t, "done")) {
     /* Nodes speak to their leader on the connection they opened to it. */
     if (sd_peer_is_outgoing(p)) {
       sd_log_warn("peer %s: '%.40s' on a connection this daemon opened; ignored", sd_peer_addr(p), t);

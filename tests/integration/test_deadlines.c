@@ -182,8 +182,7 @@ Test(deadlines, a_client_wait_that_times_out_aborts_the_save, ONE_NODE) {
 }
 
 /* ------------------------------------------------------------------------ *
- * Three daemons on loopback, two ranks each; node 2's trainer never comes
- * (its daemon is up, so peer_timeout never fires).
+ * Three daemons on loopback sharing a root, two ranks each.
  * ------------------------------------------------------------------------ */
 #define NODES 3
 #define PER_NODE 2
@@ -201,17 +200,20 @@ static void peers_setup(void) {
 
 #define THREE_NODES .init = peers_setup, .fini = pu_teardown
 
-Test(deadlines, a_node_that_never_begins_fails_the_save_on_every_rank, THREE_NODES) {
+/* Ranks 0 .. present-1 run the save (the others never come); asserts each gets timeout naming `needle`,
+ * prints when each heard, and that nothing is published and no node holds the save. */
+static void run_missing(const char *id, int present, const char *needle) {
   h_put p[NODES * PER_NODE];
   for (int r = 0; r < NODES * PER_NODE; r++) {
     p[r] = (h_put)ROWS(r);
     p[r].shape[0] = 2 * NODES * PER_NODE;
   }
-  h_script s = {.opts = {.save = "nonode", .dir = "ck/nonode", .world_size = NODES * PER_NODE, .nnodes = NODES,
+  char dir[64];
+  snprintf(dir, sizeof dir, "ck/%s", id);
+  h_script s = {.opts = {.save = id, .dir = dir, .world_size = NODES * PER_NODE, .nnodes = NODES,
                          .leader = N[0].addr, .join_timeout = 3},
                 .puts = p, .nputs = NODES * PER_NODE, .seed = 11, .wait_after_fail = 1};
   s.sh = h_shared_new();
-  int present = (NODES - 1) * PER_NODE; /* ranks of nodes 0 and 1 */
   pid_t pids[H_MAX_RANKS];
   double t0 = now_s(), ended[H_MAX_RANKS];
   for (int r = 0; r < present; r++) pids[r] = h_fork(peer_rank, r, &s);
@@ -221,20 +223,31 @@ Test(deadlines, a_node_that_never_begins_fails_the_save_on_every_rank, THREE_NOD
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
   }
   char line[512];
-  size_t k = (size_t)snprintf(line, sizeof line, "deadlines: 3 nodes, node 2 absent, join_timeout 3 s; ranks ended at");
+  size_t k = (size_t)snprintf(line, sizeof line, "deadlines: 3 nodes, %d of 6 ranks, join_timeout 3 s; ranks ended at",
+                              present);
   for (int r = 0; r < present; r++) {
-    expect_rank(&s, r, SHARDD_E_TIMEOUT, "node 2 of 3 never began within join_timeout 3 s");
+    expect_rank(&s, r, SHARDD_E_TIMEOUT, needle);
     k += (size_t)snprintf(line + k, sizeof line - k, " r%d %.2f s", r, ended[r]);
   }
   printf("%s (from the ranks' start)\n", line);
   fflush(stdout);
   for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
-  h_expect_unpublished("ck/nonode");
+  h_expect_unpublished(dir);
   for (int i = 0; i < NODES; i++) {
     json_t *st = node_status(i);
     cr_assert_eq(json_array_size(json_object_get(st, "saves")), 0, "node %d still holds the save", i);
     json_decref(st);
   }
-  cr_assert(log_has(0, "node 2 of 3 never began"), "the leader did not log the cause");
+  cr_assert(log_has(0, needle), "the leader did not log the cause");
   h_shared_free(s.sh);
+}
+
+/* Node 2's trainer never comes; its daemon is up, so peer_timeout never fires. */
+Test(deadlines, a_node_that_never_begins_fails_the_save_on_every_rank, THREE_NODES) {
+  run_missing("nonode", (NODES - 1) * PER_NODE, "node 2 of 3 never began within join_timeout 3 s");
+}
+
+/* Every node began, but rank 5 (node 2's second) never did. */
+Test(deadlines, a_rank_missing_on_a_node_that_began_fails_the_save_on_every_rank, THREE_NODES) {
+  run_missing("norank", NODES * PER_NODE - 1, "rank 5 of 6 never began within join_timeout 3 s (every node did)");
 }
