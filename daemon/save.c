@@ -117,9 +117,10 @@ static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
   unsigned ago = (unsigned)((now - r->t_end_ms) / 1000u);
   if (!r->err.code && a->overwrite) return 0;
   if (!r->err.code)
-    return sd_fail(err, SHARDD_E_EXISTS, "save '%s' has just committed to %.300s; its id answers so for "
-                   "history_window %u s after it ended (begin a new save with a new id, or pass overwrite)", a->save, r->dir ? r->dir : "?",
-                   window);
+    return sd_fail(err, SHARDD_E_EXISTS,
+                   "save '%s' has just committed to %.300s; its id answers so for history_window %u s after it "
+                   "ended (begin a new save with a new id, or pass overwrite)",
+                   a->save, r->dir ? r->dir : "?", window);
   if (r->began && a->rank < r->world_size && (r->began[a->rank / 8] >> (a->rank % 8) & 1)) return 0;
   return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' failed %u s ago, before rank %u began (%s: %s)", a->save, ago,
                  a->rank, sd_err_name(r->err.code), r->err.msg);

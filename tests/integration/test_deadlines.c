@@ -1,4 +1,4 @@
-/* No save waits forever: join and idle deadlines, late and repeated begins, a client wait that gives up, on one node and three. */
+/* No save waits forever: join and idle deadlines, late begins, a client wait that gives up; one node and three. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <limits.h>
