@@ -221,6 +221,11 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
   if (!rc && o->overwrite) json_object_set_new(req, "overwrite", json_true());
   if (!rc && o->keep_last < 0) rc = sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "begin: keep_last is negative");
   if (!rc && o->keep_last > 0) json_object_set_new(req, "keep_last", json_integer(o->keep_last));
+  /* 0 leaves the daemon's default; a negative deadline is sent as 0, "never". */
+  if (!rc && o->join_timeout) json_object_set_new(req, "join_timeout",
+                                               json_integer(o->join_timeout > 0 ? o->join_timeout : 0));
+  if (!rc && o->idle_timeout) json_object_set_new(req, "idle_timeout",
+                                               json_integer(o->idle_timeout > 0 ? o->idle_timeout : 0));
   if (!rc && o->nnodes > 1) rc = begin_peers(c, req, o);
   if (rc) {
     json_decref(req);
@@ -395,3 +400,18 @@ SHARDD_EXPORT int shardd_ready(shardd_client *c, const char *save, shardd_arena 
   return sd_client_request(c, req, NULL);
 }
 SHARDD_EXPORT int shardd_abort(shardd_client *c, const char *save) { return simple_op(c, "abort", save); }
+
+SHARDD_EXPORT int shardd_wait_or_abort(shardd_client *c, const char *save, int timeout_ms, shardd_result *out) {
+  int rc = shardd_wait(c, save, timeout_ms, out);
+  if (rc != SHARDD_E_TIMEOUT) return rc;
+  char why[sizeof c->err];
+  snprintf(why, sizeof why, "%s", c->err);
+  /* Abort, then take the pending wait's answer: only then is the save over
+   * in the daemon (the answer is "aborted", or the commit that won the race). */
+  int arc = shardd_abort(c, save);
+  if (arc != 0 && arc != SHARDD_E_BAD_STATE && arc != SHARDD_E_NO_SUCH_SAVE) return arc;
+  rc = shardd_wait(c, save, c->timeout_ms, out);
+  if (rc == 0) return 0;
+  if (rc != SHARDD_E_ABORTED) return rc;
+  return sd_client_fail(c, SHARDD_E_TIMEOUT, "%s; aborted it (nothing was published)", why);
+}

@@ -74,7 +74,8 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
     free(payload);
     return;
   }
-  if (!strcmp(t, "join") || !strcmp(t, "manifest") || !strcmp(t, "fail") || !strcmp(t, "done")) {
+  if (!strcmp(t, "join") || !strcmp(t, "began") || !strcmp(t, "manifest") || !strcmp(t, "fail") ||
+      !strcmp(t, "done")) {
     /* Nodes speak to their leader on the connection they opened to it. */
     if (sd_peer_is_outgoing(p)) {
       sd_log_warn("peer %s: '%.40s' on a connection this daemon opened; ignored", sd_peer_addr(p), t);
@@ -102,6 +103,8 @@ static void on_lost(sd_peer_net *net, sd_peer *p, int code, const char *why) {
   sd_lead_peer_lost(cl, p, code, why);
   sd_node_peer_lost(cl, p, code, why);
 }
+
+static void on_lead_tick(uv_timer_t *t) { sd_lead_tick(t->data); }
 
 /* ------------------------------------------------------------------------ *
  * Start and stop
@@ -150,6 +153,11 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
   }
   uv_idle_init(d->loop, &cl->lq_idle);
   cl->lq_idle.data = cl;
+  /* The leader's join deadlines; never what keeps the daemon running. */
+  uv_timer_init(d->loop, &cl->lead_timer);
+  cl->lead_timer.data = cl;
+  uv_unref((uv_handle_t *)&cl->lead_timer);
+  uv_timer_start(&cl->lead_timer, on_lead_tick, SD_LEAD_TICK_MS, SD_LEAD_TICK_MS);
   cl->lq_drain = drain_local;
   d->cluster = cl;
   sd_log_info("listening for peer daemons on %s as node '%s' (peer timeout %u s)",
@@ -159,7 +167,7 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
 
 static void on_idle_closed(uv_handle_t *h) {
   sd_cluster *cl = h->data;
-  cl->idle_closed = 1;
+  cl->idle_closed++;
   sd_cl_maybe_free(cl);
 }
 
@@ -184,6 +192,7 @@ void sd_cluster_shutdown(sd_daemon *d) {
   }
   d->cluster = NULL;
   uv_close((uv_handle_t *)&cl->lq_idle, on_idle_closed);
+  uv_close((uv_handle_t *)&cl->lead_timer, on_idle_closed);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -285,6 +294,9 @@ static int sd_cluster_begin_check(const sd_save *save, const sd_begin_args *a, s
  * The hooks a multi-node save carries (save.h's sd_save_ext_ops)
  * ------------------------------------------------------------------------ */
 static void sd_cluster_sealed(sd_save *save) { sd_node_sealed(save->cl); }
+static void sd_cluster_began(sd_save *save, uint32_t rank) {
+  sd_node_to_leader(save->cl, json_pack("{s:s,s:I}", "t", "began", "rank", (json_int_t)rank));
+}
 static int sd_cluster_fail(sd_save *save) { return sd_node_fail(save->cl); }
 static void sd_cluster_save_free(sd_save *save) {
   sd_node_free(save->cl);
@@ -304,6 +316,7 @@ static uint64_t sd_cluster_bytes_forwarded(const sd_save *save) { return save->c
 const sd_save_ext_ops sd_cluster_save_ext = {
     .attach = sd_cluster_begin_new,
     .join_check = sd_cluster_begin_check,
+    .began = sd_cluster_began,
     .sealed = sd_cluster_sealed,
     .fail = sd_cluster_fail,
     .detach = sd_cluster_save_free,

@@ -96,7 +96,7 @@ void sd_cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payl
 }
 
 void sd_cl_maybe_free(sd_cluster *cl) {
-  if (cl->shutting && cl->idle_closed && !cl->leads) free(cl);
+  if (cl->shutting && cl->idle_closed == 2 && !cl->leads) free(cl);
 }
 
 /* ------------------------------------------------------------------------ *

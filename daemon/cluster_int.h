@@ -20,6 +20,8 @@
 #define SD_FWD_RUNS 512
 /* Local ring requests a save keeps in flight. */
 #define SD_NODE_INFLIGHT 64
+/* How often the leader checks its saves' join deadlines. */
+#define SD_LEAD_TICK_MS 500
 /* How long a failed save's id keeps answering late joins. */
 #define SD_LEAD_FORGET_FACTOR 2
 
@@ -54,7 +56,8 @@ struct sd_cluster {
   uv_idle_t lq_idle;
   uv_idle_cb lq_drain;     /* delivers the queue (cluster.c) */
   int lq_active;
-  int shutting, idle_closed;
+  uv_timer_t lead_timer;   /* the leader's join deadlines (sd_lead_tick) */
+  int shutting, idle_closed; /* idle_closed: of lq_idle and lead_timer, how many are closed */
   uint64_t tmp_counter;
   /* totals since start */
   uint64_t bytes_local, bytes_fwd, bytes_recv, saves_led;
@@ -219,6 +222,8 @@ void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb);
 void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen);
 void sd_lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
 void sd_lead_shutdown(sd_cluster *cl);
+/* Join deadlines: a save whose nodes (or their ranks) have not all begun within its join_timeout fails. */
+void sd_lead_tick(sd_cluster *cl);
 unsigned sd_lead_active(const sd_cluster *cl);
 /* One entry per leader state (status): save, state, nnodes, joined, world_size, memory_bytes. */
 void sd_lead_status(const sd_cluster *cl, json_t *arr);

@@ -45,6 +45,7 @@ static void lead_free(sd_lead *L) {
   }
   free(L->md);
   free(L->nodes);
+  free(L->began);
   free(L->tmp);
   free(L->dir);
   free(L->prefix);
@@ -332,12 +333,17 @@ static sd_lead *lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *er
   L->mode = !strcmp(mode, "shared") ? SD_WRITE_SHARED : SD_WRITE_OWNER;
   L->nodes = calloc(nn, sizeof *L->nodes);
   L->rank_node = malloc(ws * sizeof *L->rank_node);
+  L->began = calloc(ws, 1);
+  json_t *jt = json_object_get(h, "join_timeout");
+  L->join_timeout = json_is_integer(jt) && json_integer_value(jt) >= 0 && json_integer_value(jt) <= SD_DEADLINE_MAX
+                        ? (uint32_t)json_integer_value(jt)
+                        : cl->d->cfg->join_timeout;
   L->nmd = json_object_size(md);
   L->md = calloc(L->nmd ? L->nmd : 1, sizeof *L->md);
   const sd_config *cfg = cl->d->cfg;
   L->file_mode = cfg->file_mode ? cfg->file_mode : 0644;
   L->dir_mode = cfg->dir_mode ? cfg->dir_mode : 0755;
-  int bad = !L->id || !L->dir || !L->prefix || !L->nodes || !L->rank_node || !L->md;
+  int bad = !L->id || !L->dir || !L->prefix || !L->nodes || !L->rank_node || !L->began || !L->md;
   size_t i = 0;
   const char *k;
   json_t *v;
@@ -449,7 +455,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
       sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
       return;
     }
-    L->t0 = uv_now(cl->d->loop);
+    L->t0 = L->t_join = uv_now(cl->d->loop);
     sd_log_info("leading save '%s' (%u nodes, %u ranks, dir '%s')", id, L->nnodes, L->ws, L->dir);
   }
   if (k >= L->nnodes) {
@@ -689,6 +695,13 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, siz
   }
   if (!strcmp(t, "manifest")) {
     on_manifest(L, k, h);
+  } else if (!strcmp(t, "began")) {
+    json_t *jr = json_object_get(h, "rank");
+    json_int_t r = json_is_integer(jr) ? json_integer_value(jr) : -1;
+    if (r >= 0 && r < (json_int_t)L->ws && !L->began[r]) {
+      L->began[r] = 1;
+      L->nbegan++;
+    }
   } else if (!strcmp(t, "done")) {
     on_done(L, k, h);
   } else if (!strcmp(t, "fail")) {
@@ -718,6 +731,40 @@ void sd_lead_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
         lead_failf(L, SHARDD_E_PEER_LOST, "node %u (%s) was lost during save '%s'", k, n->addr, L->id);
       else
         lead_failf(L, code, "save '%s': node %u (%s): %s", L->id, k, n->addr, why);
+    }
+  }
+}
+
+/* "nodes 1, 2" or "ranks 4, 5": the first few indices i < n with missing(i), and how many more. */
+static void missing_list(const sd_lead *L, int nodes, char *out, size_t size) {
+  uint32_t n = nodes ? L->nnodes : L->ws, c = 0, shown = 0;
+  for (uint32_t i = 0; i < n; i++) c += nodes ? !L->nodes[i].joined : !L->began[i];
+  size_t k = (size_t)snprintf(out, size, "%s%s ", nodes ? "node" : "rank", c == 1 ? "" : "s");
+  for (uint32_t i = 0; i < n && k < size; i++) {
+    if (nodes ? L->nodes[i].joined : L->began[i]) continue;
+    if (shown == 16) {
+      snprintf(out + k, size - k, " and %u more", c - shown);
+      break;
+    }
+    k += (size_t)snprintf(out + k, size - k, "%s%u", shown++ ? ", " : "", i);
+  }
+}
+
+void sd_lead_tick(sd_cluster *cl) {
+  uint64_t now = uv_now(cl->d->loop);
+  char who[512];
+  for (sd_lead *L = cl->leads, *next; L; L = next) {
+    next = L->next;
+    if (L->state != L_COLLECT || !L->join_timeout || now - L->t_join < (uint64_t)L->join_timeout * 1000u) continue;
+    if (L->njoined < L->nnodes) {
+      /* Their daemons may be up (peer_timeout never fires): their trainers never came. */
+      missing_list(L, 1, who, sizeof who);
+      lead_failf(L, SHARDD_E_TIMEOUT, "save '%s': %s of %u never began within join_timeout %u s", L->id, who,
+                 L->nnodes, L->join_timeout);
+    } else if (L->nbegan < L->ws) {
+      missing_list(L, 0, who, sizeof who);
+      lead_failf(L, SHARDD_E_TIMEOUT, "save '%s': %s of %u never began within join_timeout %u s (every node did)",
+                 L->id, who, L->ws, L->join_timeout);
     }
   }
 }

@@ -45,6 +45,10 @@ typedef struct sd_lead {
   unsigned file_mode, dir_mode;
   sd_error err;
   uint64_t forget_at, t0;
+  /* join_timeout (seconds, 0: never) from the first join, counted from it; ranks the nodes said began */
+  uint32_t join_timeout, nbegan;
+  uint64_t t_join;
+  uint8_t *began;
 } sd_lead;
 
 typedef struct {

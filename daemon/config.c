@@ -84,6 +84,13 @@ const sd_config_key sd_config_keys[] = {
                "file holding the cluster secret peers authenticate with (mode 0600)"),
     SD_KEY_NUM("peer_timeout", peer_timeout, "30", 1, 3600, SD_FIXED,
                "seconds a silent peer daemon is given before its saves fail with peer_lost"),
+    /* deadlines: no save waits forever (proto/PROTOCOL.md, "Deadlines") */
+    SD_KEY_NUM("join_timeout", join_timeout, "300", 0, 604800, SD_RELOAD,
+               "seconds every rank (every node) of a save has to begin after the first did (0: never)"),
+    SD_KEY_NUM("idle_timeout", idle_timeout, "600", 0, 604800, SD_RELOAD,
+               "seconds a save's unsealed ranks may all stay silent before it fails with timeout (0: never)"),
+    SD_KEY_NUM("history_window", history_window, "300", 0, 86400, SD_RELOAD,
+               "seconds an ended save's id answers a late begin with its outcome (0: ids are free at once)"),
     SD_KEY_STR("node_name", node_name, "", SD_FIXED, "this daemon's name among its peers (empty: the host name)"),
     /* hostile peers (peer side) */
     SD_KEY_NUM("peer_handshake_timeout", peer_handshake_timeout, "10", 1, 3600, SD_FIXED,

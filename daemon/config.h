@@ -68,6 +68,9 @@ typedef struct sd_config {
   char *peer_token_file;   /* the shared secret peers prove they hold */
   unsigned peer_timeout;   /* seconds a silent peer is given before its saves fail */
   char *node_name;         /* this daemon's name among its peers; "": the host name */
+  unsigned join_timeout;   /* default seconds for every rank to begin after the first; 0: never */
+  unsigned idle_timeout;   /* default seconds a save's unsealed ranks may all be silent; 0: never */
+  unsigned history_window; /* seconds an ended save's id answers a late begin */
   /* hostile peers (peer side: peer.c, cluster_lead.c) */
   unsigned peer_handshake_timeout; /* seconds a peer connection has to log in */
   unsigned peer_max_unauth;        /* peer connections not logged in at once */

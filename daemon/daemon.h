@@ -51,6 +51,9 @@ typedef struct sd_daemon {
   /* Finished saves, newest last, so a late `wait` still gets its answer. */
   struct sd_save_result *history;
   size_t hist_cap, hist_len, hist_head;
+  /* Ticks while saves are in flight: join and idle deadlines (save_deadline.c). */
+  uv_timer_t deadline_timer;
+  int deadline_ready;
 
   sd_counters counters;
   uint64_t inline_bytes;          /* inline put data and file contents held by saves in flight */

@@ -149,6 +149,10 @@ static json_t *op_begin(sd_session *s, json_t *req, json_t *id) {
   a.world_size = (uint32_t)b.world_size;
   a.metadata = b.metadata;
   a.nmetadata = b.nmetadata;
+  a.has_join_timeout = b.has_join_timeout > 0;
+  a.has_idle_timeout = b.has_idle_timeout > 0;
+  a.join_timeout = (uint32_t)b.join_timeout;
+  a.idle_timeout = (uint32_t)b.idle_timeout;
   long trusted_gid = s->d->cfg ? s->d->cfg->trusted_gid : -1;
   sd_joiner who = {.owner = s, .uid = s->uid, .trusted = sd_session_in_group(s, trusted_gid)};
   if (sd_save_begin(s->d, &who, &a, &err) != 0) goto out;

@@ -108,6 +108,27 @@ static int create_save(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a,
   return 0;
 }
 
+/* A one-node save id that ended within history_window. Failed: a rank that had not begun it is late and
+ * gets its outcome (the ranks it would wait for gave up); one that had is retrying. Committed: exists,
+ * unless the begin asks to overwrite (saving to one dir under one id every step is a new save). A
+ * multi-node save's node keeps its own record of failures (cluster.c, proto/PEERS.md). */
+static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
+  unsigned window = d->cfg ? d->cfg->history_window : 300;
+  const sd_save_result *r = a->nnodes > 1 || !window ? NULL : sd_save_history_find(d, a->save);
+  uint64_t now = sd_save_now_ms();
+  if (!r || now - r->t_end_ms >= (uint64_t)window * 1000u) return 0;
+  unsigned ago = (unsigned)((now - r->t_end_ms) / 1000u);
+  if (!r->err.code && a->overwrite) return 0;
+  if (!r->err.code)
+    return sd_fail(err, SHARDD_E_EXISTS,
+                   "save '%s' has just committed to %.300s; its id answers so for history_window %u s after it "
+                   "ended (begin a new save with a new id, or pass overwrite)",
+                   a->save, r->dir ? r->dir : "?", window);
+  if (r->began && a->rank < r->world_size && (r->began[a->rank / 8] >> (a->rank % 8) & 1)) return 0;
+  return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' failed %u s ago, before rank %u began (%s: %s)", a->save, ago,
+                 a->rank, sd_err_name(r->err.code), r->err.msg);
+}
+
 int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_error *err) {
   if (d->shutting_down) return sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
   if (a->world_size == 0 || a->world_size > SD_WORLD_MAX)
@@ -117,6 +138,7 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
                    a->rank, a->world_size);
   sd_save *save = sd_save_find(d, a->save);
   int rc;
+  if (!save && (rc = late_begin(d, a, err)) != 0) return rc;
   if (save) {
     /* Another user's save is not there to be joined: refused without harming it. */
     if (j->uid != save->owner_uid)
@@ -142,12 +164,16 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
   } else {
     rc = create_save(d, j, a, &save, err);
     if (rc) return rc;
+    const sd_config *cfg = d->cfg;
+    save->join_timeout = a->has_join_timeout ? a->join_timeout : cfg ? cfg->join_timeout : 300;
+    save->idle_timeout = a->has_idle_timeout ? a->idle_timeout : cfg ? cfg->idle_timeout : 600;
     if (a->nnodes > 1 && (rc = attach_multi_node(save, a, err)) != 0) {
       sd_save_unlink(d, save);
       sd_save_free(save);
       return rc;
     }
     save->owner_uid = j->uid;
+    sd_save_deadlines_arm(d);
   }
   if (d->save_owner->joined(j->owner, save, a->rank) != 0) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory joining save '%s'", save->id);
@@ -160,6 +186,8 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
   save->ranks[a->rank].state = SD_RANK_BEGUN;
   save->ranks[a->rank].owner = j->owner;
   save->nbegun++;
+  sd_save_touch(save);
+  if (save->cl) d->multi_node->began(save, a->rank);
   return 0;
 }
 
@@ -200,6 +228,7 @@ static int rank_reserve_pending(sd_rank *rk) {
 }
 
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
+  sd_save_touch(save);
   if (save->ranks[rank].declared)
     return sd_fail(err, SHARDD_E_BAD_STATE, "tensor '%s': rank %u has declared its puts complete in save '%s'",
                    a->name, rank, save->id);
@@ -285,6 +314,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
 
 int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
                  sd_error *err) {
+  sd_save_touch(save);
   if (save->ranks[rank].declared) {
     free(data);
     return sd_fail(err, SHARDD_E_BAD_STATE, "file '%s': rank %u has declared its puts complete in save '%s'",
@@ -399,6 +429,7 @@ static int save_failed(const sd_save *save, sd_error *err) {
 }
 
 int sd_save_declared(sd_save *save, uint32_t rank, sd_error *err) {
+  sd_save_touch(save);
   if (save_failed(save, err)) return err->code;
   sd_rank *rk = &save->ranks[rank];
   if (rk->declared)
@@ -408,12 +439,14 @@ int sd_save_declared(sd_save *save, uint32_t rank, sd_error *err) {
 }
 
 int sd_save_ready(sd_save *save, uint32_t rank, const sd_region *r, uint64_t upto, sd_error *err) {
+  sd_save_touch(save);
   if (save_failed(save, err)) return err->code;
   pending_settle(save, &save->ranks[rank], r, upto);
   return 0;
 }
 
 int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err) {
+  sd_save_touch(save);
   sd_rank *rk = &save->ranks[rank];
   if (rk->state == SD_RANK_SEALED)
     return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u has already sealed save '%s'", rank, save->id);

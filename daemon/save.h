@@ -101,6 +101,9 @@ typedef struct sd_save {
   sd_error early_err;
   char *early_path;
   uint64_t t_begin, t_write;
+  /* Deadlines (save_deadline.c), from the first begin; seconds, 0: never. */
+  uint32_t join_timeout, idle_timeout;
+  uint64_t t_active_ms;    /* last begin, put, file, declared, ready or seal of any rank (monotonic ms) */
   struct sd_csave *cl;     /* multi-node part (cluster.c); NULL for a one-node save */
 } sd_save;
 
@@ -110,6 +113,9 @@ typedef struct sd_save_result {
   sd_error err;            /* code 0: committed */
   char *dir;               /* absolute, when committed */
   uint64_t files, tensors, bytes;
+  uint64_t t_end_ms;       /* monotonic ms it ended, for late begins (history_window) */
+  uint8_t *began;          /* one-node saves: a bit per rank that had begun (a retry, not a late rank) */
+  uint32_t world_size;
 } sd_save_result;
 
 /* ------------------------------------------------------------------------ *
@@ -127,6 +133,9 @@ typedef struct {
   uint32_t nnodes, node_rank;
   const char *leader;      /* "host:port" of node 0's peer listener */
   int write_mode;          /* sd_write_mode */
+  /* Deadlines in seconds (0: never) when has_*; else the daemon's defaults. The first begin sets them. */
+  uint32_t join_timeout, idle_timeout;
+  int has_join_timeout, has_idle_timeout;
 } sd_begin_args;
 
 typedef struct {
@@ -169,6 +178,8 @@ typedef struct sd_save_ext_ops {
   int (*attach)(struct sd_save *save, const sd_begin_args *a, sd_error *err);
   /* A joining rank must agree on nnodes, node_rank, leader and write_mode (any save). */
   int (*join_check)(const struct sd_save *save, const sd_begin_args *a, sd_error *err);
+  /* A rank of this node began (the first one after attach): the leader counts them for join_timeout. */
+  void (*began)(struct sd_save *save, uint32_t rank);
   /* Every rank declared or sealed: the slice descriptions go to the leader. */
   void (*sealed)(struct sd_save *save);
   /* The save failed (save->err is set): 1 while writes are still in flight,
@@ -226,6 +237,8 @@ size_t sd_save_drop_waiters(sd_daemon *d, const void *owner);
 void sd_save_rank_forget(sd_save *save, uint32_t rank);
 /* An unsealed rank of a live save fails it with client_lost. */
 void sd_save_rank_lost(sd_daemon *d, sd_save *save, uint32_t rank);
+/* Checks every save's deadlines now (also run by a timer while saves are in flight). */
+void sd_save_deadlines_check(sd_daemon *d);
 /* Shutdown: every save in flight fails with shutting_down. */
 void sd_save_fail_all(sd_daemon *d, int code, const char *why);
 /* Multi-node saves end through these (cluster.c): err NULL and final_path

@@ -75,6 +75,11 @@ static void finalize(sd_save *save, const char *final_path) {
     sd_log_warn("save '%s' failed (%s): %s", save->id, sd_err_name(r.err.code), r.err.msg);
   }
   json_t *tmpl = sd_save_result_reply(&r, NULL);
+  r.t_end_ms = sd_save_now_ms();
+  r.world_size = save->world_size;
+  if (!final_path && !save->cl && (r.began = calloc((save->world_size + 7) / 8, 1)) != NULL)
+    for (uint32_t k = 0; k < save->world_size; k++)
+      if (save->ranks[k].state != SD_RANK_NONE) r.began[k / 8] |= (uint8_t)(1u << (k % 8));
   sd_save_history_push(d, &r);
 
   /* Out of the daemon's tables first: what follows may re-enter (a send

@@ -15,4 +15,11 @@ void sd_save_unlink(sd_daemon *d, sd_save *save);
 /* Keeps r (its strings taken over) for late waits, dropping the oldest past keep_results. */
 void sd_save_history_push(sd_daemon *d, sd_save_result *r);
 
+/* Monotonic milliseconds, the clock of the deadlines. */
+uint64_t sd_save_now_ms(void);
+/* A rank of the save did something: the idle deadline starts over. */
+void sd_save_touch(sd_save *save);
+/* A save was created: the deadline timer runs while saves are in flight. */
+void sd_save_deadlines_arm(sd_daemon *d);
+
 #endif

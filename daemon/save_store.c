@@ -107,6 +107,10 @@ sd_save *sd_save_new(sd_daemon *d, const sd_begin_args *a) {
   return save;
 }
 
+uint64_t sd_save_now_ms(void) { return uv_hrtime() / 1000000u; }
+
+void sd_save_touch(sd_save *save) { save->t_active_ms = sd_save_now_ms(); }
+
 /* ------------------------------------------------------------------------ *
  * Finished saves, newest last
  * ------------------------------------------------------------------------ */
@@ -118,6 +122,7 @@ void sd_save_history_push(sd_daemon *d, sd_save_result *r) {
       d->hist_cap = 0;
       free(r->id);
       free(r->dir);
+      free(r->began);
       return;
     }
   }
@@ -125,6 +130,7 @@ void sd_save_history_push(sd_daemon *d, sd_save_result *r) {
   if (d->hist_len == d->hist_cap) {
     free(slot->id);
     free(slot->dir);
+    free(slot->began);
   } else {
     d->hist_len++;
   }
@@ -137,6 +143,7 @@ void sd_save_history_free(sd_daemon *d) {
     size_t i = (d->hist_head + d->hist_cap - 1 - k) % d->hist_cap;
     free(d->history[i].id);
     free(d->history[i].dir);
+    free(d->history[i].began);
   }
   free(d->history);
   d->history = NULL;

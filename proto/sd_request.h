@@ -33,10 +33,17 @@ typedef struct {
   sd_kv *metadata;
   size_t nmetadata;
   int overwrite;
+  /* deadlines in seconds (0: never); has_*: the field was given, else the daemon's default applies */
+  uint64_t join_timeout, idle_timeout;
+  int has_join_timeout, has_idle_timeout;
 } sd_req_begin;
 
+/* The longest deadline a begin may ask for, in seconds (a week). */
+#define SD_DEADLINE_MAX 604800
+
 /* Reads every field, in this order: save (and its id check), dir, rank,
- * world_size, max_shard_size, prefix, metadata, overwrite, keep_last. */
+ * world_size, max_shard_size, prefix, metadata, overwrite, keep_last,
+ * join_timeout, idle_timeout. */
 int sd_req_begin_fields(const json_t *req, sd_req_begin *b, sd_error *err);
 /* Then judges them together: max_shard_size at least 1 when given, a plain
  * prefix, metadata 'format' only "pt", keep_last in [1, SD_KEEP_LAST_MAX]

@@ -58,7 +58,8 @@ extern "C" {
   XX(PEER_LOST,        27, "peer_lost",         "a peer daemon was lost")           \
   XX(FORMAT,           28, "bad_format",        "invalid safetensors data")         \
   XX(NOT_FOUND,        29, "not_found",         "no such checkpoint")               \
-  XX(NOT_CHECKPOINT,   30, "not_a_checkpoint",  "not a checkpoint shardd wrote")
+  XX(NOT_CHECKPOINT,   30, "not_a_checkpoint",  "not a checkpoint shardd wrote")    \
+  XX(SAVE_FAILED,      31, "save_failed",       "the save already failed")
 
 typedef enum {
   SHARDD_OK = 0,
@@ -153,6 +154,13 @@ typedef struct {
    * folder beyond the newest keep_last are deleted (as shardd_delete does);
    * 0 keeps them all. The same on every rank of the save. */
   int keep_last;
+  /* Deadlines in seconds (the first rank's begin sets them for the save): 0
+   * leaves the daemon's default (join_timeout 300, idle_timeout 600), < 0
+   * turns one off. join_timeout: every rank (every node) must have begun
+   * this long after the first; idle_timeout: the unsealed ranks may not all
+   * stay silent longer. Either fails the save with SHARDD_E_TIMEOUT. */
+  int join_timeout;
+  int idle_timeout;
 } shardd_save_opts;
 
 /* Fills rank, world_size, nnodes, node_rank and leader from a torchrun-style
@@ -223,8 +231,15 @@ SHARDD_EXPORT int shardd_put_deferred(shardd_client *c, const char *save, const 
 SHARDD_EXPORT int shardd_declared(shardd_client *c, const char *save);
 /* The bytes of this rank's deferred puts in arena a below offset upto are in place. */
 SHARDD_EXPORT int shardd_ready(shardd_client *c, const char *save, shardd_arena *a, uint64_t upto);
-/* Blocks until the save ends; timeout_ms < 0 waits forever. */
+/* Blocks until the save ends; timeout_ms < 0 waits forever. A wait that
+ * times out (SHARDD_E_TIMEOUT) leaves the save running and stays pending:
+ * calling again polls the same wait. */
 SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms, shardd_result *out);
+/* shardd_wait, but a save that has not ended within timeout_ms is aborted
+ * (for every rank: nothing is published) and SHARDD_E_TIMEOUT returned once
+ * the daemon has ended it. If it committed in the meantime, that result is
+ * returned (0) instead. */
+SHARDD_EXPORT int shardd_wait_or_abort(shardd_client *c, const char *save, int timeout_ms, shardd_result *out);
 /* Blocks until the daemon says it will never read this rank's shared memory
  * for the save again (the "released" event), so the arena may be reused. */
 SHARDD_EXPORT int shardd_wait_released(shardd_client *c, const char *save, int timeout_ms);

@@ -17,8 +17,8 @@
 #define H_MAX_RANKS 16
 #define H_MAX_SYNC 16
 /* Counter every scripted rank bumps after its begin: a rank that kills
- * itself waits for all to have begun, or a late rank would start a fresh
- * save under the freed id and wait for ranks that never come. */
+ * itself waits for all to have begun, or a late rank would get save_failed
+ * instead of the failure the test is about. */
 #define H_SYNC_BEGUN (H_MAX_SYNC - 1)
 
 /* ------------------------------------------------------------------------ *

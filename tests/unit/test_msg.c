@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "sd_msg.h"
+#include "sd_request.h"
 
 static json_t *obj(const char *text) {
   json_t *v = NULL;
@@ -258,4 +259,40 @@ Test(msg, error_message_with_broken_utf8_is_repaired) {
 
 Test(msg, event) {
   dumps_to(sd_msg_event("released", "s1"), "{\"event\":\"released\",\"save\":\"s1\"}\n");
+}
+
+/* begin's deadlines: absent (the daemon's default), 0 (never), a value, or refused naming the field. */
+Test(msg, begin_deadline_fields) {
+  json_t *v = obj("{\"op\":\"begin\",\"save\":\"s\",\"dir\":\"d\",\"rank\":0,\"world_size\":1}");
+  sd_req_begin b = {0};
+  sd_error err = {0};
+  cr_assert_eq(sd_req_begin_fields(v, &b, &err), 0, "%s", err.msg);
+  cr_assert_eq(b.has_join_timeout, 0);
+  cr_assert_eq(b.has_idle_timeout, 0);
+  free(b.metadata);
+  json_decref(v);
+
+  v = obj("{\"save\":\"s\",\"dir\":\"d\",\"rank\":0,\"world_size\":1,\"join_timeout\":0,\"idle_timeout\":2.0}");
+  memset(&b, 0, sizeof b);
+  cr_assert_eq(sd_req_begin_fields(v, &b, &err), 0, "%s", err.msg);
+  cr_assert_eq(b.has_join_timeout, 1);
+  cr_assert_eq(b.join_timeout, 0);
+  cr_assert_eq(b.has_idle_timeout, 1);
+  cr_assert_eq(b.idle_timeout, 2);
+  free(b.metadata);
+  json_decref(v);
+
+  const char *bad[] = {"{\"save\":\"s\",\"dir\":\"d\",\"rank\":0,\"world_size\":1,\"join_timeout\":-1}",
+                       "{\"save\":\"s\",\"dir\":\"d\",\"rank\":0,\"world_size\":1,\"idle_timeout\":\"5\"}",
+                       "{\"save\":\"s\",\"dir\":\"d\",\"rank\":0,\"world_size\":1,\"join_timeout\":604801}"};
+  const char *field[] = {"join_timeout", "idle_timeout", "join_timeout"};
+  for (size_t i = 0; i < 3; i++) {
+    v = obj(bad[i]);
+    memset(&b, 0, sizeof b);
+    sd_error_clear(&err);
+    cr_assert_eq(sd_req_begin_fields(v, &b, &err), SHARDD_E_INVALID_ARGUMENT, "%s", bad[i]);
+    cr_assert(strstr(err.msg, field[i]), "'%s' does not name %s", err.msg, field[i]);
+    free(b.metadata);
+    json_decref(v);
+  }
 }

@@ -97,6 +97,15 @@ def parse_size(size):
     return value
 
 
+def _deadline(seconds, name):
+    """A begin deadline for the C struct: 0 the daemon's default, -1 never."""
+    if seconds is None:
+        return 0
+    if seconds < 0:
+        raise ValueError("%s must be None or >= 0 seconds" % name)
+    return min(max(1, int(seconds)), _INT_MAX) if seconds else -1
+
+
 def _timeout_ms(timeout):
     """Seconds (None: forever) to libshardd's int milliseconds (< 0: forever)."""
     if timeout is None:
@@ -392,7 +401,7 @@ class Client:
 
     def begin(self, save, dir, rank=0, world_size=1, max_shard_size=None, prefix=None,
               metadata=None, overwrite=False, nnodes=1, node_rank=0, leader=None, write_mode=None,
-              keep_last=None):
+              keep_last=None, join_timeout=None, idle_timeout=None):
         """Joins (or creates) save `save`, writing to `dir` under the daemon's root.
 
         A save spanning nodes (one shardd per node, peers over TCP) gives
@@ -404,6 +413,11 @@ class Client:
         keep_last=N: once this save commits, the caller's older checkpoints in
         the same parent folder beyond the newest N are deleted (as delete()
         does); the same N on every rank.
+
+        join_timeout / idle_timeout (seconds; None: the daemon's defaults, 0:
+        never): the save fails with "timeout" when not every rank has begun
+        this long after the first, or when its unsealed ranks all stay silent
+        this long. The first rank's begin sets them.
         """
         keep = []
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
@@ -418,7 +432,8 @@ class Client:
                         None, 0, 1 if overwrite else 0, nnodes, node_rank,
                         None if leader is None else _bytes(leader, "leader"),
                         None if write_mode is None else _bytes(write_mode, "write_mode"),
-                        keep_last or 0)
+                        keep_last or 0,
+                        _deadline(join_timeout, "join_timeout"), _deadline(idle_timeout, "idle_timeout"))
         if metadata:
             flat = []
             for k, v in metadata.items():
@@ -535,11 +550,16 @@ class Client:
         """This rank has put everything."""
         self._check(_lib.lib().shardd_seal(self._handle(), _bytes(save, "save")))
 
-    def wait(self, save, timeout=None):
-        """Blocks until the save ends. Returns {'state', 'save', 'dir', 'files', 'tensors', 'bytes'}."""
+    def wait(self, save, timeout=None, abort=False):
+        """Blocks until the save ends. Returns {'state', 'save', 'dir', 'files', 'tensors', 'bytes'}.
+
+        On a timeout (ShardError "timeout") the save goes on and a later wait
+        picks it up again; with abort=True it is aborted first (for every
+        rank, nothing published) and the error says so.
+        """
         r = Result()
-        self._check(_lib.lib().shardd_wait(self._handle(), _bytes(save, "save"), _timeout_ms(timeout),
-                                           ctypes.byref(r)))
+        fn = _lib.lib().shardd_wait_or_abort if abort else _lib.lib().shardd_wait
+        self._check(fn(self._handle(), _bytes(save, "save"), _timeout_ms(timeout), ctypes.byref(r)))
         return {"state": "committed", "save": save, "dir": _text(r.dir), "files": r.files,
                 "tensors": r.tensors, "bytes": r.bytes}
 

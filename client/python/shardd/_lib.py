@@ -23,6 +23,8 @@ class SaveOpts(ctypes.Structure):
         ("leader", ctypes.c_char_p),
         ("write_mode", ctypes.c_char_p),
         ("keep_last", ctypes.c_int),
+        ("join_timeout", ctypes.c_int),
+        ("idle_timeout", ctypes.c_int),
     ]
 
 
@@ -92,6 +94,7 @@ _PROTOTYPES = {
     "shardd_declared": (_i, [_p, _s]),
     "shardd_ready": (_i, [_p, _s, _p, _u64]),
     "shardd_wait": (_i, [_p, _s, _i, ctypes.POINTER(Result)]),
+    "shardd_wait_or_abort": (_i, [_p, _s, _i, ctypes.POINTER(Result)]),
     "shardd_wait_released": (_i, [_p, _s, _i]),
     "shardd_abort": (_i, [_p, _s]),
     "shardd_delete": (_i, [_p, _s]),

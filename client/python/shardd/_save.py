@@ -246,7 +246,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
          node_rank: Optional[int] = None, leader: Optional[str] = None,
          write_mode: Optional[str] = None,
          progress: Optional[Progress] = None,
-         keep_last: Optional[int] = None) -> Union[Dict[str, Any], PendingSave]:
+         keep_last: Optional[int] = None, join_timeout: Optional[float] = None,
+         idle_timeout: Optional[float] = None) -> Union[Dict[str, Any], PendingSave]:
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
@@ -271,7 +272,10 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
 
     metadata: str pairs added to every shard's header; files: {name: bytes or
     str} written beside the shards. wait=True returns the result dict;
-    wait=False returns a PendingSave. timeout (seconds) applies to each wait.
+    wait=False returns a PendingSave. timeout (seconds) applies to each wait;
+    when the final wait (wait=True) times out, the save is aborted for every
+    rank (nothing is published) and ShardError "timeout" raised, so no save
+    is left open in the daemon. join_timeout/idle_timeout: Client.begin.
     progress(bytes_written, bytes_total) is called while waiting, from the
     daemon's status. keep_last=N: after the commit the daemon deletes this
     uid's older checkpoints beside dir beyond the newest N. Raises ShardError.
@@ -284,6 +288,7 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         raise TypeError("progress must be callable(bytes_written, bytes_total)")
     topo = _topology(rank, world_size, nnodes, node_rank, leader)
     topo["write_mode"] = write_mode
+    topo["join_timeout"], topo["idle_timeout"] = join_timeout, idle_timeout
     if save_id is None:
         save_id = default_save_id(dir)
     if arena is not None and not isinstance(arena, Arena):
@@ -328,6 +333,11 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
             return pending
         try:
             return pending.wait(timeout)
+        except ShardError as e:
+            if e.name != "timeout":
+                raise
+            # Nobody waits for it any more: end it now rather than leave it open in the daemon.
+            return client.wait(save_id, 0, abort=True)
         finally:
             pending._close_owned()
     finally:

@@ -484,6 +484,35 @@ class SaveTest(unittest.TestCase):
             c.wait("half", timeout=WAIT)
         self.assertEqual(cm.exception.name, "aborted")
 
+    def test_save_whose_wait_times_out_is_aborted(self):
+        # Rank 1 never comes: save(timeout=) gives up and leaves no save open in the daemon.
+        t0 = time.monotonic()
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save({"w": np.arange(4, dtype=np.float32)}, "gaveup", save_id="gaveup", rank=0,
+                        world_size=2, client=self.client, timeout=1)
+        self.assertEqual(cm.exception.name, "timeout")
+        self.assertIn("aborted it", str(cm.exception))
+        print("python save(timeout=1) ended the save after %.2f s" % (time.monotonic() - t0))
+        self.assertEqual([s["save"] for s in self.client.status()["saves"]], [])
+        self.assertFalse(os.path.exists(path("gaveup")))
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.wait("gaveup", timeout=WAIT)
+        self.assertEqual(cm.exception.name, "aborted")
+
+    def test_join_timeout_given_at_begin(self):
+        c = self.client
+        c.begin("alone", "alone", rank=0, world_size=2, join_timeout=1)
+        c.seal("alone")
+        with self.assertRaises(shardd.ShardError) as cm:
+            c.wait("alone", timeout=WAIT)
+        self.assertEqual(cm.exception.name, "timeout")
+        self.assertIn("rank 1 of 2 never began within join_timeout 1 s", str(cm.exception))
+        with shardd.Client(D.socket) as late:
+            with self.assertRaises(shardd.ShardError) as cm:
+                late.begin("alone", "alone", rank=1, world_size=2)
+            self.assertEqual(cm.exception.name, "save_failed")
+        self.assertFalse(os.path.exists(path("alone")))
+
     def test_arena_reuse_grow_and_pending_saves(self):
         c = self.client
         a = c.arena(16)
