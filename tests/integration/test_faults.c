@@ -329,7 +329,9 @@ Test(faults, client_shrinking_its_shm_fails_only_its_own_save) {
     snprintf(dir, sizeof dir, "shrink/%d", during);
     shardd_save_opts so = {.save = save, .dir = dir, .rank = 0, .world_size = 1};
     OK_(shardd_begin(c, &so), c, "begin");
-    shardd_save_opts oo = {.save = "other", .dir = during ? "other/1" : "other/0", .rank = 0, .world_size = 1};
+    /* A new id each round: an ended id answers late begins for history_window. */
+    shardd_save_opts oo = {.save = during ? "other-1" : "other-0", .dir = during ? "other/1" : "other/0",
+                           .rank = 0, .world_size = 1};
     OK_(shardd_begin(o, &oo), o, "begin other");
     uint8_t *src = malloc(len);
     fill(src, len, 77);
@@ -361,10 +363,10 @@ Test(faults, client_shrinking_its_shm_fails_only_its_own_save) {
     float v[2] = {1.0f, 2.0f};
     uint64_t vs[1] = {2};
     shardd_tensor_desc vd = {.name = "v", .dtype = "F32", .ndim = 1, .shape = vs, .index = -1};
-    OK_(shardd_put_inline(o, "other", &vd, v, sizeof v), o, "put other");
-    OK_(shardd_seal(o, "other"), o, "seal other");
+    OK_(shardd_put_inline(o, oo.save, &vd, v, sizeof v), o, "put other");
+    OK_(shardd_seal(o, oo.save), o, "seal other");
     shardd_result res;
-    OK_(shardd_wait(o, "other", H_WAIT_MS, &res), o, "the other save");
+    OK_(shardd_wait(o, oo.save, H_WAIT_MS, &res), o, "the other save");
     h_check_bytes(oo.dir, "v", v, sizeof v);
     free(src);
     shardd_arena_destroy(a);
