@@ -367,7 +367,7 @@ static void direct_complete(sd_publish *p, const sd_io *io, int res) {
   uint32_t done = res >= 0 ? pc->len : io->done;
   if (done) sd_shared_drop(pc->src, done);
   p->ops_left -= done;
-  if (res == -EINVAL && pf->direct && !p->failed) {
+  if (res == -EINVAL && pf->direct && !p->failed && done < pc->len) {
     go_buffered(p, pf); /* the rest again, through the page cache */
     pf->left -= done;
     pc->off += done;
@@ -375,6 +375,10 @@ static void direct_complete(sd_publish *p, const sd_io *io, int res) {
     pc->len -= done;
     p->predo[p->npredo++] = k;
     return;
+  }
+  if (res == -EINVAL && pf->direct && !p->failed) {
+    go_buffered(p, pf); /* all of it went out after all */
+    res = 0;
   }
   p->pfree[p->npfree++] = k;
   if (res < 0) {

@@ -66,11 +66,11 @@ static void finalize(sd_save *save, const char *final_path) {
     d->counters.bytes_copied += save->bytes_copied;
     /* The one summary line per save: files, bytes, write seconds, GB/s, zero-copy and copied bytes, forwarded bytes. */
     sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s, %.2f GB/s, "
-                "%llu bytes direct, %llu copied, %llu bytes forwarded (%.3f s since the first begin)",
+                "%llu bytes forwarded, %llu bytes direct, %llu copied (%.3f s since the first begin)",
                 save->id, final_path, (unsigned long long)r.files, (unsigned long long)r.tensors,
                 (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0,
-                (unsigned long long)save->bytes_direct, (unsigned long long)save->bytes_copied,
-                (unsigned long long)forwarded, total);
+                (unsigned long long)forwarded, (unsigned long long)save->bytes_direct,
+                (unsigned long long)save->bytes_copied, total);
   } else {
     r.err = save->err;
     if (!r.err.code) sd_fail(&r.err, SHARDD_E_INTERNAL, "save '%s' ended without a result", save->id);
