@@ -88,37 +88,31 @@ SHARDD_EXPORT int shardd_place(const shardd_tensor_desc *t, size_t n, uint64_t m
     free(size);
     return sd_client_connect_fail(SHARDD_E_NO_MEMORY, "place: out of memory");
   }
+  int bad = 0;
   for (size_t i = 0; i < n; i++) {
     const shardd_tensor_desc *d = &t[i];
     sd_dtype dt;
     sd_error e;
-    if (!d->name || !d->dtype || sd_dtype_parse(d->dtype, &dt, &e) || d->ndim < 0 || d->ndim > SD_MAX_DIMS ||
-        (d->ndim > 0 && !d->shape) || !d->start != !d->count) {
-      free(fo);
-      free(size);
-      return sd_client_connect_fail(SHARDD_E_INVALID_ARGUMENT, "place: slice %zu ('%s') is not a valid tensor", i,
-                                    d->name ? d->name : "(null)");
-    }
-    uint64_t nb = sd_dtype_size(dt);
-    for (int j = 0; j < d->ndim; j++) {
+    /* A slice the daemon will refuse is packed by its count (the put then says why). */
+    int ok = d->name && d->dtype && !sd_dtype_parse(d->dtype, &dt, &e) && d->ndim >= 0 && d->ndim <= SD_MAX_DIMS &&
+             (d->ndim == 0 || d->shape) && !d->start == !d->count;
+    uint64_t nb = ok ? sd_dtype_size(dt) : 1;
+    for (int j = 0; ok && j < d->ndim; j++) {
       uint64_t dim = d->start ? d->count[j] : d->shape[j];
-      if ((d->start && (d->start[j] > d->shape[j] || dim > d->shape[j] - d->start[j])) ||
-          (dim && nb > UINT64_MAX / dim)) {
-        free(fo);
-        free(size);
-        return sd_client_connect_fail(SHARDD_E_INVALID_ARGUMENT, "place: slice %zu ('%s') lies outside its tensor",
-                                      i, d->name);
-      }
+      if (d->start && (d->start[j] > d->shape[j] || dim > d->shape[j] - d->start[j])) ok = 0;
+      if (dim && nb > UINT64_MAX / 2 / dim) ok = 0, nb = 0;
       nb *= dim;
     }
     size[i] = nb;
+    bad |= !ok;
   }
   /* No plan (a name twice with different shapes, say): every slice is packed. */
-  if (file_offsets(t, n, max_shard_size, fo) != 0)
+  if (bad || file_offsets(t, n, max_shard_size, fo) != 0)
     for (size_t i = 0; i < n; i++) fo[i] = UINT64_MAX;
   uint64_t at = base;
   for (size_t i = 0; i < n; i++) {
     uint64_t off;
+    if (size[i] > UINT64_MAX / 2 - at) size[i] = 0; /* refused at the put anyway */
     if (fo[i] != UINT64_MAX && size[i] >= SD_PLACE_MIN)
       off = at + ((fo[i] - at) & (SD_PLACE_ALIGN - 1)); /* the next offset congruent to the file's */
     else

@@ -201,7 +201,8 @@ SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shar
  * t[i]'s, from base on; *end is one past the last byte (the arena size
  * needed). Pure and local: when other ranks put tensors this rank does not
  * name, the files differ and those slices are copied through staging, as
- * they would be anywhere. SHARDD_E_INVALID_ARGUMENT for a bad slice. */
+ * they would be anywhere. A slice the daemon would refuse is packed (its put
+ * says why). SHARDD_E_INVALID_ARGUMENT only for NULL arrays. */
 SHARDD_EXPORT int shardd_place(const shardd_tensor_desc *t, size_t n, uint64_t max_shard_size, uint64_t base,
                                uint64_t *offsets, uint64_t *end);
 /* Sends the bytes inline (base64); for small tensors. */

@@ -291,7 +291,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     # Offsets by the placement rule, so whole tensors and dim-0 pieces are written
     # straight from the arena (no copy in the daemon); the rest is packed.
     prepared = [(name,) + tuple(prepare(name, value)) for name, value in tensors.items()]
-    offsets, end = place([(name, dt, shape, start, count, i if ordered else None)
+    offsets, end = place([(name, dt, shape, start, None if start is None else count,
+                           i if ordered else None)
                           for i, (name, dt, shape, start, count, _src) in enumerate(prepared)],
                          max_shard_size)
     items = [(name, dt, shape, start, count, src, offsets[i], i if ordered else None)
