@@ -460,6 +460,7 @@ Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save)
   static h_put puts2[3];
   static char names2[3][16];
   big_script(&sc2, puts2, names2, 3, 3 << 18, "fb-2", 4 << 20);
+  sc2.place = 1; /* zero-copy writes from the segments, through the page cache here */
   h_run(&sc2);
   h_expect_committed(&sc2);
   expect_writer_metrics(0, 6 * (3u << 20), 8u << 20);
@@ -467,6 +468,10 @@ Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save)
            H.root);
   free(o_log_wait(want));
   cr_assert_eq(log_count("writing buffered: "), 2, "one warning per save");
+  h_check_script(&sc2);
+  json_t *st = status_json();
+  cr_assert_gt(jint(json_object_get(st, "metrics"), "bytes_direct", NULL), 0, "placed slices went zero-copy");
+  json_decref(st);
   h_shared_free(sc.sh);
   h_shared_free(sc2.sh);
 }
