@@ -128,28 +128,26 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
       }
       d = nd;
     }
-    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i};
+    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, 0};
   }
   return d;
 }
 
 int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out) {
-  while (f->dnext < f->ndirect && f->dsent >= f->direct[f->dnext].len) {
-    f->dnext++;
-    f->dsent = 0;
-  }
-  if (f->dnext >= f->ndirect) return 0;
-  const sd_fill_direct *d = &f->direct[f->dnext];
-  if (f->ready && !f->ready[d->op]) return 0;
+  while (f->dnext < f->ndirect && f->direct[f->dnext].sent >= f->direct[f->dnext].len) f->dnext++;
+  sd_fill_direct *d = NULL;
+  for (size_t i = f->dnext; i < f->ndirect && i - f->dnext < SD_DIRECT_AHEAD && !d; i++)
+    if (f->direct[i].sent < f->direct[i].len && (!f->ready || f->ready[f->direct[i].op])) d = &f->direct[i];
+  if (!d) return 0;
   const sd_write_op *op = &f->ops[d->op];
-  uint64_t len = d->len - f->dsent;
+  uint64_t len = d->len - d->sent;
   if (len > max) len = max;
   out->file = d->file;
-  out->off = d->off + f->dsent;
+  out->off = d->off + d->sent;
   out->src = op->src + (out->off - op->file_offset);
   out->len = (uint32_t)len;
   out->op = d->op;
-  f->dsent += len;
+  d->sent += len;
   return 1;
 }
 

@@ -62,6 +62,7 @@ typedef struct {
   uint32_t file;
   uint64_t off, len;       /* multiples of SD_DIO_ALIGN */
   size_t op;               /* the write (index in sd_fill.ops) it is the middle of */
+  uint64_t sent;           /* loop thread: bytes of it handed out so far */
 } sd_fill_direct;
 
 /* One zero-copy write for the ring. */
@@ -87,11 +88,10 @@ typedef struct {
   size_t op;
   size_t scan;             /* ops before this one are known ready */
   /* zero-copy stretches, sorted; staged stretches go around them */
-  const sd_fill_direct *direct;
+  sd_fill_direct *direct;
   size_t ndirect;
   size_t dskip;            /* the staging cursor: the next one it must not stage */
-  size_t dnext;            /* the next one with bytes not yet handed out */
-  uint64_t dsent;          /* bytes of direct[dnext] handed out */
+  size_t dnext;            /* the first one with bytes not yet handed out */
 } sd_fill;
 
 /* Sets f's sources: a copy of spans sorted by base (returned, for the
@@ -108,7 +108,10 @@ int sd_fill_set_ops(sd_fill *f, const sd_write_op *ops, size_t n, sd_write_op **
 sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *n);
 /* Pure: the next zero-copy write, at most max bytes, or 0 when none is
  * ready (streaming: its write's ready flag) or left. Stretches go out in
- * order, as their writes become ready. */
+ * file order, except that a ready one up to SD_DIRECT_AHEAD stretches past
+ * the first unready one goes first (ranks fill their memory in their own
+ * order, not the file's). */
+#define SD_DIRECT_AHEAD 256
 int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out);
 
 /* Pure: the next stretch, at most cap bytes (a multiple of SD_DIO_ALIGN)

@@ -779,3 +779,26 @@ Test(staging, zero_copy_where_direct_io_is_refused, .init = setup, .fini = fr_te
   munmap(m, len);
   close(fd);
 }
+
+/* Streaming: a ready zero-copy stretch goes out before an earlier one that is not ready yet. */
+Test(staging, a_ready_zero_copy_stretch_need_not_wait_for_an_earlier_one) {
+  sd_fill_file files[] = {{NULL, 0, 1 << 20}};
+  sd_write_op ops[] = {{0, 0, zsrc, 512 << 10, SD_WOP_SHARED, 0}, {0, 512 << 10, zsrc + (512 << 10), 512 << 10,
+                                                                   SD_WOP_SHARED, 1}};
+  uint8_t ready[2] = {0, 1};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 2, .ready = ready};
+  size_t n = 0;
+  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  cr_assert_eq(n, 2);
+  f.direct = d;
+  f.ndirect = n;
+  sd_fill_piece pc;
+  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_expect(pc.off == 512 << 10 && pc.op == 1, "the second, ready one first");
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  ready[0] = 1;
+  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_expect(pc.off == 0 && pc.len == 512 << 10 && pc.op == 0);
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  free(d);
+}
