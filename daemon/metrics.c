@@ -23,6 +23,8 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "save_errors", errs);
   json_object_set_new(o, "files_written", u64(c->files_committed));
   json_object_set_new(o, "bytes_written", u64(c->bytes_committed));
+  json_object_set_new(o, "bytes_direct", u64(c->bytes_direct));
+  json_object_set_new(o, "bytes_copied", u64(c->bytes_copied));
   json_object_set_new(o, "puts", u64(c->puts));
   json_object_set_new(o, "bytes_put", u64(c->bytes_put));
   json_object_set_new(o, "connections", u64(c->connections));
@@ -45,6 +47,7 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "writes_direct", u64(ws.writes_direct));
   json_object_set_new(o, "writes_buffered", u64(ws.writes_buffered));
   json_object_set_new(o, "writes_registered", u64(ws.writes_fixed_buf));
+  json_object_set_new(o, "writes_zero_copy", u64(ws.writes_zero_copy));
   json_object_set_new(o, "write_bytes_direct", u64(ws.bytes_direct));
   json_object_set_new(o, "write_bytes_buffered", u64(ws.bytes_buffered));
   json_object_set_new(o, "staging_bytes", u64(ws.staging_bytes));

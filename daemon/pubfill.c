@@ -1,20 +1,90 @@
-/* A publish's bytes cut into aligned staging stretches, and the copy that fills one (run on the copy worker thread). */
+/* A publish's bytes cut into aligned staging stretches and zero-copy stretches, and the copy that fills a staged one (run on the copy worker thread). */
 #include <errno.h>
 #include <limits.h>
 #include <setjmp.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
 #include "pubfill.h"
 
-int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
-  while (f->file < f->nfiles && f->off >= f->files[f->file].size) {
-    f->file++;
-    f->off = 0;
+static int span_cmp(const void *a, const void *b) {
+  const sd_shm_span *x = a, *y = b;
+  return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static int op_cmp(const void *a, const void *b) {
+  const sd_write_op *x = a, *y = b;
+  if (x->file != y->file) return x->file < y->file ? -1 : 1;
+  if (x->file_offset != y->file_offset) return x->file_offset < y->file_offset ? -1 : 1;
+  return 0;
+}
+
+sd_shm_span *sd_fill_set_spans(sd_fill *f, const sd_shm_span *spans, size_t n) {
+  sd_shm_span *own = malloc(n * sizeof *own);
+  if (!own) return NULL;
+  memcpy(own, spans, n * sizeof *own);
+  qsort(own, n, sizeof *own, span_cmp);
+  f->spans = own;
+  f->nspans = n;
+  return own;
+}
+
+int sd_fill_ops_sorted(const sd_write_op *ops, size_t n) {
+  for (size_t i = 1; i < n; i++)
+    if (op_cmp(&ops[i - 1], &ops[i]) > 0) return 0;
+  return 1;
+}
+
+int sd_fill_set_ops(sd_fill *f, const sd_write_op *ops, size_t n, sd_write_op **own) {
+  *own = NULL;
+  if (sd_fill_ops_sorted(ops, n)) {
+    f->ops = ops;
+    f->nops = n;
+    return 0;
   }
-  if (f->file >= f->nfiles) return 0;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += ops[i].len > 0;
+  if (!(*own = malloc((k ? k : 1) * sizeof **own))) return -1;
+  k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ops[i].len > 0) (*own)[k++] = ops[i];
+  qsort(*own, k, sizeof **own, op_cmp);
+  f->ops = *own;
+  f->nops = k;
+  return 0;
+}
+
+/* The staging cursor steps over zero-copy stretches; 1 when one begins at f->off. */
+static int skip_direct(sd_fill *f) {
+  while (f->dskip < f->ndirect) {
+    const sd_fill_direct *d = &f->direct[f->dskip];
+    if (d->file > f->file || (d->file == f->file && d->off + d->len > f->off)) break;
+    f->dskip++;
+  }
+  if (f->dskip >= f->ndirect) return 0;
+  const sd_fill_direct *d = &f->direct[f->dskip];
+  if (d->file != f->file || d->off != f->off) return 0;
+  f->off += d->len;
+  f->dskip++;
+  return 1;
+}
+
+int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
+  do {
+    while (f->file < f->nfiles && f->off >= f->files[f->file].size) {
+      f->file++;
+      f->off = 0;
+    }
+    if (f->file >= f->nfiles) return 0;
+  } while (skip_direct(f));
   uint64_t len = f->files[f->file].size - f->off;
   if (len > cap) len = cap;
+  if (f->dskip < f->ndirect) {
+    /* Stop where the next zero-copy stretch begins (an aligned offset). */
+    const sd_fill_direct *d = &f->direct[f->dskip];
+    if (d->file == f->file && d->off < f->off + len) len = d->off - f->off;
+  }
   /* Writes wholly before this stretch were handed out with earlier ones;
    * a write crossing the boundary is the first of this one. */
   while (f->op < f->nops) {
@@ -36,6 +106,48 @@ int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
   c->len = (uint32_t)len;
   c->cursor = f->op;
   f->off += len;
+  return 1;
+}
+
+sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *n) {
+  sd_fill_direct *d = NULL;
+  size_t cap = 0;
+  *n = 0;
+  for (size_t i = 0; i < f->nops; i++) {
+    const sd_write_op *op = &f->ops[i];
+    if (!(op->flags & SD_WOP_SHARED) || ((uintptr_t)op->src - op->file_offset) % SD_DIO_ALIGN) continue;
+    uint64_t a = sd_align_up(op->file_offset), b = (op->file_offset + op->len) & ~(uint64_t)(SD_DIO_ALIGN - 1);
+    if (b <= a || b - a < min_len) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 64;
+      sd_fill_direct *nd = realloc(d, cap * sizeof *nd);
+      if (!nd) {
+        free(d);
+        *n = 0;
+        return NULL;
+      }
+      d = nd;
+    }
+    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, 0};
+  }
+  return d;
+}
+
+int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out) {
+  while (f->dnext < f->ndirect && f->direct[f->dnext].sent >= f->direct[f->dnext].len) f->dnext++;
+  sd_fill_direct *d = NULL;
+  for (size_t i = f->dnext; i < f->ndirect && i - f->dnext < SD_DIRECT_AHEAD && !d; i++)
+    if (f->direct[i].sent < f->direct[i].len && (!f->ready || f->ready[f->direct[i].op])) d = &f->direct[i];
+  if (!d) return 0;
+  const sd_write_op *op = &f->ops[d->op];
+  uint64_t len = d->len - d->sent;
+  if (len > max) len = max;
+  out->file = d->file;
+  out->off = d->off + d->sent;
+  out->src = op->src + (out->off - op->file_offset);
+  out->len = (uint32_t)len;
+  out->op = d->op;
+  d->sent += len;
   return 1;
 }
 

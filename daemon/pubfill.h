@@ -39,14 +39,40 @@ typedef struct {
 /* ------------------------------------------------------------------------ *
  * A publish's bytes (pubfill.c): every file is a head (header, artifact or
  * index bytes, at offset 0) followed by the data writes that land in it;
- * files are cut into chunk-sized stretches at multiples of the chunk size,
- * so every write but a file's last is whole aligned blocks.
+ * files are cut into chunk-sized stretches at multiples of the chunk size
+ * (and at the zero-copy stretches' ends, which are aligned too), so every
+ * write but a file's last is whole aligned blocks.
  * ------------------------------------------------------------------------ */
 typedef struct {
   const uint8_t *head;     /* heap memory */
   uint64_t head_len;
   uint64_t size;           /* the file's final length */
 } sd_fill_file;
+
+/* ------------------------------------------------------------------------ *
+ * Zero-copy stretches: the aligned middle of a write whose shared source
+ * sits at an address congruent to its file offset (mod SD_DIO_ALIGN) goes
+ * to the ring straight from the client's mapping, with no staging copy;
+ * its unaligned head and tail, and every other write, are staged.
+ * ------------------------------------------------------------------------ */
+#define SD_DIRECT_MIN (64u << 10)   /* smaller middles are staged: not worth a write of their own */
+#define SD_DIRECT_PIECE (8u << 20)  /* largest zero-copy write handed to the ring */
+
+typedef struct {
+  uint32_t file;
+  uint64_t off, len;       /* multiples of SD_DIO_ALIGN */
+  size_t op;               /* the write (index in sd_fill.ops) it is the middle of */
+  uint64_t sent;           /* loop thread: bytes of it handed out so far */
+} sd_fill_direct;
+
+/* One zero-copy write for the ring. */
+typedef struct {
+  uint32_t file;
+  uint64_t off;
+  const uint8_t *src;
+  uint32_t len;
+  size_t op;
+} sd_fill_piece;
 
 typedef struct {
   const sd_fill_file *files;
@@ -61,7 +87,32 @@ typedef struct {
   uint64_t off;
   size_t op;
   size_t scan;             /* ops before this one are known ready */
+  /* zero-copy stretches, sorted; staged stretches go around them */
+  sd_fill_direct *direct;
+  size_t ndirect;
+  size_t dskip;            /* the staging cursor: the next one it must not stage */
+  size_t dnext;            /* the first one with bytes not yet handed out */
 } sd_fill;
+
+/* Sets f's sources: a copy of spans sorted by base (returned, for the
+ * caller to free; NULL: no memory). */
+sd_shm_span *sd_fill_set_spans(sd_fill *f, const sd_shm_span *spans, size_t n);
+/* 1 when ops are in file and offset order. */
+int sd_fill_ops_sorted(const sd_write_op *ops, size_t n);
+/* Sets f's writes: ops itself when sorted, else a sorted copy of the
+ * non-empty ones in *own (for the caller to free). -1: no memory. */
+int sd_fill_set_ops(sd_fill *f, const sd_write_op *ops, size_t n, sd_write_op **own);
+/* Pure: the zero-copy stretches of f's writes (malloc'd, NULL when none or
+ * out of memory: then everything is staged). Only SD_WOP_SHARED writes
+ * qualify, with a middle of at least min_len. */
+sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *n);
+/* Pure: the next zero-copy write, at most max bytes, or 0 when none is
+ * ready (streaming: its write's ready flag) or left. Stretches go out in
+ * file order, except that a ready one up to SD_DIRECT_AHEAD stretches past
+ * the first unready one goes first (ranks fill their memory in their own
+ * order, not the file's). */
+#define SD_DIRECT_AHEAD 256
+int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out);
 
 /* Pure: the next stretch, at most cap bytes (a multiple of SD_DIO_ALIGN)
  * of one file: sets c->file, off, len and cursor and advances. Returns 0

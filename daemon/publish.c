@@ -1,4 +1,4 @@
-/* One save's way to disk: temporary folder, staged direct-I/O writes through the ring, fsyncs, atomic rename, parent fsync. */
+/* One save's way to disk: temporary folder, zero-copy and staged direct-I/O writes through the ring, fsyncs, atomic rename, parent fsync. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -17,6 +17,7 @@
 
 #define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
 #define FILES_MAX 0x80000000u
+#define DIRECT_INFLIGHT 16    /* zero-copy writes of one publish on the ring at once */
 
 typedef struct {
   const char *name;        /* points into the plan, the request copy or artifact copy */
@@ -56,6 +57,10 @@ struct sd_publish {
   sd_write_op *own_ops;    /* a sorted copy when the caller's ops were not sorted */
   sd_shm_span *spans;      /* the request's, sorted by base */
   sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
+  sd_fill_direct *direct;  /* zero-copy stretches of fill */
+  sd_fill_piece pieces[DIRECT_INFLIGHT]; /* zero-copy writes on the ring, or to resubmit */
+  unsigned pfree[DIRECT_INFLIGHT], npfree, predo[DIRECT_INFLIGHT], npredo;
+  uint64_t bytes_direct;   /* file bytes written straight from the clients' segments */
   int said_buffered;       /* the O_DIRECT fallback was logged */
   uint32_t *ready;         /* files whose bytes are all written, awaiting fsync */
   size_t ready_head, ready_tail, nsynced;
@@ -141,6 +146,7 @@ static void pub_free(sd_publish *p) {
   free(p->fill_files);
   free(p->own_ops);
   free(p->spans);
+  free(p->direct);
   free(p->ready);
   free(p);
 }
@@ -236,6 +242,29 @@ static void drop_waiting(sd_publish *p) {
   p->wq_tail = &p->wq;
 }
 
+/* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
+static int direct_next(sd_publish *p, sd_io *io) {
+  unsigned k;
+  if (p->npredo) {
+    k = p->predo[--p->npredo];
+  } else {
+    if (!p->npfree || !sd_fill_next_direct(&p->fill, SD_DIRECT_PIECE, &p->pieces[p->pfree[p->npfree - 1]]))
+      return 0;
+    k = p->pfree[--p->npfree];
+  }
+  sd_fill_piece *pc = &p->pieces[k];
+  pub_file *pf = &p->files[pc->file];
+  sd_writer_count_write(p->job.w, pf->direct);
+  io->kind = SD_IO_WRITE;
+  io->fd = file_fd(p, pf, &io->fixed);
+  io->tag = pc->file;
+  io->off = pc->off;
+  io->src = pc->src;
+  io->len = pc->len;
+  io->req = pc;
+  return 1;
+}
+
 static int job_next(sd_wjob *job, sd_io *io) {
   sd_publish *p = (sd_publish *)job;
   if (p->failed) return 0;
@@ -249,7 +278,7 @@ static int job_next(sd_wjob *job, sd_io *io) {
       return 1;
     }
     sd_chunk *c = p->wq;
-    if (!c) return 0;
+    if (!c) return direct_next(p, io);
     p->wq = c->next;
     if (!p->wq) p->wq_tail = &p->wq;
     c->next = NULL;
@@ -281,9 +310,25 @@ static int job_next(sd_wjob *job, sd_io *io) {
 static void job_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
   sd_publish *p = (sd_publish *)job;
   const sd_chunk *c = io->chunk;
-  if (!c) return;
+  if (!c) {
+    if (io->kind == SD_IO_WRITE) p->bytes_written += bytes, p->bytes_direct += bytes;
+    return;
+  }
   uint64_t before = (uint64_t)c->done + io->done, after = before + bytes;
   p->bytes_written += (after < c->len ? after : c->len) - (before < c->len ? before : c->len);
+}
+
+/* len more bytes of file f are on disk; once all are, it is cut to size and its fsync queued. */
+static void file_wrote(sd_publish *p, uint32_t f, uint64_t len) {
+  pub_file *pf = &p->files[f];
+  sd_crash_point("write");
+  if (f == p->index_file) sd_crash_point("index");
+  if ((pf->left -= len) > 0) return;
+  if (pf->trim && ftruncate(pf->fd, (off_t)pf->size) < 0) {
+    fail_errno(p, errno, f, "truncate to its size", 0);
+    return;
+  }
+  p->ready[p->ready_tail++] = f;
 }
 
 static void write_complete(sd_publish *p, const sd_io *io, int res) {
@@ -309,14 +354,38 @@ static void write_complete(sd_publish *p, const sd_io *io, int res) {
     fail_errno(p, -res, f, "write", io->off + io->done);
     return;
   }
-  sd_crash_point("write");
-  if (f == p->index_file) sd_crash_point("index");
-  if ((pf->left -= c->len) > 0) return;
-  if (pf->trim && ftruncate(pf->fd, (off_t)pf->size) < 0) {
-    fail_errno(p, errno, f, "truncate to its size", 0);
+  file_wrote(p, f, c->len);
+}
+
+/* A zero-copy write ended: its pages leave the daemon's page tables, as a
+ * staged copy's do. A segment the client shrank makes it fail with EFAULT
+ * (save.c then reports the region as out_of_range). */
+static void direct_complete(sd_publish *p, const sd_io *io, int res) {
+  sd_fill_piece *pc = io->req;
+  unsigned k = (unsigned)(pc - p->pieces);
+  pub_file *pf = &p->files[pc->file];
+  uint32_t done = res >= 0 ? pc->len : io->done;
+  if (done) sd_shared_drop(pc->src, done);
+  p->ops_left -= done;
+  if (res == -EINVAL && pf->direct && !p->failed && done < pc->len) {
+    go_buffered(p, pf); /* the rest again, through the page cache */
+    pf->left -= done;
+    pc->off += done;
+    pc->src += done;
+    pc->len -= done;
+    p->predo[p->npredo++] = k;
     return;
   }
-  p->ready[p->ready_tail++] = f;
+  if (res == -EINVAL && pf->direct && !p->failed) {
+    go_buffered(p, pf); /* all of it went out after all */
+    res = 0;
+  }
+  p->pfree[p->npfree++] = k;
+  if (res < 0) {
+    fail_errno(p, -res, pc->file, "write", io->off + io->done);
+    return;
+  }
+  file_wrote(p, pc->file, done);
 }
 
 static void job_complete(sd_wjob *job, const sd_io *io, int res) {
@@ -342,7 +411,10 @@ static void job_complete(sd_wjob *job, const sd_io *io, int res) {
     if (f == p->index_file) sd_crash_point("index");
     return;
   }
-  write_complete(p, io, res);
+  if (io->chunk)
+    write_complete(p, io, res);
+  else
+    direct_complete(p, io, res);
 }
 
 static int job_stage(sd_wjob *job, sd_chunk *c) {
@@ -374,51 +446,6 @@ static void job_filled(sd_wjob *job, sd_chunk *c) {
   c->next = NULL;
   *p->wq_tail = c;
   p->wq_tail = &c->next;
-}
-
-/* ------------------------------------------------------------------------ *
- * The atomic step, shared by the ring-driven path below and sd_publish_dir
- * ------------------------------------------------------------------------ */
-int sd_publish_swap_in(int parent_fd, const char *tmp, const char *base, const char *rel_dir, int overwrite,
-                       int *exchanged, sd_error *err) {
-  *exchanged = 0;
-  int rc = renameat2(parent_fd, tmp, parent_fd, base, RENAME_NOREPLACE);
-  if (rc < 0 && errno == EEXIST && overwrite) {
-    /* Swap in one step, so ROOT/DIR always holds a whole checkpoint. */
-    rc = renameat2(parent_fd, tmp, parent_fd, base, RENAME_EXCHANGE);
-    if (rc == 0)
-      *exchanged = 1;
-    else if (errno == ENOENT) /* the old one went away meanwhile */
-      rc = renameat2(parent_fd, tmp, parent_fd, base, RENAME_NOREPLACE);
-  }
-  if (rc < 0) {
-    if (errno == EEXIST) return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root", rel_dir);
-    return sd_fail(err, SHARDD_E_IO, "cannot rename the new folder to '%s': %s", rel_dir, strerror(errno));
-  }
-  return 0;
-}
-
-int sd_publish_dir(int parent_fd, int tmp_fd, const char *tmp, const char *rel_dir, int overwrite,
-                   const char *tag, int *renamed, sd_error *err) {
-  *renamed = 0;
-  if (fsync(tmp_fd) < 0)
-    return sd_fail(err, errno == ENOSPC || errno == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
-                   "%s: fsync of the new folder: %s", rel_dir, strerror(errno));
-  const char *slash = strrchr(rel_dir, '/');
-  int exchanged = 0;
-  int rc = sd_publish_swap_in(parent_fd, tmp, slash ? slash + 1 : rel_dir, rel_dir, overwrite, &exchanged, err);
-  if (rc) return rc;
-  *renamed = 1;
-  if (fsync(parent_fd) < 0)
-    sd_log_warn("save '%s': fsync of the folder holding %s: %s (published regardless)", tag, rel_dir, strerror(errno));
-  if (exchanged) {
-    /* The old checkpoint now sits under the temporary name. Failing to
-     * remove it does not unpublish the new one; a restart cleans it up. */
-    sd_error e;
-    if (sd_path_remove_tree(parent_fd, tmp, &e) != 0)
-      sd_log_warn("save '%s': removing the replaced checkpoint: %s", tag, e.msg);
-  }
-  return 0;
 }
 
 static int do_rename(sd_publish *p) {
@@ -478,56 +505,8 @@ static const sd_wjob_ops pub_ops = {
 /* ------------------------------------------------------------------------ *
  * Start
  * ------------------------------------------------------------------------ */
-static int span_cmp(const void *a, const void *b) {
-  const sd_shm_span *x = a, *y = b;
-  return x->base < y->base ? -1 : x->base > y->base;
-}
-
-static int op_cmp(const void *a, const void *b) {
-  const sd_write_op *x = a, *y = b;
-  if (x->file != y->file) return x->file < y->file ? -1 : 1;
-  if (x->file_offset != y->file_offset) return x->file_offset < y->file_offset ? -1 : 1;
-  return 0;
-}
-
 static char *dupstr(const char *s) {
   return s ? strdup(s) : NULL;
-}
-
-/* Characters outside [A-Za-z0-9._-] become '_', so any save id makes a plain name. */
-static void append_clean(char *dst, size_t *n, const char *s, size_t max) {
-  for (size_t i = 0; s[i] && i < max; i++) {
-    char c = s[i];
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-             c == '.' || c == '_' || c == '-';
-    dst[(*n)++] = ok ? c : '_';
-  }
-  dst[*n] = '\0';
-}
-
-/* The data writes in file and offset order: the caller's own array when it
- * already is (the planner's is), else a sorted copy of the non-empty ones. */
-static int sorted_ops(sd_publish *p, const sd_publish_req *req, sd_error *err) {
-  int sorted = 1;
-  for (size_t i = 1; i < req->nops && sorted; i++) sorted = op_cmp(&req->ops[i - 1], &req->ops[i]) <= 0;
-  if (sorted) {
-    p->fill.ops = req->ops;
-    p->fill.nops = req->nops;
-    p->fill.ready = req->op_ready;
-    return 0;
-  }
-  if (req->op_ready) return sd_fail(err, SHARDD_E_INTERNAL, "publish: streamed writes must come sorted");
-  size_t n = 0;
-  for (size_t i = 0; i < req->nops; i++) n += req->ops[i].len > 0;
-  p->own_ops = malloc((n ? n : 1) * sizeof *p->own_ops);
-  if (!p->own_ops) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish writes");
-  n = 0;
-  for (size_t i = 0; i < req->nops; i++)
-    if (req->ops[i].len > 0) p->own_ops[n++] = req->ops[i];
-  qsort(p->own_ops, n, sizeof *p->own_ops, op_cmp);
-  p->fill.ops = p->own_ops;
-  p->fill.nops = n;
-  return 0;
 }
 
 /* Files, sizes and writes, checked and laid out before anything touches the disk. */
@@ -609,17 +588,13 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   }
   p->fill.files = ff;
   p->fill.nfiles = nf;
-  if (req->nspans) {
-    if (!(p->spans = malloc(req->nspans * sizeof *p->spans)))
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "publish sources");
-    memcpy(p->spans, req->spans, req->nspans * sizeof *p->spans);
-    qsort(p->spans, req->nspans, sizeof *p->spans, span_cmp);
-    p->fill.spans = p->spans;
-    p->fill.nspans = req->nspans;
-  }
-
-  int rc = sorted_ops(p, req, err);
-  if (rc) return rc;
+  if (req->nspans && !(p->spans = sd_fill_set_spans(&p->fill, req->spans, req->nspans)))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "publish sources");
+  if (req->op_ready && !sd_fill_ops_sorted(req->ops, req->nops))
+    return sd_fail(err, SHARDD_E_INTERNAL, "publish: streamed writes must come sorted");
+  if (sd_fill_set_ops(&p->fill, req->ops, req->nops, &p->own_ops) != 0)
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "publish writes");
+  p->fill.ready = req->op_ready;
   /* Each file's writes in order: none may overlap another or the header. */
   const sd_write_op *prev = NULL;
   for (size_t i = 0; i < p->fill.nops; i++) {
@@ -667,12 +642,7 @@ static int go_direct(sd_publish *p, pub_file *pf) {
 /* The temporary folder and every file in it. */
 static int make_files(sd_publish *p, sd_error *err) {
   char name[NAME_MAX + 1];
-  size_t n = 0;
-  append_clean(name, &n, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX);
-  append_clean(name, &n, p->base, 96);
-  name[n++] = '-';
-  append_clean(name, &n, p->tag, 64);
-  snprintf(name + n, sizeof name - n, "-%ld-%lu", (long)getpid(), ++tmp_counter);
+  sd_publish_tmp_name(name, p->base, p->tag, ++tmp_counter);
   if (!(p->tmp_name = strdup(name))) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
 
   if (mkdirat(p->parent_fd, p->tmp_name, 0700) < 0) {
@@ -718,6 +688,23 @@ static int make_files(sd_publish *p, sd_error *err) {
   if (!rc && fchmod(p->tmp_fd, p->dir_mode) < 0)
     rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of the folder for '%s': %s", p->rel_dir, strerror(errno));
   return rc;
+}
+
+/* The zero-copy stretches, unless the device wants coarser direct-I/O
+ * alignment than SD_DIO_ALIGN (statx STATX_DIOALIGN): then all is staged. */
+static void plan_direct(sd_publish *p) {
+  for (unsigned k = 0; k < DIRECT_INFLIGHT; k++) p->pfree[p->npfree++] = DIRECT_INFLIGHT - 1 - k;
+  for (size_t i = 0; i < p->nfiles; i++) {
+    struct statx sx;
+    if (!p->files[i].direct || statx(p->files[i].fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) continue;
+    if ((sx.stx_mask & STATX_DIOALIGN) && (sx.stx_dio_offset_align > SD_DIO_ALIGN || sx.stx_dio_mem_align > SD_DIO_ALIGN))
+      return;
+    break; /* one file tells for the folder */
+  }
+  size_t n = 0;
+  p->direct = sd_fill_plan_direct(&p->fill, SD_DIRECT_MIN, &n);
+  p->fill.direct = p->direct;
+  p->fill.ndirect = n;
 }
 
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err) {
@@ -769,6 +756,7 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
     }
   }
   if (!rc) rc = make_files(p, err);
+  if (!rc) plan_direct(p);
   if (!rc) rc = sd_writer_attach(w, &p->job, err);
   if (rc) {
     p->err = *err;
@@ -803,6 +791,10 @@ void sd_publish_unhold(sd_publish *p) {
 
 uint64_t sd_publish_bytes_written(const sd_publish *p) {
   return p->bytes_written;
+}
+
+uint64_t sd_publish_bytes_direct(const sd_publish *p) {
+  return p->bytes_direct;
 }
 
 uint64_t sd_publish_bytes_total(const sd_publish *p) {

@@ -10,6 +10,7 @@
 #include "sd_error.h"
 #include "sd_format.h"
 #include "pubfill.h"
+#include "publish_swap.h"
 #include "writer.h"
 
 /* ------------------------------------------------------------------------ *
@@ -24,7 +25,8 @@ typedef struct {
 } sd_artifact;
 
 /* Called once every data byte has been copied out of its source (into the
- * staging buffers, usually well before it is on disk): the sources are never
+ * staging buffers, usually well before it is on disk) or, for zero-copy
+ * writes, written from it: the sources are never
  * read again, so a rank's shared memory may be reused ("released" event). */
 typedef void (*sd_publish_released_cb)(sd_publish *pub, void *ud);
 /* Called exactly once: err is NULL and final_path the absolute published
@@ -65,19 +67,6 @@ typedef struct {
 /* Copies what it needs from req except the ops' sources, plan and index. */
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err);
 
-/* The atomic step of every publish: PARENT/tmp becomes PARENT/base (rel_dir
- * names it in messages), exchanged with the checkpoint there when overwrite
- * allows (*exchanged = 1: the old one now sits under tmp), retried without
- * exchange when that one went away meanwhile. exists or io_error. */
-int sd_publish_swap_in(int parent_fd, const char *tmp, const char *base, const char *rel_dir, int overwrite,
-                       int *exchanged, sd_error *err);
-/* The whole publish of a finished temporary folder, for callers on a worker
- * thread (the multi-node leader): the folder's fsync, sd_publish_swap_in, the
- * parent's fsync, then the replaced checkpoint's removal (both logged, not
- * failures: the new checkpoint is in place). *renamed = 1 once swapped in.
- * sd_publish_start's ring-driven path takes the same steps asynchronously. */
-int sd_publish_dir(int parent_fd, int tmp_fd, const char *tmp, const char *rel_dir, int overwrite,
-                   const char *tag, int *renamed, sd_error *err);
 /* Fails the publish with code/why; on_done follows asynchronously. */
 void sd_publish_cancel(sd_publish *p, int code, const char *why);
 /* More op_ready flags are set: stage what became ready. */
@@ -86,5 +75,8 @@ void sd_publish_poke(sd_publish *p);
 void sd_publish_unhold(sd_publish *p);
 uint64_t sd_publish_bytes_written(const sd_publish *p);
 uint64_t sd_publish_bytes_total(const sd_publish *p);
+/* Of the bytes written, those that went straight from the clients' segments
+ * (zero-copy); the rest went through staging (copied). */
+uint64_t sd_publish_bytes_direct(const sd_publish *p);
 
 #endif

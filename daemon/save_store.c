@@ -195,6 +195,11 @@ uint64_t sd_save_bytes_written(const sd_save *save) {
   return save->pub ? sd_publish_bytes_written(save->pub) : 0;
 }
 
+uint64_t sd_save_bytes_direct(const sd_save *save) {
+  if (save->cl) return 0; /* the multi-node writer does not go zero-copy */
+  return save->pub ? sd_publish_bytes_direct(save->pub) : save->bytes_direct;
+}
+
 const char *sd_save_state_name(const sd_save *save) {
   switch (save->state) {
     case SD_SAVE_OPEN: return save->ndeclared == save->world_size ? "planning" : "open";

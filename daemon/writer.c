@@ -126,6 +126,8 @@ static sd_io *next_request(sd_writer *w) {
         /* A write the job did not count resumes a chunk whose direct write
          * was refused: it goes out buffered. */
         w->slot_direct[io - w->slots] = io->kind == SD_IO_WRITE && w->counted_direct;
+        /* A publish's write without a staging chunk is a zero-copy one (retries not counted again). */
+        if (io->kind == SD_IO_WRITE && !io->chunk && j != &w->raw.job) w->st.writes_zero_copy++;
         w->free_slots = w->free_slots->next;
         io->job = j;
         io->next = NULL;

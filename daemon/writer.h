@@ -41,6 +41,7 @@ typedef struct {
   uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
   uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
   uint64_t writes_fixed_file;/* ... to a registered file */
+  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes only) */
   uint64_t copy_trips;       /* trips to the copy worker */
   uint64_t staging_bytes;    /* staging allocated now */
   uint64_t staging_peak;     /* staging allocated at most */

@@ -19,6 +19,12 @@
  * tensor then sits at an O_DIRECT-friendly file offset (multiple of 8 too,
  * as the format asks). */
 #define SD_HEADER_ALIGN 4096
+/* The placement rule (PROTOCOL.md "Placement"): a slice whose bytes lie in
+ * its segment at an offset congruent to its file offset modulo
+ * SD_PLACE_ALIGN is written from there with no copy (the aligned middle of
+ * it, when that is at least SD_PLACE_MIN bytes). */
+#define SD_PLACE_ALIGN 4096u
+#define SD_PLACE_MIN (64u << 10)
 
 /* ------------------------------------------------------------------------ *
  * Dtypes (whole-byte elements only; F4/F6 are refused, see README)

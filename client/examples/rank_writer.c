@@ -18,7 +18,7 @@ typedef struct {
   const char *socket, *save, *dir, *dtype, *file;
   int rank, world_size, tp;
   uint64_t hidden, layers, vocab, intermediate, max_shard_size, seed;
-  int no_wait, kill_before_seal, start_barrier, stream;
+  int no_wait, kill_before_seal, start_barrier, stream, place;
 } opts;
 
 static void usage(FILE *f) {
@@ -42,6 +42,9 @@ static void usage(FILE *f) {
           "  --kill-before-seal    put everything, then exit(3) without sealing\n"
           "  --stream              put every slice deferred, say 'declared', then copy and send\n"
           "                        'ready' every 64 MiB: the daemon writes while this rank copies\n"
+          "  --place               arena offsets from shardd_place: whole tensors and dim-0 pieces\n"
+          "                        lie congruent to their file offsets, so the daemon writes them\n"
+          "                        with no copy (zero-copy placement)\n"
           "  --start-barrier       three times, once connected: print 'ready' and wait for a line\n"
           "                        on stdin; the first two gos start the two memcpy baseline\n"
           "                        passes, the third the save, so ranks do each together as a\n"
@@ -96,7 +99,8 @@ typedef struct {
   uint64_t shape[2], start[2], count[2];
   int64_t index;       /* state-dict position, so shards follow HF's order */
   uint64_t nbytes;     /* of this rank's slice */
-  uint64_t offset;     /* in the arena and in the private copy */
+  uint64_t offset;     /* in the private copy (and the arena, unless placed) */
+  uint64_t aoff;       /* in the arena */
 } slice;
 
 typedef struct {
@@ -142,7 +146,7 @@ static void add(slices *ss, const opts *o, int tp_rank, unsigned esize, const ch
   t->nbytes = esize * t->count[0] * (ndim == 2 ? t->count[1] : 1);
   /* A split finer than the dimension leaves some ranks an empty slice
    * (hidden 3 over tp 4): they put it all the same, as a trainer would. */
-  t->offset = ss->total;
+  t->offset = t->aoff = ss->total;
   ss->total += (t->nbytes + 63) & ~(uint64_t)63;
   ss->n++;
 }
@@ -266,11 +270,31 @@ static int wait_for_go(void) {
 /* ------------------------------------------------------------------------ *
  * main
  * ------------------------------------------------------------------------ */
+/* --place: this rank's arena offsets by the placement rule (shardd_place);
+ * offsets grow in put order, so streaming's ready marks still work. */
+static int place_slices(slices *ss, const opts *o, int dt, unsigned esize, uint64_t *end) {
+  (void)esize;
+  shardd_tensor_desc *d = calloc(ss->n ? ss->n : 1, sizeof *d);
+  uint64_t *off = calloc(ss->n ? ss->n : 1, sizeof *off);
+  int rc = d && off ? 0 : SHARDD_E_NO_MEMORY;
+  for (size_t i = 0; i < ss->n && !rc; i++) {
+    slice *t = &ss->v[i];
+    d[i] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim, .shape = t->shape,
+                                .start = t->start, .count = t->count, .index = t->index};
+  }
+  if (!rc) rc = shardd_place(d, ss->n, o->max_shard_size, 0, off, end);
+  for (size_t i = 0; i < ss->n && !rc; i++) ss->v[i].aoff = off[i];
+  if (rc) fprintf(stderr, "shardd-example-rank: place: %s\n", shardd_last_error(NULL));
+  free(d);
+  free(off);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   opts o = {.save = "example", .dir = "example", .dtype = "BF16", .world_size = 1, .tp = 1,
             .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688};
   enum { O_SOCKET = 256, O_SAVE, O_DIR, O_RANK, O_WS, O_TP, O_HIDDEN, O_LAYERS, O_VOCAB, O_INTER,
-         O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_HELP };
+         O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_PLACE, O_HELP };
   static const struct option lo[] = {
       {"socket", required_argument, 0, O_SOCKET}, {"save", required_argument, 0, O_SAVE},
       {"dir", required_argument, 0, O_DIR},       {"rank", required_argument, 0, O_RANK},
@@ -281,6 +305,7 @@ int main(int argc, char **argv) {
       {"seed", required_argument, 0, O_SEED},     {"file", required_argument, 0, O_FILE},
       {"no-wait", no_argument, 0, O_NOWAIT},      {"kill-before-seal", no_argument, 0, O_KILL},
       {"start-barrier", no_argument, 0, O_BARRIER}, {"stream", no_argument, 0, O_STREAM},
+      {"place", no_argument, 0, O_PLACE},
       {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
   int ch, bad = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -303,6 +328,7 @@ int main(int argc, char **argv) {
       case O_KILL: o.kill_before_seal = 1; break;
       case O_BARRIER: o.start_barrier = 1; break;
       case O_STREAM: o.stream = 1; break;
+      case O_PLACE: o.place = 1; break;
       case O_HELP: usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -326,6 +352,8 @@ int main(int argc, char **argv) {
 
   slices ss = {0};
   build_model(&ss, &o, tp_rank, esize);
+  uint64_t arena_bytes = ss.total;
+  if (o.place && place_slices(&ss, &o, dt, esize, &arena_bytes) != 0) return 1;
   size_t total = ss.total ? (size_t)ss.total : 64;
   uint64_t bytes = 0;
   size_t nput = ss.n;
@@ -353,7 +381,7 @@ int main(int argc, char **argv) {
     goto done;
   }
   shardd_arena *a;
-  rc = shardd_arena_create(c, total, &a);
+  rc = shardd_arena_create(c, arena_bytes > total ? (size_t)arena_bytes : total, &a);
   if (rc) {
     status = fail(&o, "arena_create", rc, c, NULL);
     goto done;
@@ -372,7 +400,7 @@ int main(int argc, char **argv) {
     uint8_t *dst = shardd_arena_data(a);
     double t0 = now_s();
     for (size_t i = 0; i < ss.n; i++)
-      memcpy(dst + ss.v[i].offset, model + ss.v[i].offset, ss.v[i].nbytes);
+      memcpy(dst + ss.v[i].aoff, model + ss.v[i].offset, ss.v[i].nbytes);
     /* The copies are dead stores otherwise; make them observable. */
     __asm__ volatile("" : : "r"(dst) : "memory");
     double t = now_s() - t0;
@@ -411,8 +439,8 @@ int main(int argc, char **argv) {
     descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
                                     .shape = t->shape, .start = whole ? NULL : t->start,
                                     .count = whole ? NULL : t->count, .index = t->index};
-    offs[k++] = t->offset;
-    if (!o.stream) memcpy(arena + t->offset, model + t->offset, (size_t)t->nbytes);
+    offs[k++] = t->aoff;
+    if (!o.stream) memcpy(arena + t->aoff, model + t->offset, (size_t)t->nbytes);
   }
   size_t refused = 0;
   rc = shardd_put_many(c, o.save, descs, offs, k, a, o.stream, &refused);
@@ -436,8 +464,8 @@ int main(int argc, char **argv) {
     uint64_t said = 0;
     for (size_t i = 0; i < ss.n; i++) {
       slice *t = &ss.v[i];
-      memcpy(dst + t->offset, model + t->offset, (size_t)t->nbytes);
-      uint64_t end = t->offset + t->nbytes;
+      memcpy(dst + t->aoff, model + t->offset, (size_t)t->nbytes);
+      uint64_t end = t->aoff + t->nbytes;
       if (end - said >= STREAM_STEP) {
         rc = shardd_ready(c, o.save, a, end);
         if (rc) {

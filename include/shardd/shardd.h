@@ -210,6 +210,20 @@ SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shar
 SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
                                   size_t *failed);
+/* Where to put this rank's slices in its arena so the daemon writes them
+ * straight from it, with no copy (the placement rule, PROTOCOL.md): the
+ * slices t[0..n) are planned as the daemon will plan the files (names,
+ * dtypes, global shapes, index, max_shard_size; 0: the default), and each
+ * slice that lands in its file as one stretch (a whole tensor or a dim-0
+ * piece) of at least 64 KiB gets an offset congruent to its file offset
+ * modulo 4096; the others are packed at 64-byte boundaries. offsets[i] is
+ * t[i]'s, from base on; *end is one past the last byte (the arena size
+ * needed). Pure and local: when other ranks put tensors this rank does not
+ * name, the files differ and those slices are copied through staging, as
+ * they would be anywhere. A slice the daemon would refuse is packed (its put
+ * says why). SHARDD_E_INVALID_ARGUMENT only for NULL arrays. */
+SHARDD_EXPORT int shardd_place(const shardd_tensor_desc *t, size_t n, uint64_t max_shard_size, uint64_t base,
+                               uint64_t *offsets, uint64_t *end);
 /* Sends the bytes inline (base64); for small tensors. */
 SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                     const void *data, size_t len);

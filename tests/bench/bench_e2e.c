@@ -1,4 +1,4 @@
-/* Benchmark: the same checkpoint written durably by (a) a raw O_DIRECT writer, (b) one serial writer, (c) shardd with 4 ranks. */
+/* Benchmark: the same checkpoint written durably by (a) a raw O_DIRECT writer, (b) one serial writer, (c) shardd with 4 ranks ((s) streamed, (z) placed for zero-copy). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -27,8 +27,6 @@
 
 extern char **environ;
 
-#define GIB 1073741824.0
-#define NRANKS 4
 #define TP 2
 #define SAVE_ID "bench"
 #define CKPT_DIR "bench-ckpt"
@@ -54,7 +52,8 @@ static void usage(FILE *f) {
           "  --dir PARENT         make the work folder under PARENT (default /var/tmp)\n"
           "  --shardd PATH        daemon binary (default $SHARDD_BIN, else next to this build)\n"
           "  --rank-bin PATH      example rank (default $SHARDD_EXAMPLE_RANK, else next to this build)\n"
-          "  --phases LIST        any of a, b, c, s (default abcs): s is (c) with streaming ranks\n"
+          "  --phases LIST        any of a, b, c, s, z (default abcsz): s is (c) with streaming ranks,\n"
+          "                       z (c) with slices placed for zero-copy writes (shardd_place)\n"
           "  --max-shard-size N   bytes per shard file (default: a quarter of the model)\n"
           "  --timeout S          kill the ranks if they run longer than S seconds (default 3600;\n"
           "                       a busy 2-core machine needs minutes just to generate 4 GiB)\n"
@@ -249,12 +248,6 @@ static int socket_ready(const char *path) {
 /* ------------------------------------------------------------------------ *
  * Phases
  * ------------------------------------------------------------------------ */
-typedef struct {
-  int ran, ok;              /* ok: the phase wrote (and, for b and c, verified) its output */
-  uint64_t bytes;
-  double seconds, cpu_s, load_before, load_after;
-  char note[512];
-} phase;
 
 static void phase_raw(const char *work, const sd_e2e_model *m, size_t bufsize, phase *ph) {
   char path[PATH_MAX];
@@ -322,26 +315,6 @@ static int phase_serial(const char *work, const sd_e2e_model *m, phase *ph, char
   return rc;
 }
 
-typedef struct {
-  int rank, exit_ok, signal;
-  uint64_t bytes;
-  double blocked, memcpy_s, setup, begin, puts, seal, wait, cpu;
-  char state[32], error[256];
-} rank_out;
-
-typedef struct {
-  double wall_s, window_s, spread_s;
-  double ready_s;           /* spawn -> every rank generated its tensors and connected */
-  double go_s;              /* start signal -> every rank committed, timed here */
-  double daemon_cpu_s;
-  double tail_s;            /* last seal -> commit: the daemon's write, fsync and publish */
-  uint64_t hwm, peak_anon, peak_shmem, anon_end, shmem_end;
-  int daemon_exit;          /* wait status, -1 when it had to be killed */
-  int same_layout;
-  rank_out r[NRANKS];
-  char daemon_line[512];
-  char sealed_line[160];
-} shardd_stats;
 
 static void parse_rank(const char *text, rank_out *r) {
   sd_e2e_fmt(r->state, sizeof r->state, "no output");
@@ -403,7 +376,7 @@ static void read_daemon_line(const char *log, char *out, size_t len, char *seale
 }
 
 static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, pid_t dpid,
-                     int streamed, phase *ph, shardd_stats *s) {
+                     int streamed, phase *ph, shardd_stats *s) { /* streamed 2: (z), placed */
   char nums[8][32], rk[NRANKS][16];
   sd_e2e_fmt(nums[0], 32, "%" PRIu64, m->hidden);
   sd_e2e_fmt(nums[1], 32, "%" PRIu64, m->intermediate);
@@ -425,7 +398,7 @@ static int run_ranks(const options *o, const sd_e2e_model *m, const char *sock, 
                     CKPT_DIR, "--rank", rk[r], "--world-size", nums[5], "--tp", nums[6],
                     "--hidden", nums[0], "--intermediate", nums[1], "--layers", nums[2],
                     "--vocab", nums[3], "--dtype", "BF16", "--max-shard-size", nums[4],
-                    "--start-barrier", streamed ? "--stream" : NULL, NULL};
+                    "--start-barrier", streamed == 1 ? "--stream" : streamed == 2 ? "--place" : NULL, NULL};
     int p[2], g[2];
     if (pipe2(p, O_CLOEXEC) != 0) break;
     if (pipe2(g, O_CLOEXEC) != 0) {
@@ -604,108 +577,10 @@ static int phase_shardd(const options *o, const char *work, const sd_e2e_model *
 }
 
 /* ------------------------------------------------------------------------ *
- * Report
- * ------------------------------------------------------------------------ */
-static double gbps(const phase *p) { return p->ok && p->seconds > 0 ? (double)p->bytes / p->seconds / 1e9 : 0; }
-
-static void row(const char *label, const phase *p) {
-  if (!p->ran) {
-    printf("%-26s %14s %9s %7s %9s %11s\n", label, "-", "-", "-", "-", "skipped");
-    return;
-  }
-  printf("%-26s %14" PRIu64 " %9.3f %7.3f %9.3f %5.2f-%5.2f\n", label, p->bytes, p->seconds, gbps(p),
-         p->bytes ? p->cpu_s / ((double)p->bytes / GIB) : 0, p->load_before, p->load_after);
-}
-
-/* The device's speed drifts on a shared virtual disk: (a) runs before and
- * after the others, and the ratios use the mean of the two. */
-static double raw_gbps(const phase *a, const phase *a2) {
-  double x = gbps(a), y = gbps(a2);
-  return x > 0 && y > 0 ? (x + y) / 2 : x > 0 ? x : y;
-}
-
-static void ratios(const char *label, const phase *c, const phase *a, const phase *a2, const phase *b) {
-  double ra = raw_gbps(a, a2);
-  if (gbps(c) <= 0) return;
-  printf("ratios %s  /a = %s", label, ra > 0 ? "" : "n/a");
-  if (ra > 0) printf("%.2f", gbps(c) / ra);
-  if (gbps(a) > 0 && gbps(a2) > 0)
-    printf(" (%.2f vs the first raw run, %.2f vs the last)", gbps(c) / gbps(a), gbps(c) / gbps(a2));
-  printf("   %s/b = %s", label, gbps(b) > 0 ? "" : "n/a");
-  if (gbps(b) > 0) printf("%.2f", gbps(c) / gbps(b));
-  printf("\n");
-}
-
-static void detail(const char *label, const sd_e2e_model *m, const phase *b, const phase *c,
-                   const shardd_stats *s) {
-  if (!c->ran) return;
-  printf("\n%s shardd, save window %.3f s (first begin -> all committed; ranks began %.3f s apart)\n", label,
-         s->window_s, s->spread_s);
-  printf("          last seal -> all committed %.3f s = %.3f GB/s (what the daemon had left to write, fsync, publish)\n",
-         s->tail_s, s->tail_s > 0 ? (double)c->bytes / s->tail_s / 1e9 : 0);
-  printf("          start signal -> all ranks exited %.3f s (timed here; ranks got ready in %.1f s:\n"
-         "          each generated its %.2f GiB of tensors and pre-faulted its arena)\n"
-         "          memcpy_s: the faster of two plain memcpys of each rank's bytes into its arena,\n"
-         "          each pass started on all four ranks at once\n",
-         s->go_s, s->ready_s, (double)m->rank_bytes / GIB);
-  printf("\n%-6s %13s %10s %10s %8s %9s %9s %9s %8s  %s\n", "rank", "bytes", "blocked_s", "memcpy_s",
-         "blk/cpy", "puts_s", "seal_s", "wait_s", "cpu_s", "state");
-  double bmax = 0, cmax = 0;
-  for (int r = 0; r < NRANKS; r++) {
-    const rank_out *x = &s->r[r];
-    printf("%-6d %13" PRIu64 " %10.3f %10.3f %8.2f %9.3f %9.3f %9.3f %8.2f  %s\n", r, x->bytes,
-           x->blocked, x->memcpy_s, x->memcpy_s > 0 ? x->blocked / x->memcpy_s : 0, x->puts, x->seal,
-           x->wait, x->cpu, x->state);
-    if (x->blocked > bmax) bmax = x->blocked;
-    if (x->memcpy_s > cmax) cmax = x->memcpy_s;
-  }
-  printf("max    %13s %10.3f %10.3f %8.2f\n", "", bmax, cmax, cmax > 0 ? bmax / cmax : 0);
-  printf("\ndaemon    peak RSS (VmHWM) %.1f MiB = private + ranks' shared memory it touched;\n"
-         "          sampled every 20 ms: peak RssAnon %.1f MiB, peak RssShmem %.1f MiB;\n"
-         "          at stop: RssAnon %.1f MiB, RssShmem %.1f MiB\n",
-         (double)s->hwm / 1048576.0, (double)s->peak_anon / 1048576.0,
-         (double)s->peak_shmem / 1048576.0, (double)s->anon_end / 1048576.0,
-         (double)s->shmem_end / 1048576.0);
-  printf("          CPU (utime+stime, all threads) %.2f s = %.3f s/GiB; exit on SIGTERM: %s\n",
-         s->daemon_cpu_s, c->bytes ? s->daemon_cpu_s / ((double)c->bytes / GIB) : 0,
-         s->daemon_exit == -1               ? "did not stop within 30 s, killed"
-         : WIFEXITED(s->daemon_exit) && !WEXITSTATUS(s->daemon_exit) ? "clean (0)"
-                                                                     : "NOT clean");
-  if (s->daemon_line[0]) printf("          log: %s\n", s->daemon_line);
-  if (s->sealed_line[0]) printf("          log: %s\n", s->sealed_line);
-  if (b->ran && b->ok)
-    printf("layout    %s files %s (b)'s (names and sizes)\n", label, s->same_layout ? "identical to" : "DIFFER from");
-}
-
-static void report(const sd_e2e_model *m, const phase *a, const phase *a2, const phase *b,
-                   const phase *c, const shardd_stats *cs, const phase *st, const shardd_stats *ss) {
-  printf("\n%-26s %14s %9s %7s %9s %11s\n", "phase", "bytes", "seconds", "GB/s", "CPU s/GiB",
-         "load 1m");
-  row("(a) raw io_uring writer", a);
-  row("(b) serial sync writer", b);
-  row("(c) shardd, 4 ranks", c);
-  row("(s) shardd, 4 streamed", st);
-  if (a2->ran) row("(a) raw again, last", a2);
-  printf("  GB/s = 1e9 bytes/s; CPU = the writing process ((c), (s): the daemon, io_uring workers included)\n");
-  if (a->ran) printf("  (a) %s\n", a->note);
-  if (b->ran) printf("  (b) %s\n", b->note);
-  if (c->ran) printf("  (c) ranks copy and put each slice, then seal: %s\n", c->note);
-  if (st->ran) printf("  (s) ranks put deferred, declare, copy with ready every 64 MiB, seal: %s\n", st->note);
-  printf("\n");
-  ratios("c", c, a, a2, b);
-  ratios("s", st, a, a2, b);
-  if (gbps(c) > 0 || gbps(st) > 0)
-    printf("          (timed from the first rank's begin to every rank's commit; a = mean of the\n"
-           "          raw runs before and after, as the virtual disk's speed drifts)\n");
-  detail("(c)", m, b, c, cs);
-  detail("(s)", m, b, st, ss);
-}
-
-/* ------------------------------------------------------------------------ *
  * main
  * ------------------------------------------------------------------------ */
 int main(int argc, char **argv) {
-  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abcs", .timeout_s = 3600, .raw_buf_mib = 4};
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "abcsz", .timeout_s = 3600, .raw_buf_mib = 4};
   static const struct option lo[] = {
       {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
@@ -762,8 +637,9 @@ int main(int argc, char **argv) {
   if (!o.rank_bin) o.rank_bin = getenv("SHARDD_EXAMPLE_RANK");
   if (!o.rank_bin) o.rank_bin = exe_sibling("../../client/shardd-example-rank", b2, sizeof b2);
   int do_a = strchr(o.phases, 'a') != NULL, do_b = strchr(o.phases, 'b') != NULL,
-      do_c = strchr(o.phases, 'c') != NULL, do_s = strchr(o.phases, 's') != NULL;
-  if ((do_c || do_s) && (!o.shardd || !o.rank_bin)) {
+      do_c = strchr(o.phases, 'c') != NULL, do_s = strchr(o.phases, 's') != NULL,
+      do_z = strchr(o.phases, 'z') != NULL;
+  if ((do_c || do_s || do_z) && (!o.shardd || !o.rank_bin)) {
     fprintf(stderr, "bench_e2e: need --shardd and --rank-bin (or SHARDD_BIN, SHARDD_EXAMPLE_RANK)\n");
     return 2;
   }
@@ -790,23 +666,25 @@ int main(int argc, char **argv) {
          o.shardd ? o.shardd : "-");
   printf("cache    page cache not dropped (needs root, unreliable): every phase ends with fsync,\n"
          "         sync(2) runs before each, and each phase's output is deleted before the next\n");
-  if ((do_c || do_s) && sd_e2e_mem_available() < 9 * m.rank_bytes)
+  if ((do_c || do_s || do_z) && sd_e2e_mem_available() < 9 * m.rank_bytes)
     printf("WARNING  (c) needs about %.1f GiB of memory (4 ranks x tensors + arena), %.1f GiB available\n",
            8.0 * (double)m.rank_bytes / GIB, (double)sd_e2e_mem_available() / GIB);
   fflush(stdout);
 
-  phase a = {0}, a2 = {0}, b = {0}, c = {0}, st = {0};
-  shardd_stats s, ss;
+  phase a = {0}, a2 = {0}, b = {0}, c = {0}, st = {0}, z = {0};
+  shardd_stats s, ss, zs;
   memset(&s, 0, sizeof s);
   memset(&ss, 0, sizeof ss);
+  memset(&zs, 0, sizeof zs);
   char serial_listing[4096] = "";
   int fail = 0;
   if (do_a) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a);
   if (do_b && phase_serial(work, &m, &b, serial_listing, sizeof serial_listing, o.keep) != 0) fail = 1;
   if (do_c && phase_shardd(&o, work, &m, 0, serial_listing, &c, &s) != 0) fail = 1;
   if (do_s && phase_shardd(&o, work, &m, 1, serial_listing, &st, &ss) != 0) fail = 1;
-  if (do_a && (do_b || do_c || do_s)) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a2);
-  report(&m, &a, &a2, &b, &c, &s, &st, &ss);
+  if (do_z && phase_shardd(&o, work, &m, 2, serial_listing, &z, &zs) != 0) fail = 1;
+  if (do_a && (do_b || do_c || do_s || do_z)) phase_raw(work, &m, (size_t)o.raw_buf_mib << 20, &a2);
+  sd_e2e_report(&m, &a, &a2, &b, &c, &s, &st, &ss, &z, &zs);
 
   /* A failed phase keeps its folder (daemon log, checkpoint) for a look. */
   if (!o.keep && !fail) sd_e2e_rmtree(work);

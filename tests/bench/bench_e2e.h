@@ -70,4 +70,44 @@ void sd_e2e_rmtree(const char *path);
  * ------------------------------------------------------------------------ */
 int sd_e2e_verify(const char *dir, const sd_e2e_model *m, char *msg, size_t len);
 
+/* ------------------------------------------------------------------------ *
+ * Phases and what they measured (bench_e2e.c runs them, e2e_report.c prints)
+ * ------------------------------------------------------------------------ */
+#define GIB 1073741824.0
+#define NRANKS 4
+
+typedef struct {
+  int ran, ok;              /* ok: the phase wrote (and, for b and c, verified) its output */
+  uint64_t bytes;
+  double seconds, cpu_s, load_before, load_after;
+  char note[512];
+} phase;
+
+typedef struct {
+  int rank, exit_ok, signal;
+  uint64_t bytes;
+  double blocked, memcpy_s, setup, begin, puts, seal, wait, cpu;
+  char state[32], error[256];
+} rank_out;
+
+typedef struct {
+  double wall_s, window_s, spread_s;
+  double ready_s;           /* spawn -> every rank generated its tensors and connected */
+  double go_s;              /* start signal -> every rank committed, timed here */
+  double daemon_cpu_s;
+  double tail_s;            /* last seal -> commit: the daemon's write, fsync and publish */
+  uint64_t hwm, peak_anon, peak_shmem, anon_end, shmem_end;
+  int daemon_exit;          /* wait status, -1 when it had to be killed */
+  int same_layout;
+  rank_out r[NRANKS];
+  char daemon_line[512];
+  char sealed_line[160];
+} shardd_stats;
+
+/* The table, the ratios to the raw runs, and each shardd phase's details:
+ * (c) classic ranks, (s) streamed, (z) placed by the placement rule. */
+void sd_e2e_report(const sd_e2e_model *m, const phase *a, const phase *a2, const phase *b, const phase *c,
+                   const shardd_stats *cs, const phase *st, const shardd_stats *ss, const phase *z,
+                   const shardd_stats *zs);
+
 #endif

@@ -243,6 +243,29 @@ void h_rank_main(int rank, void *arg) {
     off[i] = size;
     size += (put_nbytes(&s->puts[i]) + 63) & ~(uint64_t)63;
   }
+  if (s->place) {
+    /* The placement rule: this rank's arena slices where the daemon can write them with no copy. */
+    shardd_tensor_desc *d = calloc(s->nputs ? s->nputs : 1, sizeof *d);
+    uint64_t *po = calloc(s->nputs ? s->nputs : 1, sizeof *po);
+    size_t *which = calloc(s->nputs ? s->nputs : 1, sizeof *which), n = 0;
+    for (size_t i = 0; i < s->nputs; i++) {
+      const h_put *p = &s->puts[i];
+      if (!rank_puts(p, rank) || p->how == H_INLINE) continue;
+      d[n] = (shardd_tensor_desc){.name = p->name, .dtype = p->dtype, .ndim = p->ndim, .shape = p->shape,
+                                  .start = p->boxed ? p->start : NULL, .count = p->boxed ? p->count : NULL,
+                                  .index = p->has_index ? p->index : -1};
+      which[n++] = i;
+    }
+    rc = shardd_place(d, n, s->opts.max_shard_size, 0, po, &size);
+    for (size_t k = 0; k < n && !rc; k++) off[which[k]] = po[k];
+    free(d);
+    free(po);
+    free(which);
+    if (rc) {
+      h_result_fail(r, "place", rc, NULL);
+      goto failed;
+    }
+  }
   rc = size == 0 && s->arena_if_bytes ? 0 : shardd_arena_create(c, size ? size : 64, &a);
   if (rc) {
     h_result_fail(r, "arena", rc, c);

@@ -149,6 +149,7 @@ struct h_script {
   int wait_after_fail;     /* after a failed call, still wait to learn how the save ended */
   int no_ready;            /* H_DEFERRED puts: no shardd_ready calls, only the seal */
   int arena_if_bytes;      /* a rank whose puts hold no byte creates no arena: its puts name none */
+  int place;               /* arena offsets from shardd_place (zero-copy placement), not packed */
   h_hook_fn hook;
   void *ud;
   h_shared *sh;            /* results; set by h_run */

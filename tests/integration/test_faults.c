@@ -310,7 +310,9 @@ static void expect_shrunk_error(shardd_client *c, const char *save, const char *
 }
 
 /* Before the write starts (checked when the last rank seals) and during
- * it (the kernel's EFAULT from the truncated mapping, named as the segment's).
+ * it (the kernel's EFAULT from the truncated mapping, named as the segment's:
+ * 'big' lies at arena offset 0, congruent to its file offset, so it is
+ * written zero-copy and the O_DIRECT write itself gets the EFAULT).
  * Only named shm can shrink (a memfd arena is sealed), so these arenas are. */
 Test(faults, client_shrinking_its_shm_fails_only_its_own_save) {
   setenv("SHARDD_ARENA", "shm", 1);

@@ -339,3 +339,96 @@ Test(saves, arena_destroyed_before_seal_still_commits) {
   h_verify_ok("gone");
   h_shared_free(sh);
 }
+
+/* ------------------------------------------------------------------------ *
+ * Zero-copy: slices placed by shardd_place are written straight from the
+ * ranks' segments; slices placed anywhere go through staging. Either way
+ * every byte on disk is right, and status counts which way they went.
+ * ------------------------------------------------------------------------ */
+static json_int_t total_of(const char *key) {
+  json_t *st = status_json();
+  json_int_t v = json_integer_value(json_object_get(json_object_get(st, "totals"), key));
+  json_decref(st);
+  return v;
+}
+
+/* Whole tensors, dim-0 pieces, an inner-dimension split and a tiny replica;
+ * every rank names every tensor (an empty box where it holds none), as a
+ * sharded state dict does. */
+static const h_put placed_puts[] = {
+    {.rank = 0, .name = "a.w", .dtype = "F32", .ndim = 2, .shape = {512, 1024}, .boxed = 1, .start = {0, 0},
+     .count = {300, 1024}},
+    {.rank = 1, .name = "a.w", .dtype = "F32", .ndim = 2, .shape = {512, 1024}, .boxed = 1, .start = {300, 0},
+     .count = {212, 1024}},
+    {.rank = 0, .name = "b.w", .dtype = "F32", .ndim = 2, .shape = {256, 512}, .boxed = 1, .start = {0, 0},
+     .count = {256, 256}},
+    {.rank = 1, .name = "b.w", .dtype = "F32", .ndim = 2, .shape = {256, 512}, .boxed = 1, .start = {0, 256},
+     .count = {256, 256}},
+    {.rank = -1, .name = "c.bias", .dtype = "BF16", .ndim = 1, .shape = {77}},
+    {.rank = 0, .name = "d.emb", .dtype = "U8", .ndim = 1, .shape = {300001}},
+    {.rank = 1, .name = "d.emb", .dtype = "U8", .ndim = 1, .shape = {300001}, .boxed = 1, .start = {0}, .count = {0}},
+    {.rank = 1, .name = "e.w", .dtype = "F16", .ndim = 2, .shape = {1000, 333}},
+    {.rank = 0, .name = "e.w", .dtype = "F16", .ndim = 2, .shape = {1000, 333}, .boxed = 1, .start = {0, 0},
+     .count = {0, 333}},
+};
+#define PLACED_STAGED_MAX (4096 + 256 * 512 * 4 + 77 * 2 + 4 * 8192) /* header, b.w, c.bias, 4 heads+tails */
+
+Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
+  json_int_t d0 = total_of("bytes_direct"), c0 = total_of("bytes_copied"), w0 = total_of("bytes_written");
+  h_script s = {.opts = {.save = "placed", .dir = "zc/placed", .world_size = 2}, .puts = placed_puts,
+                .nputs = sizeof placed_puts / sizeof *placed_puts, .seed = 41, .place = 1};
+  h_run(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  json_int_t direct = total_of("bytes_direct") - d0, copied = total_of("bytes_copied") - c0;
+  json_int_t written = total_of("bytes_written") - w0;
+  printf("saves: placed: %lld bytes direct, %lld copied of %lld\n", (long long)direct, (long long)copied,
+         (long long)written);
+  cr_assert_eq(direct + copied, written, "%lld direct + %lld copied, %lld written", (long long)direct,
+               (long long)copied, (long long)written);
+  cr_assert_leq(copied, PLACED_STAGED_MAX, "copied %lld bytes: only the header, b.w, c.bias and tails should be",
+                (long long)copied);
+
+  /* The same slices packed as an old client packs them: staged where they do not line up. */
+  json_int_t d1 = total_of("bytes_direct"), c1 = total_of("bytes_copied");
+  h_script o = s;
+  o.opts.save = "packed";
+  o.opts.dir = "zc/packed";
+  o.place = 0;
+  o.sh = NULL;
+  h_run(&o);
+  h_expect_committed(&o);
+  h_check_script(&o);
+  direct = total_of("bytes_direct") - d1;
+  copied = total_of("bytes_copied") - c1;
+  printf("saves: packed: %lld bytes direct, %lld copied\n", (long long)direct, (long long)copied);
+  cr_assert_gt(copied, PLACED_STAGED_MAX, "packed anywhere, more goes through staging");
+  h_shared_free(s.sh);
+  h_shared_free(o.sh);
+}
+
+/* A slice at an odd offset (any old client may put one there): all of it is
+ * copied through staging, and the file is right. */
+Test(saves, a_slice_at_an_odd_offset_is_staged) {
+  json_int_t d0 = total_of("bytes_direct");
+  shardd_client *c = NULL;
+  shardd_arena *a = NULL;
+  cr_assert_eq(shardd_connect(H.sock, &c), 0, "%s", shardd_last_error(NULL));
+  cr_assert_eq(shardd_arena_create(c, (1 << 20) + 4096, &a), 0, "%s", shardd_last_error(c));
+  uint64_t shape[1] = {1 << 20};
+  uint8_t *want = h_synth_tensor("odd", 5, "U8", 1, shape, &(size_t){0});
+  memcpy((uint8_t *)shardd_arena_data(a) + 7, want, 1 << 20);
+  shardd_save_opts o = {.save = "odd", .dir = "zc/odd", .rank = 0, .world_size = 1};
+  cr_assert_eq(shardd_begin(c, &o), 0, "%s", shardd_last_error(c));
+  shardd_tensor_desc d = {.name = "odd", .dtype = "U8", .ndim = 1, .shape = shape, .index = -1};
+  cr_assert_eq(shardd_put(c, "odd", &d, a, 7), 0, "%s", shardd_last_error(c));
+  cr_assert_eq(shardd_seal(c, "odd"), 0, "%s", shardd_last_error(c));
+  shardd_result res;
+  cr_assert_eq(shardd_wait(c, "odd", H_WAIT_MS, &res), 0, "%s", shardd_last_error(c));
+  h_check_bytes("zc/odd", "odd", want, 1 << 20);
+  h_verify_ok("zc/odd");
+  cr_assert_eq(total_of("bytes_direct") - d0, 0, "nothing lines up: nothing goes zero-copy");
+  free(want);
+  shardd_arena_destroy(a);
+  shardd_close(c);
+}

@@ -87,6 +87,42 @@ Test(stream, tp_dp_odd_and_tiny_tensors_byte_exact) { run_tp_dp(0); }
 
 Test(stream, seal_alone_makes_deferred_bytes_ready) { run_tp_dp(1); }
 
+/* A daemon-wide total from status (the test's own connection). */
+static int64_t total(const char *key) {
+  shardd_client *c = NULL;
+  cr_assert_eq(shardd_connect(H.sock, &c), 0, "%s", shardd_last_error(NULL));
+  char *js = NULL;
+  cr_assert_eq(shardd_status(c, &js), 0, "%s", shardd_last_error(c));
+  json_t *j = json_loads(js, 0, NULL);
+  int64_t v = json_integer_value(json_object_get(json_object_get(j, "totals"), key));
+  json_decref(j);
+  shardd_free(js);
+  shardd_close(c);
+  return v;
+}
+
+/* Streamed with the placement rule: big.weight (a file of its own) goes
+ * zero-copy from the ranks' segments as its bytes become ready; the rest,
+ * whose files each rank predicts only from its own tensors, may be staged.
+ * Every byte is right either way. */
+Test(stream, placed_slices_stream_zero_copy) {
+  static h_put puts[16 + NTINY];
+  static char names[NTINY][32];
+  size_t n;
+  tp_dp_script(puts, &n, names, H_DEFERRED);
+  h_script s = {.opts = {.save = "tpdp", .dir = "ck/placed", .world_size = 4, .max_shard_size = 2000000},
+                .puts = puts, .nputs = n, .seed = 22, .place = 1};
+  h_run(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  int64_t direct = total("bytes_direct"), copied = total("bytes_copied");
+  printf("stream: placed: %lld bytes direct, %lld copied\n", (long long)direct, (long long)copied);
+  cr_assert_geq(direct, 2 * (3 << 20) - 2 * 8192, "big.weight's halves go zero-copy: %lld bytes direct",
+                (long long)direct);
+  cr_assert_eq(direct + copied, total("bytes_written"));
+  h_shared_free(s.sh);
+}
+
 /* One rank streams, the other puts the classic way; both orders of arrival work. */
 Test(stream, mixed_with_classic_ranks) {
   static const h_put puts[] = {

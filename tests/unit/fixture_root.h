@@ -40,6 +40,7 @@ typedef struct {
   char msg[SD_ERRMSG_MAX];
   char path[1024];
   uint64_t written, total;
+  uint64_t direct;          /* of written: zero-copy from the sources */
 } fr_outcome;
 
 void fr_on_released(sd_publish *p, void *ud);

@@ -468,7 +468,8 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
   uint8_t *m = shared_segment(len, &fd);
   uint64_t sizes[] = {len};
   ckpt c;
-  ckpt_init(&c, 1, sizes, 300000, m, SD_WOP_SHARED);
+  /* pieces too small for a zero-copy middle: every one is copied under the guard */
+  ckpt_init(&c, 1, sizes, 60000, m, SD_WOP_SHARED);
   /* the client shrinks its segment after attach: the tail is gone */
   cr_assert_eq(ftruncate(fd, (off_t)(len / 2)), 0);
   fr_outcome o = {0};
@@ -584,4 +585,220 @@ Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = fr_teardown
   ckpt_free(&c, 0);
   munmap(m, len);
   close(fd);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Zero-copy: aligned middles of shared writes go straight from the segment
+ * ------------------------------------------------------------------------ */
+static uint8_t zsrc[1 << 20] __attribute__((aligned(4096)));
+
+/* Stretches and zero-copy pieces together cover each file once, in order. */
+Test(staging, zero_copy_stretches_and_staged_ones_cover_each_byte_once) {
+  sd_fill_file files[] = {{NULL, 4096, 4096 + 300000 + 70000 + 9000}};
+  sd_write_op ops[] = {
+      {0, 4096, zsrc + 100, 100, SD_WOP_SHARED, 0},               /* too small */
+      {0, 4196, zsrc + 100, 300000, SD_WOP_SHARED, 1},            /* congruent: middle [8192, 303104) */
+      {0, 304196, zsrc + 1, 70000, SD_WOP_SHARED, 2},             /* misaligned source */
+      {0, 374196, zsrc, 9000, 0, 3},                              /* private memory */
+  };
+  sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 4};
+  size_t n = 0;
+  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  cr_assert_eq(n, 1);
+  cr_expect(d[0].file == 0 && d[0].off == 8192 && d[0].len == 303104 - 8192 && d[0].op == 1);
+  f.direct = d;
+  f.ndirect = n;
+  static uint8_t seen[4096 + 300000 + 70000 + 9000];
+  memset(seen, 0, sizeof seen);
+  sd_chunk c;
+  memset(&c, 0, sizeof c);
+  while (sd_fill_next(&f, 64 << 10, &c)) {
+    cr_expect_eq(c.off % SD_DIO_ALIGN, 0);
+    for (uint64_t b = c.off; b < c.off + c.len; b++) seen[b]++;
+  }
+  sd_fill_piece pc;
+  unsigned pieces = 0;
+  while (sd_fill_next_direct(&f, 128 << 10, &pc)) {
+    pieces++;
+    cr_expect_eq(pc.src, zsrc + 100 + (pc.off - 4196), "the source byte of the file offset");
+    cr_expect_leq(pc.len, 128u << 10);
+    for (uint64_t b = pc.off; b < pc.off + pc.len; b++) seen[b]++;
+  }
+  cr_expect_eq(pieces, 3, "294912 bytes in pieces of at most 128 KiB");
+  for (size_t b = 0; b < sizeof seen; b++) cr_assert_eq(seen[b], 1, "byte %zu handed out %u times", b, seen[b]);
+  free(d);
+}
+
+/* Streaming: a zero-copy piece waits for its write to be ready. */
+Test(staging, zero_copy_pieces_wait_for_their_write) {
+  sd_fill_file files[] = {{NULL, 0, 1 << 20}};
+  sd_write_op ops[] = {{0, 0, zsrc, 1 << 20, SD_WOP_SHARED, 0}};
+  uint8_t ready[1] = {0};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 1, .ready = ready};
+  size_t n = 0;
+  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  cr_assert_eq(n, 1);
+  f.direct = d;
+  f.ndirect = n;
+  sd_fill_piece pc;
+  sd_chunk c;
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  cr_expect_eq(sd_fill_next(&f, 4096, &c), 0, "the whole file is zero-copy: nothing to stage");
+  ready[0] = 1;
+  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_expect(pc.off == 0 && pc.len == 1 << 20 && pc.src == zsrc);
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  free(d);
+}
+
+/* One file holding a whole tensor placed congruently (zero-copy middle),
+ * one placed off by 8 bytes, an inner-dimension split (rows) and a tiny
+ * tensor: mixed zero-copy and staged writes, every byte compared. */
+static void mixed_ckpt(ckpt *c, uint8_t *m, uint64_t *direct_want) {
+  enum { A = 1000000, B = 300000, R = 200, W = 300, T = 7 };
+  uint64_t data = A + B + 2 * R * W + T;
+  ckpt_init(c, 1, &data, 0, NULL, 0);
+  c->nops = 0;
+  uint64_t at = 4096, seg = 0;
+  /* A at file 4096: placed at segment offset 4096 + 4096*k, congruent */
+  seg = 8192;
+  add_op(c, 0, at, A, m + seg, SD_WOP_SHARED);
+  memcpy(m + seg, c->want[0] + at, A);
+  *direct_want = ((at + A) & ~4095ull) - at;
+  at += A;
+  seg += A + 4096 + 8; /* off by 8: staged */
+  add_op(c, 0, at, B, m + seg, SD_WOP_SHARED);
+  memcpy(m + seg, c->want[0] + at, B);
+  at += B;
+  seg += B;
+  for (uint64_t r = 0; r < R; r++)
+    for (uint64_t k = 0; k < 2; k++) {
+      const uint8_t *src = m + seg + k * R * W + r * W;
+      add_op(c, 0, at + r * 2 * W + k * W, W, src, SD_WOP_SHARED);
+      memcpy((uint8_t *)src, c->want[0] + at + r * 2 * W + k * W, W);
+    }
+  at += 2 * R * W;
+  add_op(c, 0, at, T, c->want[0] + at, 0);
+  fr_shuffle_ops(c->ops, c->nops);
+}
+
+Test(staging, mixed_zero_copy_and_staged_writes_in_one_file, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(256 << 10, 64 << 10, 0);
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  ckpt c;
+  uint64_t direct_want;
+  mixed_ckpt(&c, m, &direct_want);
+  fr_outcome o = {0};
+  sd_publish_req r = req_for(&c, "mixed", &o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  cr_expect_eq(o.released, 1);
+  cr_expect_eq(o.written, o.total);
+  expect_ckpt("mixed", &c);
+  cr_expect_eq(o.direct, direct_want, "zero-copy bytes %llu, want %llu", (unsigned long long)o.direct,
+               (unsigned long long)direct_want);
+  cr_expect_lt(mapping_rss_kb(m), 1024, "pages written zero-copy are dropped too");
+  ckpt_free(&c, 1);
+  munmap(m, len);
+  close(fd);
+}
+
+/* A zero-copy write from a segment the client shrank gets EFAULT: the
+ * save fails (save.c names the region, out_of_range), the process lives. */
+Test(staging, a_zero_copy_write_from_a_shrunken_segment_fails_the_save, .init = setup, .fini = fr_teardown,
+     .timeout = 60) {
+  make_writer(512 << 10, 128 << 10, 0);
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  uint64_t sizes[] = {len - 4096};
+  ckpt c;
+  ckpt_init(&c, 1, sizes, 0, m + 4096, SD_WOP_SHARED); /* one write, congruent: all but nothing zero-copy */
+  cr_assert_eq(ftruncate(fd, (off_t)(len / 2)), 0);
+  fr_outcome o = {0};
+  sd_publish_req r = req_for(&c, "zshrunk", &o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
+  cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
+  cr_expect_not_null(strstr(o.msg, strerror(EFAULT)), "%s", o.msg);
+  struct stat st;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/zshrunk", FR.root);
+  cr_expect_neq(stat(dir, &st), 0, "nothing published");
+  uint64_t small[] = {5000};
+  ckpt ok;
+  ckpt_init(&ok, 1, small, 100, NULL, 0);
+  publish_ok(&ok, "after");
+  ckpt_free(&ok, 1);
+  ckpt_free(&c, 0);
+  munmap(m, len);
+  close(fd);
+}
+
+/* Where O_DIRECT is refused (ramfs), zero-copy writes go through the page
+ * cache from the segment, and the bytes are still right. */
+Test(staging, zero_copy_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
+    int e = errno;
+    FR.mnt[0] = '\0';
+    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+  }
+  char root[512];
+  snprintf(root, sizeof root, "%s/root", FR.mnt);
+  fr_open_root(root);
+  cr_assert_eq(fs_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
+  make_writer(256 << 10, 64 << 10, 0);
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  ckpt c;
+  uint64_t direct_want;
+  mixed_ckpt(&c, m, &direct_want);
+  fr_outcome o = {0};
+  sd_publish_req r = req_for(&c, "ram", &o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  expect_ckpt("ram", &c);
+  cr_expect_eq(o.direct, direct_want);
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_eq(st.writes_direct, 0);
+  ckpt_free(&c, 1);
+  munmap(m, len);
+  close(fd);
+}
+
+/* Streaming: a ready zero-copy stretch goes out before an earlier one that is not ready yet. */
+Test(staging, a_ready_zero_copy_stretch_need_not_wait_for_an_earlier_one) {
+  sd_fill_file files[] = {{NULL, 0, 1 << 20}};
+  sd_write_op ops[] = {{0, 0, zsrc, 512 << 10, SD_WOP_SHARED, 0}, {0, 512 << 10, zsrc + (512 << 10), 512 << 10,
+                                                                   SD_WOP_SHARED, 1}};
+  uint8_t ready[2] = {0, 1};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 2, .ready = ready};
+  size_t n = 0;
+  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  cr_assert_eq(n, 2);
+  f.direct = d;
+  f.ndirect = n;
+  sd_fill_piece pc;
+  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_expect(pc.off == 512 << 10 && pc.op == 1, "the second, ready one first");
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  ready[0] = 1;
+  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_expect(pc.off == 0 && pc.len == 512 << 10 && pc.op == 0);
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  free(d);
 }

@@ -143,6 +143,31 @@ def _desc(name, dtype, shape, start, count, index):
     return d, keep
 
 
+def place(slices, max_shard_size=0, base=0):
+    """Arena offsets for zero-copy writes (shardd_place): ([offset per slice], end).
+
+    slices: (name, dtype, shape, start, count, index) tuples, every slice this
+    rank will put in the save; start/count/index may be None. A slice that is a
+    whole tensor or a dim-0 piece of at least 64 KiB gets an offset congruent to
+    its file offset modulo 4096, as the daemon will plan the files.
+    """
+    slices = list(slices)
+    n = len(slices)
+    descs = (TensorDesc * max(n, 1))()
+    keep = []
+    for i, (name, dtype, shape, start, count, index) in enumerate(slices):
+        descs[i], k = _desc(name, dtype, shape, start, count, index)
+        keep.append(k)
+    offsets = (ctypes.c_uint64 * max(n, 1))()
+    end = ctypes.c_uint64(0)
+    lib = _lib.lib()
+    rc = lib.shardd_place(descs, n, int(max_shard_size or 0), int(base), offsets, ctypes.byref(end))
+    if rc:
+        raise _error(rc, lib.shardd_last_error(None))
+    del keep
+    return [offsets[i] for i in range(n)], end.value
+
+
 def _buffer(data):
     """(pointer, length, owner) of a C-contiguous bytes-like object."""
     if isinstance(data, str):

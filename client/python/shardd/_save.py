@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import _lib
-from ._client import Arena, Client, ShardError, _error, parse_size
+from ._client import Arena, Client, ShardError, _error, parse_size, place
 from ._lib import SaveOpts
 from ._tensors import check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
 
@@ -21,8 +21,6 @@ _PROGRESS_INTERVAL = 0.1
 
 __all__ = ["save", "PendingSave", "torchrun_env", "nodes_from_env", "default_save_id"]
 
-# Copies start on cache-line boundaries: cheap padding, full-speed memcpy.
-_ALIGN = 64
 _SAVE_ID_OK = re.compile(r"[A-Za-z0-9_.:@+=-]+\Z")
 _SAVE_ID_BAD = re.compile(r"[^A-Za-z0-9_.:@+=-]")
 
@@ -297,13 +295,15 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         raise ValueError("arena belongs to another client")
 
     # Everything that can be refused locally is refused before the daemon hears of the save.
-    items = []
-    end = 0
-    for i, (name, value) in enumerate(tensors.items()):
-        dt, shape, start, count, src = prepare(name, value)
-        off = (end + _ALIGN - 1) // _ALIGN * _ALIGN
-        end = off + nbytes(src)
-        items.append((name, dt, shape, start, count, src, off, i if ordered else None))
+    # Offsets by the placement rule, so whole tensors and dim-0 pieces are written
+    # straight from the arena (no copy in the daemon); the rest is packed.
+    prepared = [(name,) + tuple(prepare(name, value)) for name, value in tensors.items()]
+    offsets, end = place([(name, dt, shape, start, None if start is None else count,
+                           i if ordered else None)
+                          for i, (name, dt, shape, start, count, _src) in enumerate(prepared)],
+                         max_shard_size)
+    items = [(name, dt, shape, start, count, src, offsets[i], i if ordered else None)
+             for i, (name, dt, shape, start, count, src) in enumerate(prepared)]
     check_shared_memory([(item[0], item[5]) for item in items])
 
     owns_client = client is None and arena is None

@@ -251,6 +251,32 @@ class SaveTest(unittest.TestCase):
                     for fn in os.listdir(path("dtypes", "step-1")))
         self.assertEqual(r["bytes"], total)
 
+    def test_whole_tensors_go_zero_copy(self):
+        # save() places every tensor by the placement rule: the daemon writes them straight
+        # from the arena and copies only the header and the tensors' unaligned heads and tails.
+        rng = np.random.default_rng(7)
+        t = {"emb": rng.integers(0, 255, (1000, 301), dtype=np.uint8),
+             "w": rng.standard_normal((257, 513)).astype(np.float32),
+             "b": rng.standard_normal(77).astype(np.float16),
+             "h": rng.standard_normal((300, 1000)).astype(np.float16)}
+        before = self.client.status()["totals"]
+        shardd.save(t, "zerocopy", client=self.client, timeout=WAIT)
+        after = self.client.status()["totals"]
+        direct = after["bytes_direct"] - before["bytes_direct"]
+        copied = after["bytes_copied"] - before["bytes_copied"]
+        self.assertEqual(direct + copied, after["bytes_written"] - before["bytes_written"])
+        self.assertLessEqual(copied, 4096 + 77 * 2 + 3 * 8192, (direct, copied))
+        arrays, _, _, _ = read_checkpoint(path("zerocopy"))
+        for name, want in t.items():
+            self.assertEqual(arrays[name].tobytes(), want.tobytes(), name)
+        offsets, end = shardd.place([("a", "F32", [4096], None, None, None),
+                                     ("b", "U8", [5], None, None, None),
+                                     ("c", "U8", [1 << 20], None, None, None)])
+        # Files hold a (16 KiB), b (5 bytes), c by dtype size then name: c lies at 4096+16384+5.
+        self.assertEqual(offsets[0] % 4096, 0)
+        self.assertEqual((offsets[2] - (16384 + 5)) % 4096, 0)
+        self.assertEqual(end, offsets[2] + (1 << 20))
+
     def test_dict_order_decides_the_shards(self):
         # Natural name order would give a, m, z; the dict says z, a, m.
         t = {"z": np.full(100, 1, np.float32), "a": np.full(100, 2, np.float32),
