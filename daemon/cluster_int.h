@@ -146,6 +146,7 @@ typedef struct sd_csave {
   unsigned io;             /* ring requests and frame copies in flight */
   unsigned copies;         /* frames being filled from shared memory in the thread pool */
   uint64_t recv_expect;    /* bytes other nodes will send us */
+  struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer.c) */
 
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
   uint64_t r_files, r_tensors, r_bytes;
@@ -206,7 +207,11 @@ void sd_node_remove_orphan_tmp(sd_csave *cs);
 /* ------------------------------------------------------------------------ *
  * cluster_xfer.c: the participant's bytes
  * ------------------------------------------------------------------------ */
-int sd_xfer_submit_header(sd_csave *cs, uint32_t lf, const uint8_t *src, uint64_t len);
+/* Once the assignment is taken: files made only of this node's own bytes
+ * (header and local slices) go through the writer's staging with O_DIRECT,
+ * as a single-node save's do; the headers of the rest are queued. 0 or a
+ * SHARDD_E_* code. */
+int sd_xfer_begin(sd_csave *cs, sd_error *err);
 /* Issues what the window and the ring allow, fsyncs finished files, reports done. */
 void sd_xfer_progress(sd_csave *cs);
 /* A data frame for this save: checked, then written in place. */

@@ -1,4 +1,4 @@
-/* A node's part of a multi-node save, the bytes: writes through the ring, forwarding in windows, receiving in place. */
+/* A node's part of a multi-node save, the bytes: its own files staged and written direct as a single-node save's are, the rest through the ring, forwarding in windows, receiving in place. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cluster_int.h"
+#include "filejob.h"
 #include "log.h"
 
 enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
@@ -248,7 +249,8 @@ void sd_xfer_progress(sd_csave *cs) {
     if (cs->dests[i].acked < cs->dests[i].total) acked_all = 0;
   }
   /* Shared memory is read by local writes and by copying into frames. */
-  if (!cs->released && sent_all && cs->copies == 0 && cs->op_next == cs->nops && cs->ops_done == cs->nops) {
+  if (!cs->released && sent_all && cs->copies == 0 && cs->op_next == cs->nops && cs->ops_done == cs->nops &&
+      !cs->staged) {
     cs->released = 1;
     sd_save_released(cs->save);
   }
@@ -382,6 +384,187 @@ void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
   }
 }
 
-int sd_xfer_submit_header(sd_csave *cs, uint32_t lf, const uint8_t *src, uint64_t len) {
-  return submit(cs, IO_HDR, lf, src, len, 0, NULL);
+/* ------------------------------------------------------------------------ *
+ * Files made only of this node's bytes: the single-node path (filejob.c,
+ * pubfill.c), staged and written with O_DIRECT, the writer's counters. A
+ * file that also takes other nodes' bytes (received, or written in place
+ * by them in shared mode) goes through the ring as pieces arrive: its
+ * blocks are shared, so whole-block direct writes could not be made.
+ * ------------------------------------------------------------------------ */
+typedef struct sd_xstaged {
+  sd_csave *cs;
+  size_t nfiles;
+  uint32_t *lf;            /* the job's file -> files[] */
+  int *fds;
+  const char **names;
+  sd_fill_file *files;
+  sd_write_op *ops;
+  size_t nops;
+  sd_shm_span *spans;
+  size_t nspans;
+  uint64_t data;           /* slice bytes in them */
+} sd_xstaged;
+
+static void xs_free(sd_xstaged *xs) {
+  if (!xs) return;
+  free(xs->lf);
+  free(xs->fds);
+  free(xs->names);
+  free(xs->files);
+  free(xs->ops);
+  free(xs->spans);
+  free(xs);
+}
+
+static int op_cmp(const void *a, const void *b) {
+  const sd_write_op *x = a, *y = b;
+  if (x->file != y->file) return x->file < y->file ? -1 : 1;
+  return x->file_offset < y->file_offset ? -1 : x->file_offset > y->file_offset;
+}
+
+static int span_cmp(const void *a, const void *b) {
+  const sd_shm_span *x = a, *y = b;
+  return x->base < y->base ? -1 : x->base > y->base;
+}
+
+/* The segment src lies in, or NULL for inline (heap) bytes. */
+static const sd_shm_span *span_find(const sd_xstaged *xs, const uint8_t *src) {
+  size_t lo = 0, hi = xs->nspans;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (xs->spans[mid].base <= src) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  const sd_shm_span *sp = &xs->spans[lo - 1];
+  return (uint64_t)(src - sp->base) < sp->len ? sp : NULL;
+}
+
+static void on_staged(void *ud, const sd_error *err) {
+  sd_xstaged *xs = ud;
+  sd_csave *cs = xs->cs;
+  cs->io--;
+  cs->staged = NULL;
+  if (cs->failing) {
+    xs_free(xs);
+    if (cs->io == 0) sd_node_finish_failed(cs);
+    return;
+  }
+  if (err) {
+    xs_free(xs);
+    sd_node_fail_held(cs, err->code, "node %u ('%s'): %s/%s", cs->node_rank, cs->cl->node, cs->save->dir, err->msg);
+    return;
+  }
+  for (size_t k = 0; k < xs->nfiles; k++) {
+    sd_cfile *f = &cs->files[xs->lf[k]];
+    f->done = f->hdr_len + f->data;
+    cs->bytes_written += f->done;
+  }
+  cs->bytes_local += xs->data;
+  cs->cl->bytes_local += xs->data;
+  xs_free(xs);
+  sd_xfer_progress(cs);
+}
+
+/* Moves the local writes of the staged files out of cs->ops into xs. */
+static int xs_build(sd_csave *cs, sd_xstaged *xs, const int32_t *map) {
+  size_t n = 0, keep = 0;
+  for (size_t i = 0; i < cs->nops; i++) n += map[cs->ops[i].lf] >= 0;
+  xs->ops = malloc((n ? n : 1) * sizeof *xs->ops);
+  for (size_t i = 0; i < cs->nslices; i++) {
+    const sd_region *r = cs->slices[i].sl->region;
+    if (!r) continue;
+    if (xs->nspans % 64 == 0) {
+      sd_shm_span *ns = realloc(xs->spans, (xs->nspans + 64) * sizeof *ns);
+      if (!ns) return -1;
+      xs->spans = ns;
+    }
+    xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd};
+  }
+  if (!xs->ops) return -1;
+  if (xs->nspans) qsort(xs->spans, xs->nspans, sizeof *xs->spans, span_cmp);
+  size_t u = 0; /* one span per segment */
+  for (size_t i = 0; i < xs->nspans; i++)
+    if (u == 0 || xs->spans[i].base != xs->spans[u - 1].base) xs->spans[u++] = xs->spans[i];
+  xs->nspans = u;
+  for (size_t i = 0; i < cs->nops; i++) {
+    const sd_lop *o = &cs->ops[i];
+    if (map[o->lf] < 0) {
+      cs->ops[keep++] = *o;
+      continue;
+    }
+    uint32_t flags = span_find(xs, o->src) ? SD_WOP_SHARED : 0;
+    xs->ops[xs->nops++] = (sd_write_op){(uint32_t)map[o->lf], o->off, o->src, o->len, flags, 0};
+    xs->data += o->len;
+  }
+  cs->nops = keep;
+  qsort(xs->ops, xs->nops, sizeof *xs->ops, op_cmp);
+  return 0;
+}
+
+int sd_xfer_begin(sd_csave *cs, sd_error *err) {
+  uint64_t *local = calloc(cs->nfiles ? cs->nfiles : 1, sizeof *local);
+  int32_t *map = malloc((cs->nfiles ? cs->nfiles : 1) * sizeof *map);
+  sd_xstaged *xs = calloc(1, sizeof *xs);
+  int rc = 0;
+  if (!local || !map || !xs) {
+    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+    goto out;
+  }
+  for (size_t i = 0; i < cs->nops; i++) local[cs->ops[i].lf] += cs->ops[i].len;
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    const sd_cfile *f = &cs->files[i];
+    map[i] = -1;
+    if (f->size > 0 && local[i] == f->data && f->hdr_len + f->data == f->size) map[i] = (int32_t)xs->nfiles++;
+  }
+  /* Headers sit in the payload in the order of the file list. */
+  uint64_t hoff = 0;
+  if (xs->nfiles) {
+    xs->lf = malloc(xs->nfiles * sizeof *xs->lf);
+    xs->fds = malloc(xs->nfiles * sizeof *xs->fds);
+    xs->names = malloc(xs->nfiles * sizeof *xs->names);
+    xs->files = malloc(xs->nfiles * sizeof *xs->files);
+    if (!xs->lf || !xs->fds || !xs->names || !xs->files || xs_build(cs, xs, map) != 0) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+      goto out;
+    }
+  }
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    sd_cfile *f = &cs->files[i];
+    if (map[i] >= 0) {
+      uint32_t k = (uint32_t)map[i];
+      xs->lf[k] = (uint32_t)i;
+      xs->fds[k] = f->fd;
+      xs->names[k] = f->name;
+      xs->files[k] = (sd_fill_file){cs->hdrs + hoff, f->hdr_len, f->size};
+    } else if (f->hdr_len && submit(cs, IO_HDR, (uint32_t)i, cs->hdrs + hoff, f->hdr_len, 0, NULL) != 0) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory queueing a header");
+      goto out;
+    }
+    hoff += f->hdr_len;
+  }
+  if (xs->nfiles) {
+    sd_writer *w = cs->cl->d->writer;
+    if (!w) {
+      rc = sd_fail(err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+      goto out;
+    }
+    xs->cs = cs;
+    sd_filejob_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .nfiles = xs->nfiles,
+                        .ops = xs->ops, .nops = xs->nops, .spans = xs->spans, .nspans = xs->nspans,
+                        .stop = &cs->failing, .tag = cs->save->id, .cb = on_staged, .ud = xs};
+    cs->io++;
+    cs->staged = xs;
+    if ((rc = sd_filejob_start(w, &r, err)) != 0) {
+      cs->io--;
+      cs->staged = NULL;
+      goto out;
+    }
+    xs = NULL;
+  }
+out:
+  xs_free(xs);
+  free(local);
+  free(map);
+  return rc;
 }

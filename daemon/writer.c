@@ -329,9 +329,7 @@ static void reap(sd_writer *w) {
       w->inflight--;
       sd_wjob *j = io->job;
       if (io->kind == SD_IO_WRITE && res > 0) {
-        if (j == &w->raw.job)
-          ; /* the multi-node path keeps its own byte counts */
-        else if (w->slot_direct[io - w->slots])
+        if (w->slot_direct[io - w->slots])
           w->st.bytes_direct += (uint64_t)res;
         else
           w->st.bytes_buffered += (uint64_t)res;
@@ -442,6 +440,10 @@ static int raw_next(sd_wjob *job, sd_io *io) {
     return 1;
   }
   uint64_t left = r->len - r->done;
+  /* The pieces of a multi-node save that are not whole files of this node
+   * (headers, received bytes, shared mode's in-place writes) go through
+   * the page cache: counted as such, beside the staged ones. */
+  sd_writer_count_write(job->w, 0);
   io->kind = SD_IO_WRITE;
   io->src = r->buf + r->done;
   io->off = r->off + r->done;

@@ -155,6 +155,55 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
   h_shared_free(s.sh);
 }
 
+/* The same layout, larger: each node's file is wholly its own bytes, so it
+ * goes the single-node way, staged by the copy workers and written with
+ * O_DIRECT (where the file system takes it), in the writer's counters. */
+static uint64_t metric(int i, const char *name) {
+  json_t *st = node_status(i);
+  json_t *v = json_object_get(json_object_get(st, "metrics"), name);
+  cr_assert(json_is_integer(v), "node %d: metrics lack %s", i, name);
+  uint64_t n = (uint64_t)json_integer_value(v);
+  json_decref(st);
+  return n;
+}
+
+Test(peers, a_nodes_own_files_go_through_the_staged_writer) {
+  static h_put puts[12];
+  static char names[6][32];
+  for (int L = 0; L < 6; L++) {
+    snprintf(names[L], sizeof names[L], "layers.%d.w", L);
+    int r = (L / 2) * 2;
+    puts[2 * L] = (h_put)IBOX2(r, names[L], "F32", 512, 512, 0, 0, 256, 512, L);
+    puts[2 * L + 1] = (h_put)IBOX2(r + 1, names[L], "F32", 512, 512, 256, 0, 256, 512, L);
+  }
+  uint64_t before[NODES], direct0[NODES];
+  for (int i = 0; i < NODES; i++) {
+    before[i] = metric(i, "copy_trips");
+    direct0[i] = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered");
+  }
+  h_script s = {.opts = cluster_opts("pipe-big", "ck/pipe-big", 2u << 20), .puts = puts, .nputs = 12, .seed = 44};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report("pipe-big", ckpt_data("ck/pipe-big"));
+  cr_assert_eq(t.fwd, 0);
+  char probe[4096];
+  h_path(probe, sizeof probe, ".direct-probe");
+  int fd = open(probe, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  int direct = fd >= 0;
+  if (fd >= 0) close(fd);
+  unlink(probe);
+  for (int i = 0; i < NODES; i++) {
+    uint64_t trips = metric(i, "copy_trips") - before[i];
+    cr_assert_geq(trips, 1, "node %d staged nothing", i);
+    uint64_t bytes = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered") - direct0[i];
+    cr_assert_geq(bytes, 2u << 20, "node %d's writer took %llu bytes for its 2 MiB file", i, (unsigned long long)bytes);
+    if (direct)
+      cr_assert_geq(metric(i, "write_bytes_direct"), 2u << 20, "node %d wrote its file without O_DIRECT", i);
+  }
+  h_shared_free(s.sh);
+}
+
 /* Tensor parallel across nodes: every tensor is split over all six ranks
  * (rows, columns, an inner dimension of a 3-d tensor, uneven rows), so each
  * file gathers bytes from three nodes and two thirds of it is forwarded. */
