@@ -75,6 +75,7 @@ typedef struct {
   uint64_t size, hdr_len, data;  /* header bytes and data bytes this node writes into it */
   uint64_t done;           /* of hdr_len + data */
   int sync;                /* 0 not yet, 1 queued, 2 durable */
+  int own;                 /* only this node's bytes: staged and written direct (cluster_xfer.c) */
 } sd_cfile;
 
 typedef struct {

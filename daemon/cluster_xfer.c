@@ -296,6 +296,8 @@ void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb) {
       sd_cfile *cf = &cs->files[cs->fmap[f]];
       if ((uint64_t)off < cf->hdr_len || (uint64_t)off > cf->size || (uint64_t)len > cf->size - (uint64_t)off)
         bad = "bytes outside a file's data";
+      else if (cf->own)
+        bad = "bytes for a file the plan fills from this node alone";
     }
     pos += (uint64_t)len;
   }
@@ -533,6 +535,7 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
     sd_cfile *f = &cs->files[i];
     if (map[i] >= 0) {
       uint32_t k = (uint32_t)map[i];
+      f->own = 1;
       xs->lf[k] = (uint32_t)i;
       xs->fds[k] = f->fd;
       xs->names[k] = f->name;

@@ -1,4 +1,4 @@
-/* Parallel staging copies (writer.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, a tiny staging, a shrunken segment. */
+/* Parallel staging copies (writer.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "filejob.h"
 #include "fixture_root.h"
 #include "pathsafe.h"
 #include "publish.h"
@@ -304,4 +306,165 @@ Test(copies, a_shrunken_segment_under_parallel_trips, .init = setup, .fini = fr_
   ckpt_free(&c);
   munmap(m, len);
   close(fd);
+}
+
+/* ------------------------------------------------------------------------ *
+ * filejob.c: whole files into descriptors the caller opened (a node's share
+ * of a multi-node save), through the same staging and the same counters
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  int done, code;
+  char msg[SD_ERRMSG_MAX];
+} fj_outcome;
+
+static void fj_done(void *ud, const sd_error *err) {
+  fj_outcome *o = ud;
+  o->done++;
+  o->code = err ? err->code : 0;
+  if (err) snprintf(o->msg, sizeof o->msg, "%s", err->msg);
+}
+
+/* Starts a file job writing c's files (created in FR.root) and runs the loop until it reports. */
+static void run_filejob(ckpt *c, const sd_shm_span *span, const int *stop, int stop_now, fj_outcome *o, int *fds) {
+  size_t n = c->plan.nfiles;
+  sd_fill_file *ff = calloc(n, sizeof *ff);
+  const char **names = calloc(n, sizeof *names);
+  cr_assert(ff && names);
+  for (size_t i = 0; i < n; i++) {
+    const sd_plan_file *pf = &c->plan.files[i];
+    fds[i] = openat(FR.root_fd, pf->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    cr_assert_geq(fds[i], 0, "%s: %s", pf->name, strerror(errno));
+    ff[i] = (sd_fill_file){(const uint8_t *)pf->header, pf->header_size, pf->file_size};
+    names[i] = pf->name;
+  }
+  /* the ops as the caller hands them: sorted by file, then offset */
+  for (size_t i = 1; i < c->nops; i++)
+    for (size_t k = i; k > 0; k--) {
+      sd_write_op *a = &c->ops[k - 1], *b = &c->ops[k];
+      if (a->file < b->file || (a->file == b->file && a->file_offset < b->file_offset)) break;
+      sd_write_op t = *a;
+      *a = *b;
+      *b = t;
+    }
+  sd_filejob_req r = {.fds = fds, .names = names, .files = ff, .nfiles = n, .ops = c->ops, .nops = c->nops,
+                      .spans = span, .nspans = span ? 1 : 0, .stop = stop, .tag = "node", .cb = fj_done, .ud = o};
+  sd_error err;
+  cr_assert_eq(sd_filejob_start(FR.w, &r, &err), 0, "%s", err.msg);
+  if (stop_now) *(int *)stop = 1;
+  while (!o->done) cr_assert(uv_run(&FR.loop, UV_RUN_ONCE) || o->done, "the loop ran dry before the job reported");
+  cr_assert_eq(o->done, 1, "reported %d times", o->done);
+  for (size_t i = 0; i < n; i++) close(fds[i]);
+  free(ff);
+  free(names);
+}
+
+static void expect_files(const ckpt *c) {
+  char path[PATH_MAX];
+  for (size_t i = 0; i < c->plan.nfiles; i++) {
+    snprintf(path, sizeof path, "%s/%s", FR.root, c->plan.files[i].name);
+    fr_expect_file(path, c->plan.files[i].name, c->want[i], c->plan.files[i].file_size);
+  }
+}
+
+Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(2, 1 << 20, 64 << 10);
+  enum { F = 2, SIZE = (3 << 20) + 4093 }; /* an unaligned tail: padded, then cut back */
+  uint8_t *src = malloc((size_t)F * SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, F, SIZE, 70000, src, 0);
+  fj_outcome o = {0};
+  int fds[F];
+  run_filejob(&c, NULL, NULL, 0, &o, fds);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  expect_files(&c);
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_geq(st.copy_trips, 1);
+  cr_expect_geq(st.bytes_direct + st.bytes_buffered, (uint64_t)F * SIZE, "the writer's counters took the bytes");
+  int probe = openat(FR.root_fd, ".probe", O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (probe >= 0) {
+    close(probe);
+    cr_expect_eq(st.writes_buffered, 0, "this file system takes O_DIRECT: %llu buffered writes",
+                 (unsigned long long)st.writes_buffered);
+  }
+  ckpt_free(&c);
+  free(src);
+}
+
+/* The caller's stop flag (a failed multi-node save) ends the job early and
+ * says so; nothing is left in flight and the writer carries on. */
+Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(2, 256 << 10, 64 << 10);
+  enum { SIZE = 8 << 20 };
+  uint8_t *src = malloc(SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, 1, SIZE, 100000, src, 0);
+  fj_outcome o = {0};
+  int stop = 0, fds[1];
+  run_filejob(&c, NULL, &stop, 1, &o, fds);
+  cr_expect_eq(o.code, SHARDD_E_ABORTED, "%d: %s", o.code, o.msg);
+  stop = 0;
+  fj_outcome again = {0};
+  run_filejob(&c, NULL, &stop, 0, &again, fds);
+  cr_assert_eq(again.code, 0, "%s", again.msg);
+  expect_files(&c);
+  ckpt_free(&c);
+  free(src);
+}
+
+/* A rank's segment cut short under the job: the job fails naming the file,
+ * through the descriptor (short read) or the mapping (SIGBUS). */
+Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(2, 1 << 20, 64 << 10);
+  size_t len = 4u << 20;
+  for (int with_span = 0; with_span < 2; with_span++) {
+    int fd;
+    uint8_t *m = shared_segment(len, &fd);
+    ckpt c;
+    ckpt_init(&c, 1, len, 150000, m, SD_WOP_SHARED);
+    cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
+    sd_shm_span span = {m, len, fd};
+    fj_outcome o = {0};
+    int fds[1];
+    run_filejob(&c, with_span ? &span : NULL, NULL, 0, &o, fds);
+    cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
+    cr_expect_not_null(strstr(o.msg, c.plan.files[0].name), "%s", o.msg);
+    cr_expect_not_null(strstr(o.msg, with_span ? "came up short" : "SIGBUS"), "%s", o.msg);
+    ckpt_free(&c);
+    munmap(m, len);
+    close(fd);
+  }
+}
+
+/* O_DIRECT refused (ramfs): the same job goes through the page cache. */
+Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
+    int e = errno;
+    FR.mnt[0] = '\0';
+    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+  }
+  char r[512];
+  snprintf(r, sizeof r, "%s/root", FR.mnt);
+  fr_open_root(r);
+  make_writer(2, 256 << 10, 64 << 10);
+  enum { SIZE = 300001 };
+  uint8_t *src = malloc(2 * (size_t)SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, 2, SIZE, 999, src, 0);
+  fj_outcome o = {0};
+  int fds[2];
+  run_filejob(&c, NULL, NULL, 0, &o, fds);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  expect_files(&c);
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_eq(st.writes_direct, 0);
+  cr_expect_gt(st.writes_buffered, 0);
+  ckpt_free(&c);
+  free(src);
 }
