@@ -325,9 +325,10 @@ static double spg(const run *r) { return r->bytes ? r->cpu_s / ((double)r->bytes
 
 static void row(const run *r, double rawg) {
   if (!r->ran) return;
-  printf("%-34s %12" PRIu64 " %8.3f %7.3f %6.2f %9.3f %9.1f %9.1f %5" PRIu64 " %8.2f %5.2f-%5.2f\n", r->label, r->bytes,
+  printf("%-34s %12" PRIu64 " %8.3f %7.3f %6.2f %9.3f %9.1f %9.1f %5" PRIu64 " %8.2f %8.1f %5.2f-%5.2f\n", r->label, r->bytes,
          r->seconds, gbps(r), rawg > 0 ? gbps(r) / rawg : 0, spg(r), (double)r->direct / 1048576.0,
          (double)r->buffered / 1048576.0, r->trips_peak, r->memcpy_s > 0 ? r->blocked / r->memcpy_s : 0,
+         (double)r->peak_anon / 1048576.0,
          r->load_before, r->load_after);
 }
 
@@ -395,13 +396,13 @@ int main(int argc, char **argv) {
   if (do_a) raw(work, &m, &a2);
 
   double ra = gbps(&a) > 0 && gbps(&a2) > 0 ? (gbps(&a) + gbps(&a2)) / 2 : gbps(&a) > 0 ? gbps(&a) : gbps(&a2);
-  printf("\n%-34s %12s %8s %7s %6s %9s %9s %9s %5s %8s %11s\n", "phase", "bytes", "seconds", "GB/s", "/raw",
-         "CPU s/GiB", "direct MiB", "buf MiB", "trips", "blk/cpy", "load 1m");
+  printf("\n%-34s %12s %8s %7s %6s %9s %9s %9s %5s %8s %8s %11s\n", "phase", "bytes", "seconds", "GB/s", "/raw",
+         "CPU s/GiB", "direct MiB", "buf MiB", "trips", "blk/cpy", "anon MiB", "load 1m");
   const run *all[] = {&a, &c, &mm, &k1, &k2, &a2};
   for (size_t i = 0; i < 6; i++) row(all[i], ra);
   printf("  /raw = against the mean of the raw runs before and after; CPU = every daemon of the phase (utime+stime);\n"
          "  direct/buf = the daemons' write_bytes_direct / write_bytes_buffered; trips = copy_trips_peak;\n"
-         "  blk/cpy = the slowest rank's blocked time over its plain memcpy\n");
+         "  blk/cpy = the slowest rank's blocked time over its plain memcpy; anon = peak RssAnon, daemons summed\n");
   for (size_t i = 0; i < 6; i++)
     if (all[i]->ran) printf("  %s: %s\n", all[i]->label, all[i]->note);
   if (gbps(&mm) > 0 && gbps(&c) > 0)
