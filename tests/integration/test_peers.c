@@ -167,7 +167,7 @@ static uint64_t metric(int i, const char *name) {
   return n;
 }
 
-Test(peers, a_nodes_own_files_go_through_the_staged_writer) {
+static void own_files_staged(const char *mode, const char *save, const char *dir, uint64_t seed) {
   static h_put puts[12];
   static char names[6][32];
   for (int L = 0; L < 6; L++) {
@@ -181,11 +181,12 @@ Test(peers, a_nodes_own_files_go_through_the_staged_writer) {
     before[i] = metric(i, "copy_trips");
     direct0[i] = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered");
   }
-  h_script s = {.opts = cluster_opts("pipe-big", "ck/pipe-big", 2u << 20), .puts = puts, .nputs = 12, .seed = 44};
+  h_script s = {.opts = cluster_opts(save, dir, 2u << 20), .puts = puts, .nputs = 12, .seed = seed};
+  s.opts.write_mode = mode;
   run_ranks(&s);
   h_expect_committed(&s);
   h_check_script(&s);
-  totals t = report("pipe-big", ckpt_data("ck/pipe-big"));
+  totals t = report(save, ckpt_data(dir));
   cr_assert_eq(t.fwd, 0);
   char probe[4096];
   h_path(probe, sizeof probe, ".direct-probe");
@@ -202,6 +203,11 @@ Test(peers, a_nodes_own_files_go_through_the_staged_writer) {
       cr_assert_geq(metric(i, "write_bytes_direct"), 2u << 20, "node %d wrote its file without O_DIRECT", i);
   }
   h_shared_free(s.sh);
+}
+
+Test(peers, a_nodes_own_files_go_through_the_staged_writer) { own_files_staged("owner", "pipe-big", "ck/pipe-big", 44); }
+Test(peers, a_nodes_own_files_go_through_the_staged_writer_shared_mode) {
+  own_files_staged("shared", "pipe-shared", "ck/pipe-shared", 45);
 }
 
 /* Tensor parallel across nodes: every tensor is split over all six ranks
@@ -230,8 +236,14 @@ Test(peers, split_tensors_are_forwarded_to_the_file_owner) {
   run_ranks(&s);
   h_expect_committed(&s);
   h_check_script(&s);
-  totals t = report("split", ckpt_data("ck/split"));
+  uint64_t data = ckpt_data("ck/split");
+  totals t = report("split", data);
   cr_assert_gt(t.fwd, 0, "slices of other nodes' files must be forwarded");
+  /* Files that take other nodes' bytes go through the page cache, in the same writer counters. */
+  uint64_t counted = 0;
+  for (int i = 0; i < NODES; i++) counted += metric(i, "write_bytes_buffered") + metric(i, "write_bytes_direct");
+  cr_assert_geq(counted, data, "the writers counted %llu of %llu bytes", (unsigned long long)counted,
+                (unsigned long long)data);
   /* The leader records who began the save, as a one-node save does (test_perms.c). */
   char p[PATH_MAX], v[32] = "";
   ssize_t n = getxattr(h_path(p, sizeof p, "ck/split"), "user.shardd.owner", v, sizeof v - 1);
