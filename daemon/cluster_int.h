@@ -18,6 +18,9 @@
 #define SD_FWD_WINDOW (8u << 20)
 #define SD_FWD_FRAME (1u << 20)
 #define SD_FWD_RUNS 512
+/* A node's file is cut in blocks of this: those made only of its own bytes
+ * are written direct (cluster_xfer.c), the others buffered. */
+#define SD_XFER_BLOCK (1u << 20)
 /* Local ring requests a save keeps in flight. */
 #define SD_NODE_INFLIGHT 64
 /* How long a failed save's id keeps answering late joins. */
@@ -75,7 +78,8 @@ typedef struct {
   uint64_t size, hdr_len, data;  /* header bytes and data bytes this node writes into it */
   uint64_t done;           /* of hdr_len + data */
   int sync;                /* 0 not yet, 1 queued, 2 durable */
-  int own;                 /* only this node's bytes: staged and written direct (cluster_xfer.c) */
+  uint8_t *own;            /* per block of SD_XFER_BLOCK, 1: only this node's bytes, staged and written
+                            * direct (cluster_xfer.c); NULL when none is */
 } sd_cfile;
 
 typedef struct {

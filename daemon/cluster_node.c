@@ -192,7 +192,10 @@ void sd_node_free(sd_csave *cs) {
   if (cs->io) sd_log_error("save '%s': freed with %u writes in flight", cs->save->id, cs->io);
   sd_node_close_files(cs);
   if (cs->parent_fd >= 0) close(cs->parent_fd);
-  for (size_t i = 0; i < cs->nfiles; i++) free(cs->files[i].name);
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    free(cs->files[i].name);
+    free(cs->files[i].own);
+  }
   free(cs->files);
   for (size_t i = 0; i < cs->ndests; i++) free(cs->dests[i].runs);
   free(cs->dests);

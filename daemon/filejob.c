@@ -14,6 +14,7 @@ typedef struct {
   int fd;
   int direct;              /* O_DIRECT set: whole blocks only */
   int trim;                /* written past its size (a padded last block): cut back at the end */
+  uint64_t base;           /* where in the descriptor's file it starts */
   uint64_t size, left;     /* bytes not yet written */
 } fj_file;
 
@@ -70,8 +71,13 @@ static void go_direct(sd_filejob *j, size_t i) {
     return;
   }
   ff->direct = 1;
+  /* Blocks up front; only a region that ends the file grows it to whole blocks. */
   off_t sized = (off_t)sd_align_up(ff->size);
-  if (fallocate(ff->fd, 0, 0, sized) == 0 || ftruncate(ff->fd, sized) == 0) ff->trim = (uint64_t)sized > ff->size;
+  int last = (uint64_t)sized > ff->size;
+  if (fallocate(ff->fd, 0, (off_t)ff->base, sized) == 0 || (last && ftruncate(ff->fd, (off_t)ff->base + sized) == 0))
+    ff->trim = last;
+  else if (last)
+    ff->trim = 1; /* the padded write itself grows it: cut back all the same */
 }
 
 /* ------------------------------------------------------------------------ *
@@ -93,7 +99,7 @@ static int job_next(sd_wjob *job, sd_io *io) {
   io->fd = ff->fd;
   io->buf_index = c->buf_index;
   io->tag = c->file;
-  io->off = c->off + c->done;
+  io->off = ff->base + c->off + c->done;
   io->src = c->buf + c->done;
   io->len = len - c->done;
   io->chunk = c;
@@ -125,7 +131,7 @@ static void job_complete(sd_wjob *job, const sd_io *io, int res) {
     return;
   }
   if ((ff->left -= c->len) > 0) return;
-  if (ff->trim && ftruncate(ff->fd, (off_t)ff->size) < 0)
+  if (ff->trim && ftruncate(ff->fd, (off_t)(ff->base + ff->size)) < 0)
     fj_fail(j, errno == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: truncate to its size: %s", name, strerror(errno));
 }
 
@@ -210,6 +216,7 @@ int sd_filejob_start(sd_writer *w, const sd_filejob_req *req, sd_error *err) {
   for (size_t i = 0; i < req->nfiles; i++) {
     j->f[i].fd = req->fds[i];
     j->f[i].size = j->f[i].left = req->files[i].size;
+    j->f[i].base = req->bases ? req->bases[i] : 0;
     go_direct(j, i);
   }
   if (sd_writer_attach(w, &j->job, err) != 0) {

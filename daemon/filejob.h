@@ -21,7 +21,12 @@ typedef void (*sd_filejob_cb)(void *ud, const sd_error *err);
 typedef struct {
   const int *fds;          /* per file, open for writing; O_DIRECT is set here when taken */
   const char *const *names; /* per file, for messages */
-  const sd_fill_file *files; /* per file: head (at offset 0) and final size */
+  const sd_fill_file *files; /* per file: head (at its offset 0) and size */
+  /* per file (NULL: all 0): where in the descriptor's file it starts, a
+   * multiple of SD_DIO_ALIGN. A file may be a region of a larger one whose
+   * other parts are written by someone else; a region whose size is not
+   * whole blocks ends the real file (its padded last block is cut back). */
+  const uint64_t *bases;
   size_t nfiles;
   const sd_write_op *ops;  /* sorted by file, then offset, none overlapping; ops[i].file indexes fds */
   size_t nops;

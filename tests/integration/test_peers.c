@@ -210,6 +210,37 @@ Test(peers, a_nodes_own_files_go_through_the_staged_writer_shared_mode) {
   own_files_staged("shared", "pipe-shared", "ck/pipe-shared", 45);
 }
 
+/* One file, mostly node 0's: its own blocks go direct through staging on
+ * that node, the last block (node 0's tail beside the small tensors the
+ * other nodes forward) through the page cache; the bytes are whole. */
+Test(peers, a_file_mixing_own_and_forwarded_bytes_goes_direct_where_it_can) {
+  static const h_put puts[] = {
+      BOX2(0, "big.w", "F32", 1024, 1024, 0, 0, 512, 1024), BOX2(1, "big.w", "F32", 1024, 1024, 512, 0, 512, 1024),
+      BOX2(2, "small.w", "F32", 4, 16, 0, 0, 2, 16),        BOX2(4, "small.w", "F32", 4, 16, 2, 0, 2, 16),
+      BOX2(3, "tiny.w", "F32", 2, 16, 0, 0, 1, 16),         BOX2(5, "tiny.w", "F32", 2, 16, 1, 0, 1, 16),
+  };
+  uint64_t direct0 = metric(0, "write_bytes_direct"), buffered0 = metric(0, "write_bytes_buffered");
+  h_script s = {.opts = cluster_opts("mixed", "ck/mixed", 64u << 20), .puts = puts,
+                .nputs = sizeof puts / sizeof puts[0], .seed = 46};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report("mixed", ckpt_data("ck/mixed"));
+  cr_assert_gt(t.fwd, 0, "the small tensors are forwarded to node 0");
+  uint64_t direct = metric(0, "write_bytes_direct") - direct0, buffered = metric(0, "write_bytes_buffered") - buffered0;
+  cr_assert_gt(buffered, 0, "node 0 wrote the shared last block through the page cache");
+  char probe[4096];
+  h_path(probe, sizeof probe, ".direct-probe");
+  int fd = open(probe, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd >= 0) {
+    close(fd);
+    cr_assert_geq(direct, 4u << 20, "node 0 wrote %llu bytes direct of its 4 MiB of own blocks",
+                  (unsigned long long)direct);
+  }
+  unlink(probe);
+  h_shared_free(s.sh);
+}
+
 /* Tensor parallel across nodes: every tensor is split over all six ranks
  * (rows, columns, an inner dimension of a 3-d tensor, uneven rows), so each
  * file gathers bytes from three nodes and two thirds of it is forwarded. */
