@@ -18,6 +18,9 @@
 #define SD_FWD_WINDOW (8u << 20)
 #define SD_FWD_FRAME (1u << 20)
 #define SD_FWD_RUNS 512
+/* A node's file is cut in blocks of this: those made only of its own bytes
+ * are written direct (cluster_xfer.c), the others buffered. */
+#define SD_XFER_BLOCK (1u << 20)
 /* Local ring requests a save keeps in flight. */
 #define SD_NODE_INFLIGHT 64
 /* How often the leader checks its saves' join deadlines. */
@@ -78,6 +81,8 @@ typedef struct {
   uint64_t size, hdr_len, data;  /* header bytes and data bytes this node writes into it */
   uint64_t done;           /* of hdr_len + data */
   int sync;                /* 0 not yet, 1 queued, 2 durable */
+  uint8_t *own;            /* per block of SD_XFER_BLOCK, 1: only this node's bytes, staged and written
+                            * direct (cluster_xfer.c); NULL when none is */
 } sd_cfile;
 
 typedef struct {
@@ -149,6 +154,7 @@ typedef struct sd_csave {
   unsigned io;             /* ring requests and frame copies in flight */
   unsigned copies;         /* frames being filled from shared memory in the thread pool */
   uint64_t recv_expect;    /* bytes other nodes will send us */
+  struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer.c) */
 
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
   uint64_t r_files, r_tensors, r_bytes;
@@ -209,7 +215,11 @@ void sd_node_remove_orphan_tmp(sd_csave *cs);
 /* ------------------------------------------------------------------------ *
  * cluster_xfer.c: the participant's bytes
  * ------------------------------------------------------------------------ */
-int sd_xfer_submit_header(sd_csave *cs, uint32_t lf, const uint8_t *src, uint64_t len);
+/* Once the assignment is taken: files made only of this node's own bytes
+ * (header and local slices) go through the writer's staging with O_DIRECT,
+ * as a single-node save's do; the headers of the rest are queued. 0 or a
+ * SHARDD_E_* code. */
+int sd_xfer_begin(sd_csave *cs, sd_error *err);
 /* Issues what the window and the ring allow, fsyncs finished files, reports done. */
 void sd_xfer_progress(sd_csave *cs);
 /* A data frame for this save: checked, then written in place. */

@@ -195,7 +195,10 @@ void sd_node_free(sd_csave *cs) {
   if (cs->io) sd_log_error("save '%s': freed with %u writes in flight", cs->save->id, cs->io);
   sd_node_close_files(cs);
   if (cs->parent_fd >= 0) close(cs->parent_fd);
-  for (size_t i = 0; i < cs->nfiles; i++) free(cs->files[i].name);
+  for (size_t i = 0; i < cs->nfiles; i++) {
+    free(cs->files[i].name);
+    free(cs->files[i].own);
+  }
   free(cs->files);
   for (size_t i = 0; i < cs->ndests; i++) free(cs->dests[i].runs);
   free(cs->dests);
@@ -350,15 +353,6 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
   int rc = open_files(cs, files, plen, why, wn);
   if (rc) return rc;
 
-  /* Headers first: they sit in the payload in the order of the file list. */
-  uint64_t hoff = 0;
-  for (size_t i = 0; i < cs->nfiles; i++) {
-    sd_cfile *f = &cs->files[i];
-    if (f->hdr_len && sd_xfer_submit_header(cs, (uint32_t)i, cs->hdrs + hoff, f->hdr_len) != 0)
-      return SHARDD_E_NO_MEMORY;
-    hoff += f->hdr_len;
-  }
-
   size_t nw = json_array_size(writes);
   uint64_t data_total = 0, local_total = 0;
   for (size_t i = 0; i < cs->nfiles; i++) data_total += cs->files[i].data;
@@ -422,7 +416,10 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
     return SHARDD_E_PROTOCOL;
   }
   cs->recv_expect = data_total - local_total;
-  return 0;
+  sd_error e2 = {0};
+  int rc2 = sd_xfer_begin(cs, &e2);
+  if (rc2) snprintf(why, wn, "%s", e2.msg);
+  return rc2;
 }
 
 static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {

@@ -48,6 +48,8 @@ const sd_config_key sd_config_keys[] = {
     SD_KEY_NUM("queue_depth", queue_depth, "64", 1, 4096, SD_FIXED, "io_uring queue depth"),
     SD_KEY_NUM("staging_mib", staging_mib, "128", 8, 65536, SD_FIXED,
                "MiB of aligned staging buffers for direct I/O, registered with io_uring (locked memory)"),
+    SD_KEY_NUM("copy_threads", copy_threads, NULL, 1, 256, SD_FIXED,
+               "staging copies in flight at once, each on a thread of its own (default: the online cores, at most 8)"),
     SD_KEY_NUM("keep_results", keep_results, "64", 1, 1000000, SD_FIXED,
                "finished saves remembered for late waits"),
     /* limits and permissions */
@@ -306,6 +308,15 @@ static char *default_socket(void) {
   return strdup(SHARDD_DEFAULT_SOCKET);
 }
 
+/* The online cores, at most 8 (writer.h: SD_COPY_THREADS_DEFAULT_MAX): past
+ * that a copy stage outruns any one node's disks. */
+static char *default_copy_threads(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  char buf[16];
+  snprintf(buf, sizeof buf, "%ld", n < 1 ? 1 : n > 8 ? 8 : n);
+  return strdup(buf);
+}
+
 int sd_config_defaults(sd_config *c, sd_error *err) {
   c->socket_gid = -1;
   c->trusted_gid = -1;
@@ -315,8 +326,9 @@ int sd_config_defaults(sd_config *c, sd_error *err) {
     if (k->def) {
       rc = sd_config_set(c, k, k->def, err);
     } else {
-      char *v = strcmp(k->name, "socket") == 0 ? default_socket()
-                                                : strdup(geteuid() == 0 ? "/var/lib/shardd" : "checkpoints");
+      char *v = strcmp(k->name, "socket") == 0         ? default_socket()
+                : strcmp(k->name, "copy_threads") == 0 ? default_copy_threads()
+                                                       : strdup(geteuid() == 0 ? "/var/lib/shardd" : "checkpoints");
       rc = v ? sd_config_set(c, k, v, err) : sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
       free(v);
     }

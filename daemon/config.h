@@ -44,6 +44,7 @@ typedef struct sd_config {
   size_t max_line;         /* longest request line, '\n' excluded */
   unsigned queue_depth;    /* io_uring entries */
   unsigned staging_mib;    /* direct-I/O staging buffers: bounds the writer's memory */
+  unsigned copy_threads;   /* staging copies in flight at once (libuv threadpool) */
   unsigned keep_results;   /* finished saves remembered for late `wait`s */
   /* limits and permissions: a request over a limit gets limit_exceeded naming it */
   unsigned max_connections; /* open connections */
@@ -124,7 +125,7 @@ void sd_config_format(const sd_config *c, const sd_config_key *k, char *buf, siz
  * Pure parsing (no I/O): unit-tested directly
  * ------------------------------------------------------------------------ */
 /* Every key to its default (computed ones: root and socket depend on the
- * effective uid and the environment). */
+ * effective uid and the environment, copy_threads on the online cores). */
 int sd_config_defaults(sd_config *c, sd_error *err);
 /* Sets one key from text; err says what is wrong with the value. */
 int sd_config_set(sd_config *c, const sd_config_key *k, const char *value, sd_error *err);

@@ -193,6 +193,20 @@ static void stdio_hold(void) {
   }
 }
 
+/* libuv sizes its threadpool once, at the first uv_queue_work: it must hold
+ * every copy trip plus the multi-node forwarding copies and folder work
+ * (cluster_xfer.c, cluster_lead.c, cluster_base.c), or copies queue behind
+ * fsyncs. A larger UV_THREADPOOL_SIZE from the environment stays. */
+static void size_threadpool(unsigned copy_threads) {
+  unsigned want = copy_threads + 4;
+  const char *env = getenv("UV_THREADPOOL_SIZE");
+  if (env && *env && strtoul(env, NULL, 10) >= want) return;
+  if (want > 1024) want = 1024; /* libuv's own cap */
+  char buf[16];
+  snprintf(buf, sizeof buf, "%u", want);
+  setenv("UV_THREADPOOL_SIZE", buf, 1);
+}
+
 int main(int argc, char **argv) {
   int code = 0;
   stdio_hold();
@@ -229,7 +243,9 @@ int main(int argc, char **argv) {
     sd_log_warn("cleaning stale temporary folders: %s", err.msg);
     sd_error_clear(&err);
   }
-  sd_writer_opts wopts = {.queue_depth = cfg.queue_depth, .staging_bytes = (uint64_t)cfg.staging_mib << 20};
+  size_threadpool(cfg.copy_threads);
+  sd_writer_opts wopts = {.queue_depth = cfg.queue_depth, .staging_bytes = (uint64_t)cfg.staging_mib << 20,
+                          .copy_threads = cfg.copy_threads};
   if (sd_writer_init_opts(&d->writer, d->loop, &wopts, &err) != 0) goto fail;
   uv_signal_init(d->loop, &sig_term);
   uv_signal_init(d->loop, &sig_int);

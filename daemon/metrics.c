@@ -54,6 +54,9 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "staging_peak_bytes", u64(ws.staging_peak));
   json_object_set_new(o, "staging_max_bytes", u64(ws.staging_max));
   json_object_set_new(o, "staging_registered", u64(ws.registered != 0));
+  json_object_set_new(o, "copy_threads", u64(ws.copy_threads));
+  json_object_set_new(o, "copy_trips", u64(ws.copy_trips));
+  json_object_set_new(o, "copy_trips_peak", u64(ws.copy_trips_peak));
 
   json_t *buckets = json_array();
   uint64_t cum = 0;

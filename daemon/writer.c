@@ -1,4 +1,4 @@
-/* The daemon's one io_uring: batched submissions fed round-robin from every job (publishes, and the raw writes of multi-node saves), staging chunks filled by one copy worker, completions reaped on the libuv loop. */
+/* The daemon's one io_uring: batched submissions fed round-robin from every job (publishes, and the raw writes of multi-node saves), staging chunks filled by up to copy_threads copy trips at once, completions reaped on the libuv loop. */
 #include <errno.h>
 #include <liburing.h>
 #include <stdio.h>
@@ -13,7 +13,8 @@
 #define SD_REAP_BATCH 64
 #define SD_QD_MAX 4096
 /* Chunks per trip to the copy worker: enough to get the disk going at the
- * start of a save, few enough that the first writes leave early. */
+ * start of a save, few enough that the first writes leave early. With
+ * several trips the staging is shared out so that every trip gets some. */
 #define SD_COPY_BATCH 4
 /* Staging memory goes back to the system once the writer has been idle this long. */
 #define SD_TRIM_MS 10000
@@ -28,6 +29,14 @@ typedef struct rawreq {
   void *ud;
   struct rawreq *next;
 } rawreq;
+
+/* One trip to a copy worker: the chunks it fills, off the loop thread. */
+typedef struct copytrip {
+  uv_work_t req;
+  struct sd_writer *w;
+  sd_chunk *batch;
+  struct copytrip *next;   /* idle list */
+} copytrip;
 
 /* The job that carries raw requests; attached while any is pending. */
 typedef struct {
@@ -50,9 +59,10 @@ struct sd_writer {
 
   sd_staging stg;
   int buffered;            /* never O_DIRECT */
-  uv_work_t copy;          /* the copy worker's one trip in flight */
-  int copy_busy;
-  sd_chunk *copy_batch;    /* the chunks on that trip */
+  copytrip *trips;         /* copy_threads of them */
+  copytrip *idle_trips;
+  unsigned ntrips, trips_busy;
+  unsigned trip_batch;     /* chunks per trip */
   sd_wjob *stage_rr;       /* the job the next staging round starts with */
   sd_writer_stats st;
 
@@ -184,26 +194,31 @@ static void poll_jobs(sd_writer *w) {
     j = next;
   }
   w->polling = 0;
-  if (w->closing && !w->jobs && w->inflight == 0 && !w->copy_busy) finish_close(w);
+  if (w->closing && !w->jobs && w->inflight == 0 && w->trips_busy == 0) finish_close(w);
 }
 
 /* ------------------------------------------------------------------------ *
  * Staging: idle chunks go round-robin to the jobs with data left, one
- * chunk per job per turn, so a large save cannot starve a small one; one
- * trip to the copy worker at a time, so copying takes one core at most.
+ * chunk per job per turn, so a large save cannot starve a small one. Up to
+ * copy_threads trips are with the copy workers at once, each with its own
+ * chunks, so copying takes that many cores at most; the staging size still
+ * bounds the memory, whatever the number of trips.
  * ------------------------------------------------------------------------ */
 static void copy_work(uv_work_t *req) {
-  sd_writer *w = req->data;
+  copytrip *t = req->data;
   sd_bus_guard_install();
-  for (sd_chunk *c = w->copy_batch; c; c = c->next) c->job->ops->fill(c->job, c);
+  for (sd_chunk *c = t->batch; c; c = c->next) c->job->ops->fill(c->job, c);
 }
 
 static void copy_done(uv_work_t *req, int status) {
-  (void)status; /* never cancelled: close waits for the trip to end */
-  sd_writer *w = req->data;
-  sd_chunk *c = w->copy_batch;
-  w->copy_batch = NULL;
-  w->copy_busy = 0;
+  (void)status; /* never cancelled: close waits for every trip to end */
+  copytrip *t = req->data;
+  sd_writer *w = t->w;
+  sd_chunk *c = t->batch;
+  t->batch = NULL;
+  t->next = w->idle_trips;
+  w->idle_trips = t;
+  w->trips_busy--;
   while (c) {
     sd_chunk *next = c->next;
     sd_wjob *j = c->job;
@@ -216,12 +231,13 @@ static void copy_done(uv_work_t *req, int status) {
   sd_writer_pump(w);
 }
 
-static void stage(sd_writer *w) {
-  if (w->copy_busy || !w->jobs) return;
+/* Up to max chunks for one trip, round-robin over the jobs; NULL when no
+ * job has anything to stage now or every chunk is busy. */
+static sd_chunk *stage_batch(sd_writer *w, unsigned max) {
   sd_chunk *head = NULL, **tail = &head;
   unsigned n = 0, idle = 0; /* idle: jobs in a row that staged nothing */
   sd_wjob *j = w->stage_rr ? w->stage_rr : w->jobs;
-  while (n < SD_COPY_BATCH && idle < w->njobs) {
+  while (n < max && idle < w->njobs) {
     sd_wjob *nj = j->next ? j->next : w->jobs;
     if (!j->staged_all) {
       sd_chunk *c = sd_staging_get(&w->stg);
@@ -249,17 +265,28 @@ static void stage(sd_writer *w) {
     j = nj;
   }
   w->stage_rr = j;
-  for (sd_wjob *k = w->jobs; k; k = k->next) k->staged_all = 0;
-  if (!head) return;
-  w->copy_batch = head;
-  w->copy_busy = 1;
-  w->st.copy_trips++;
-  w->copy.data = w;
-  if (uv_queue_work(w->loop, &w->copy, copy_work, copy_done) < 0) {
-    /* Cannot happen with a valid loop; fill on this thread rather than stall. */
-    copy_work(&w->copy);
-    copy_done(&w->copy, 0);
+  return head;
+}
+
+static void stage(sd_writer *w) {
+  while (w->idle_trips && w->jobs) {
+    sd_chunk *head = stage_batch(w, w->trip_batch);
+    if (!head) break;
+    copytrip *t = w->idle_trips;
+    w->idle_trips = t->next;
+    t->next = NULL;
+    t->batch = head;
+    if (++w->trips_busy > w->st.copy_trips_peak) w->st.copy_trips_peak = w->trips_busy;
+    w->st.copy_trips++;
+    if (uv_queue_work(w->loop, &t->req, copy_work, copy_done) < 0) {
+      /* Cannot happen with a valid loop; fill on this thread rather than stall
+       * (copy_done stages the next trip itself). */
+      copy_work(&t->req);
+      copy_done(&t->req, 0);
+      break;
+    }
   }
+  for (sd_wjob *k = w->jobs; k; k = k->next) k->staged_all = 0;
 }
 
 void sd_writer_chunk_put(sd_writer *w, sd_chunk *c) {
@@ -304,9 +331,7 @@ static void reap(sd_writer *w) {
       w->inflight--;
       sd_wjob *j = io->job;
       if (io->kind == SD_IO_WRITE && res > 0) {
-        if (j == &w->raw.job)
-          ; /* the multi-node path keeps its own byte counts */
-        else if (w->slot_direct[io - w->slots])
+        if (w->slot_direct[io - w->slots])
           w->st.bytes_direct += (uint64_t)res;
         else
           w->st.bytes_buffered += (uint64_t)res;
@@ -363,7 +388,7 @@ void sd_writer_kick(sd_writer *w) {
  * ------------------------------------------------------------------------ */
 static void on_trim(uv_timer_t *t) {
   sd_writer *w = t->data;
-  if (!w->jobs && !w->copy_busy) sd_staging_trim(&w->stg);
+  if (!w->jobs && w->trips_busy == 0) sd_staging_trim(&w->stg);
 }
 
 int sd_writer_attach(sd_writer *w, sd_wjob *job, sd_error *err) {
@@ -417,6 +442,10 @@ static int raw_next(sd_wjob *job, sd_io *io) {
     return 1;
   }
   uint64_t left = r->len - r->done;
+  /* The pieces of a multi-node save that are not whole files of this node
+   * (headers, received bytes, shared mode's in-place writes) go through
+   * the page cache: counted as such, beside the staged ones. */
+  sd_writer_count_write(job->w, 0);
   io->kind = SD_IO_WRITE;
   io->src = r->buf + r->done;
   io->off = r->off + r->done;
@@ -550,6 +579,12 @@ unsigned sd_writer_raw_pending(const sd_writer *w) { return w->raw.pending; }
 /* ------------------------------------------------------------------------ *
  * Life cycle
  * ------------------------------------------------------------------------ */
+unsigned sd_writer_default_copy_threads(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 1) n = 1;
+  return n > SD_COPY_THREADS_DEFAULT_MAX ? SD_COPY_THREADS_DEFAULT_MAX : (unsigned)n;
+}
+
 int sd_writer_init(sd_writer **out, uv_loop_t *loop, unsigned queue_depth, sd_error *err) {
   sd_writer_opts o = {.queue_depth = queue_depth};
   return sd_writer_init_opts(out, loop, &o, err);
@@ -616,6 +651,29 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
     return rc;
   }
   w->buffered = o->buffered;
+  w->ntrips = o->copy_threads ? o->copy_threads : sd_writer_default_copy_threads();
+  w->trips = calloc(w->ntrips, sizeof *w->trips);
+  if (!w->trips) {
+    sd_staging_free(&w->stg);
+    close(w->efd);
+    io_uring_queue_exit(&w->ring);
+    free(w->slots);
+    free(w->slot_direct);
+    free(w);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "writer copy trips");
+  }
+  for (unsigned i = w->ntrips; i-- > 0;) {
+    w->trips[i].w = w;
+    w->trips[i].req.data = &w->trips[i];
+    w->trips[i].next = w->idle_trips;
+    w->idle_trips = &w->trips[i];
+  }
+  /* Half the staging on its way through the copy workers at most, the rest
+   * for the ring, shared out so that every trip can have some. */
+  w->trip_batch = w->stg.max / 2 / w->ntrips;
+  if (w->trip_batch > SD_COPY_BATCH) w->trip_batch = SD_COPY_BATCH;
+  if (w->trip_batch == 0) w->trip_batch = 1;
+  w->st.copy_threads = w->ntrips;
   sd_bus_guard_install();
   uv_poll_init(loop, &w->poll, w->efd);
   uv_async_init(loop, &w->kick, on_kick);
@@ -641,6 +699,7 @@ static void on_handle_closed(uv_handle_t *h) {
   void *ud = w->close_ud;
   free(w->slots);
   free(w->slot_direct);
+  free(w->trips);
   free(w);
   if (cb) cb(ud);
 }

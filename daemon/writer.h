@@ -14,8 +14,8 @@
  * ------------------------------------------------------------------------ */
 typedef struct sd_writer sd_writer;
 
-/* Data goes through staging buffers: copied from the sources (on a worker
- * thread, one copy at a time) into aligned chunks registered with the ring,
+/* Data goes through staging buffers: copied from the sources (on libuv's
+ * worker threads, up to copy_threads trips at once) into aligned chunks registered with the ring,
  * then written with O_DIRECT in whole aligned blocks; the staging size bounds
  * the writer's memory however many saves are in flight. */
 #define SD_STAGING_DEFAULT_MIB 128
@@ -26,7 +26,12 @@ typedef struct {
   uint64_t staging_bytes;  /* 0: SD_STAGING_DEFAULT_MIB MiB; at least two chunks are used */
   uint32_t chunk_bytes;    /* 0: SD_STAGING_CHUNK; rounded up to 4 KiB (tests use small ones) */
   int buffered;            /* 1: never O_DIRECT (the fallback, forced) */
+  unsigned copy_threads;   /* copy trips in flight at once; 0: sd_writer_default_copy_threads() */
 } sd_writer_opts;
+
+/* The default copy_threads: the online cores, at most this many. */
+#define SD_COPY_THREADS_DEFAULT_MAX 8
+unsigned sd_writer_default_copy_threads(void);
 
 int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *o, sd_error *err);
 /* sd_writer_init_opts with the default staging. */
@@ -42,7 +47,9 @@ typedef struct {
   uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
   uint64_t writes_fixed_file;/* ... to a registered file */
   uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes only) */
-  uint64_t copy_trips;       /* trips to the copy worker */
+  uint64_t copy_trips;       /* trips to the copy workers */
+  uint64_t copy_trips_peak;  /* trips with the copy workers at once, at most */
+  unsigned copy_threads;     /* the bound on that */
   uint64_t staging_bytes;    /* staging allocated now */
   uint64_t staging_peak;     /* staging allocated at most */
   uint64_t staging_max;      /* the bound */
@@ -57,8 +64,9 @@ void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
  * Writer jobs (writer.c): a job hands the ring one request at a time and
  * hears back once each request is whole (short writes are finished by the
  * writer) or failed. Data reaches the ring through staging chunks: the
- * writer lends the job an idle chunk (stage), the copy worker fills it off
- * the loop thread (fill), the job gets it back (filled) and hands its write
+ * writer lends the job an idle chunk (stage), a copy worker fills it off
+ * the loop thread (fill; several chunks of one job may be filled at once,
+ * on different threads, and come back in any order), the job gets it back (filled) and hands its write
  * to the ring (next), then returns the chunk (sd_writer_chunk_put).
  * ------------------------------------------------------------------------ */
 #define SD_IO_CHUNK (16u << 20) /* largest single write handed to the ring */
@@ -99,7 +107,7 @@ typedef struct {
    * off, len, cursor), or return 0 when nothing is left to stage now. */
   int (*stage)(sd_wjob *job, sd_chunk *c);
   /* Copy worker thread: fill c->buf. Reads only what stays unchanged while
-   * the job lives; touches nothing the loop thread writes. */
+   * the job lives; touches nothing the loop thread or another fill writes. */
   void (*fill)(sd_wjob *job, sd_chunk *c);
   /* Loop thread: c is back from the worker, filled or with c->fault set.
    * Must not call user callbacks. */
@@ -116,7 +124,7 @@ struct sd_wjob {
   const sd_wjob_ops *ops;
   sd_writer *w;
   unsigned inflight;       /* requests on the ring (read-only for the job) */
-  unsigned filling;        /* chunks with the copy worker (read-only for the job) */
+  unsigned filling;        /* chunks with the copy workers (read-only for the job) */
   int exhausted;           /* writer-private: next() said 0 this round */
   int staged_all;          /* writer-private: stage() said 0 this round */
   sd_wjob *prev, *next;
@@ -129,7 +137,7 @@ void sd_writer_detach(sd_writer *w, sd_wjob *job);
 /* Asks for a poll of every job and a fill of the ring on the next loop turn. */
 void sd_writer_kick(sd_writer *w);
 /* Fills the ring from every job and submits once, and hands idle staging
- * chunks to the copy worker (no user callbacks). */
+ * chunks to the copy workers (no user callbacks). */
 void sd_writer_pump(sd_writer *w);
 /* Gives a chunk back once its write is done (or will never be made). */
 void sd_writer_chunk_put(sd_writer *w, sd_chunk *c);

@@ -30,6 +30,13 @@ typedef struct {
   size_t nfiles;
 } sd_e2e_model;
 
+/* The model for about gib GiB (max_shard 0: a quarter of it per file), and
+ * its plan's files and bytes (e2e_model.c). */
+int sd_e2e_build_model(sd_e2e_model *m, double gib, uint64_t max_shard);
+int sd_e2e_plan_model(sd_e2e_model *m);
+/* The metadata the example rank sends, so every phase writes identical files. */
+extern const sd_kv sd_e2e_example_md[3];
+
 /* ------------------------------------------------------------------------ *
  * (a) raw: one io_uring sequential writer of `bytes` into path, fsynced.
  * ------------------------------------------------------------------------ */

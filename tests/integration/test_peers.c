@@ -155,6 +155,92 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
   h_shared_free(s.sh);
 }
 
+/* The same layout, larger: each node's file is wholly its own bytes, so it
+ * goes the single-node way, staged by the copy workers and written with
+ * O_DIRECT (where the file system takes it), in the writer's counters. */
+static uint64_t metric(int i, const char *name) {
+  json_t *st = node_status(i);
+  json_t *v = json_object_get(json_object_get(st, "metrics"), name);
+  cr_assert(json_is_integer(v), "node %d: metrics lack %s", i, name);
+  uint64_t n = (uint64_t)json_integer_value(v);
+  json_decref(st);
+  return n;
+}
+
+static void own_files_staged(const char *mode, const char *save, const char *dir, uint64_t seed) {
+  static h_put puts[12];
+  static char names[6][32];
+  for (int L = 0; L < 6; L++) {
+    snprintf(names[L], sizeof names[L], "layers.%d.w", L);
+    int r = (L / 2) * 2;
+    puts[2 * L] = (h_put)IBOX2(r, names[L], "F32", 512, 512, 0, 0, 256, 512, L);
+    puts[2 * L + 1] = (h_put)IBOX2(r + 1, names[L], "F32", 512, 512, 256, 0, 256, 512, L);
+  }
+  uint64_t before[NODES], direct0[NODES];
+  for (int i = 0; i < NODES; i++) {
+    before[i] = metric(i, "copy_trips");
+    direct0[i] = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered");
+  }
+  h_script s = {.opts = cluster_opts(save, dir, 2u << 20), .puts = puts, .nputs = 12, .seed = seed};
+  s.opts.write_mode = mode;
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report(save, ckpt_data(dir));
+  cr_assert_eq(t.fwd, 0);
+  char probe[4096];
+  h_path(probe, sizeof probe, ".direct-probe");
+  int fd = open(probe, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  int direct = fd >= 0;
+  if (fd >= 0) close(fd);
+  unlink(probe);
+  for (int i = 0; i < NODES; i++) {
+    uint64_t trips = metric(i, "copy_trips") - before[i];
+    cr_assert_geq(trips, 1, "node %d staged nothing", i);
+    uint64_t bytes = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered") - direct0[i];
+    cr_assert_geq(bytes, 2u << 20, "node %d's writer took %llu bytes for its 2 MiB file", i, (unsigned long long)bytes);
+    if (direct)
+      cr_assert_geq(metric(i, "write_bytes_direct"), 2u << 20, "node %d wrote its file without O_DIRECT", i);
+  }
+  h_shared_free(s.sh);
+}
+
+Test(peers, a_nodes_own_files_go_through_the_staged_writer) { own_files_staged("owner", "pipe-big", "ck/pipe-big", 44); }
+Test(peers, a_nodes_own_files_go_through_the_staged_writer_shared_mode) {
+  own_files_staged("shared", "pipe-shared", "ck/pipe-shared", 45);
+}
+
+/* One file, mostly node 0's: its own blocks go direct through staging on
+ * that node, the last block (node 0's tail beside the small tensors the
+ * other nodes forward) through the page cache; the bytes are whole. */
+Test(peers, a_file_mixing_own_and_forwarded_bytes_goes_direct_where_it_can) {
+  static const h_put puts[] = {
+      BOX2(0, "big.w", "F32", 1024, 1024, 0, 0, 512, 1024), BOX2(1, "big.w", "F32", 1024, 1024, 512, 0, 512, 1024),
+      BOX2(2, "small.w", "F32", 4, 16, 0, 0, 2, 16),        BOX2(4, "small.w", "F32", 4, 16, 2, 0, 2, 16),
+      BOX2(3, "tiny.w", "F32", 2, 16, 0, 0, 1, 16),         BOX2(5, "tiny.w", "F32", 2, 16, 1, 0, 1, 16),
+  };
+  uint64_t direct0 = metric(0, "write_bytes_direct"), buffered0 = metric(0, "write_bytes_buffered");
+  h_script s = {.opts = cluster_opts("mixed", "ck/mixed", 64u << 20), .puts = puts,
+                .nputs = sizeof puts / sizeof puts[0], .seed = 46};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report("mixed", ckpt_data("ck/mixed"));
+  cr_assert_gt(t.fwd, 0, "the small tensors are forwarded to node 0");
+  uint64_t direct = metric(0, "write_bytes_direct") - direct0, buffered = metric(0, "write_bytes_buffered") - buffered0;
+  cr_assert_gt(buffered, 0, "node 0 wrote the shared last block through the page cache");
+  char probe[4096];
+  h_path(probe, sizeof probe, ".direct-probe");
+  int fd = open(probe, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd >= 0) {
+    close(fd);
+    cr_assert_geq(direct, 4u << 20, "node 0 wrote %llu bytes direct of its 4 MiB of own blocks",
+                  (unsigned long long)direct);
+  }
+  unlink(probe);
+  h_shared_free(s.sh);
+}
+
 /* Tensor parallel across nodes: every tensor is split over all six ranks
  * (rows, columns, an inner dimension of a 3-d tensor, uneven rows), so each
  * file gathers bytes from three nodes and two thirds of it is forwarded. */
@@ -181,8 +267,14 @@ Test(peers, split_tensors_are_forwarded_to_the_file_owner) {
   run_ranks(&s);
   h_expect_committed(&s);
   h_check_script(&s);
-  totals t = report("split", ckpt_data("ck/split"));
+  uint64_t data = ckpt_data("ck/split");
+  totals t = report("split", data);
   cr_assert_gt(t.fwd, 0, "slices of other nodes' files must be forwarded");
+  /* Files that take other nodes' bytes go through the page cache, in the same writer counters. */
+  uint64_t counted = 0;
+  for (int i = 0; i < NODES; i++) counted += metric(i, "write_bytes_buffered") + metric(i, "write_bytes_direct");
+  cr_assert_geq(counted, data, "the writers counted %llu of %llu bytes", (unsigned long long)counted,
+                (unsigned long long)data);
   /* The leader records who began the save, as a one-node save does (test_perms.c). */
   char p[PATH_MAX], v[32] = "";
   ssize_t n = getxattr(h_path(p, sizeof p, "ck/split"), "user.shardd.owner", v, sizeof v - 1);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "sd_confline.h"
@@ -42,6 +43,21 @@ Test(conffile, defaults) {
   cr_assert(c.root && *c.root && c.socket_path && *c.socket_path);
   cr_assert_str_eq(value("socket_mode"), "0660");
   cr_assert_str_eq(value("log_level"), "info");
+}
+
+/* The copy stage follows the cores, capped, and never runs with no thread. */
+Test(conffile, copy_threads_default_and_bounds) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned want = n < 1 ? 1 : n > 8 ? 8 : (unsigned)n;
+  cr_assert_eq(c.copy_threads, want, "default %u, the online cores capped at 8 are %u", c.copy_threads, want);
+  cr_assert_eq(parse("copy_threads = 3\n", NULL), 0, "%s", err.msg);
+  cr_assert_eq(c.copy_threads, 3);
+  cr_assert_str_eq(value("copy_threads"), "3");
+  cr_assert_neq(parse("copy_threads = 0\n", NULL), 0);
+  cr_assert_str_eq(err.msg, "f.conf:1: key 'copy_threads': must be an integer in [1, 256], got '0'");
+  cr_assert_neq(parse("copy_threads = -2\n", NULL), 0);
+  cr_assert_str_eq(err.msg, "f.conf:1: key 'copy_threads': must be an integer in [1, 256], got '-2'");
+  cr_assert_eq(c.copy_threads, 3, "a refused value changed the setting");
 }
 
 Test(conffile, comments_blanks_and_spacing) {

@@ -1,0 +1,470 @@
+/* Parallel staging copies (writer.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "filejob.h"
+#include "fixture_root.h"
+#include "pathsafe.h"
+#include "publish.h"
+
+static void setup(void) {
+  fr_setup("/var/tmp/sd-copies-XXXXXX");
+  fr_seed(0x9e3779b97f4a7c15ULL);
+}
+
+static void make_writer(unsigned threads, uint64_t staging, uint32_t chunk) {
+  sd_writer_opts o = {.queue_depth = 32, .staging_bytes = staging, .chunk_bytes = chunk, .copy_threads = threads};
+  sd_error err;
+  cr_assert_eq(sd_writer_init_opts(&FR.w, &FR.loop, &o, &err), 0, "%s", err.msg);
+}
+
+/* ------------------------------------------------------------------------ *
+ * A checkpoint made by hand: files of a 4096-byte header and data, the data
+ * written by ops from one source buffer (private, or a shared segment)
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  sd_plan plan;
+  uint8_t **want;          /* each file's bytes */
+  sd_write_op *ops;
+  size_t nops, cap;
+} ckpt;
+
+static void add_op(ckpt *c, uint32_t f, uint64_t off, uint64_t len, const uint8_t *src, uint32_t flags) {
+  if (c->nops == c->cap) {
+    c->cap = c->cap ? 2 * c->cap : 256;
+    c->ops = realloc(c->ops, c->cap * sizeof *c->ops);
+    cr_assert_not_null(c->ops);
+  }
+  c->ops[c->nops++] = (sd_write_op){f, off, src, len, flags, 0};
+}
+
+/* nfiles files of size bytes of data each, filled into src (nfiles * size
+ * bytes) and cut into pieces of 1..max_piece bytes, shuffled. */
+static void ckpt_init(ckpt *c, size_t nfiles, uint64_t size, uint64_t max_piece, uint8_t *src, uint32_t flags) {
+  memset(c, 0, sizeof *c);
+  sd_plan *p = &c->plan;
+  p->nfiles = nfiles;
+  p->files = calloc(nfiles, sizeof *p->files);
+  c->want = calloc(nfiles, sizeof *c->want);
+  cr_assert(p->files && c->want);
+  for (size_t i = 0; i < nfiles; i++) {
+    sd_plan_file *pf = &p->files[i];
+    char name[64];
+    snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, nfiles);
+    pf->name = strdup(name);
+    pf->header_size = 4096;
+    pf->data_size = size;
+    pf->file_size = pf->header_size + size;
+    pf->header = malloc(pf->header_size);
+    c->want[i] = malloc(pf->file_size);
+    cr_assert(pf->header && c->want[i]);
+    for (uint64_t b = 0; b < pf->header_size; b++) pf->header[b] = (char)('a' + (b * 5 + i) % 26);
+    memcpy(c->want[i], pf->header, pf->header_size);
+    uint8_t *at = src + i * size;
+    for (uint64_t b = 0; b < size; b++) at[b] = c->want[i][pf->header_size + b] = (uint8_t)(fr_rnd() | 1);
+    for (uint64_t off = 0; off < size;) {
+      uint64_t len = 1 + fr_rnd() % max_piece;
+      if (len > size - off) len = size - off;
+      add_op(c, (uint32_t)i, pf->header_size + off, len, at + off, flags);
+      off += len;
+    }
+  }
+  fr_shuffle_ops(c->ops, c->nops);
+  p->needs_index = nfiles > 1;
+  p->index_name = strdup("model.safetensors.index.json");
+}
+
+static void ckpt_free(ckpt *c) {
+  for (size_t i = 0; i < c->plan.nfiles; i++) {
+    free(c->plan.files[i].name);
+    free(c->plan.files[i].header);
+    free(c->want[i]);
+  }
+  free(c->plan.files);
+  free(c->plan.index_name);
+  free(c->want);
+  free(c->ops);
+}
+
+static const char index_json[] = "{\"metadata\": {}}\n";
+
+static sd_publish_req req_for(ckpt *c, const char *rel, fr_outcome *o) {
+  return (sd_publish_req){
+      .root_fd = FR.root_fd,
+      .root_path = FR.root,
+      .rel_dir = rel,
+      .plan = &c->plan,
+      .ops = c->ops,
+      .nops = c->nops,
+      .index_json = c->plan.needs_index ? index_json : NULL,
+      .index_len = c->plan.needs_index ? strlen(index_json) : 0,
+      .tag = rel,
+      .on_released = fr_on_released,
+      .on_done = fr_on_done,
+      .ud = o,
+  };
+}
+
+static void expect_ckpt(const char *rel, const ckpt *c) {
+  char path[PATH_MAX];
+  for (size_t i = 0; i < c->plan.nfiles; i++) {
+    snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, c->plan.files[i].name);
+    fr_expect_file(path, c->plan.files[i].name, c->want[i], c->plan.files[i].file_size);
+  }
+  if (c->plan.needs_index) {
+    snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, c->plan.index_name);
+    fr_expect_file(path, c->plan.index_name, (const uint8_t *)index_json, strlen(index_json));
+  }
+}
+
+static void publish_ok(ckpt *c, const char *rel, const sd_shm_span *span) {
+  fr_outcome o = {0};
+  sd_publish_req r = req_for(c, rel, &o);
+  if (span) {
+    r.spans = span;
+    r.nspans = 1;
+  }
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  cr_expect_eq(o.released, 1, "released once");
+  cr_expect_eq(o.written, o.total, "bytes written %llu of %llu", (unsigned long long)o.written,
+               (unsigned long long)o.total);
+  expect_ckpt(rel, c);
+}
+
+/* The trips in flight never pass copy_threads, and with more than one
+ * allowed, more than one went at once: the first staging round of a save
+ * larger than the staging hands out every trip before any comes back. */
+static void expect_trips(unsigned threads) {
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_eq(st.copy_threads, threads);
+  cr_expect_leq(st.copy_trips_peak, threads, "%llu trips at once", (unsigned long long)st.copy_trips_peak);
+  cr_expect_geq(st.copy_trips_peak, threads > 1 ? 2 : 1, "%llu trips at once with %u allowed",
+                (unsigned long long)st.copy_trips_peak, threads);
+  cr_expect_leq(st.staging_peak, st.staging_max, "staging %llu over its bound %llu",
+                (unsigned long long)st.staging_peak, (unsigned long long)st.staging_max);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Private sources, 1, 2 and 4 trips: the same bytes
+ * ------------------------------------------------------------------------ */
+static void private_sources(unsigned threads) {
+  make_writer(threads, 2 << 20, 64 << 10); /* 32 chunks of 64 KiB: a 6 MiB save takes ~100 */
+  enum { F = 3, SIZE = (2 << 20) + 777 };
+  uint8_t *src = malloc((size_t)F * SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, F, SIZE, 50000, src, 0);
+  publish_ok(&c, "private", NULL);
+  expect_trips(threads);
+  ckpt_free(&c);
+  free(src);
+}
+
+Test(copies, private_sources_one_trip, .init = setup, .fini = fr_teardown, .timeout = 60) { private_sources(1); }
+Test(copies, private_sources_two_trips, .init = setup, .fini = fr_teardown, .timeout = 60) { private_sources(2); }
+Test(copies, private_sources_four_trips, .init = setup, .fini = fr_teardown, .timeout = 60) { private_sources(4); }
+
+/* ------------------------------------------------------------------------ *
+ * Shared memory: an inner-dimension split (rows of two ranks interleaved)
+ * read through the segment's descriptor, and a segment with no span copied
+ * through the mapping, with several trips filling at once
+ * ------------------------------------------------------------------------ */
+static uint8_t *shared_segment(size_t len, int *fd) {
+  *fd = memfd_create("sd-copies-test", MFD_CLOEXEC);
+  cr_assert_geq(*fd, 0);
+  cr_assert_eq(ftruncate(*fd, (off_t)len), 0);
+  uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  cr_assert_neq(m, MAP_FAILED);
+  return m;
+}
+
+static void interleaved_rows(unsigned threads, int with_span) {
+  make_writer(threads, 1 << 20, 32 << 10);
+  enum { R = 8000, W = 96 };
+  size_t seg = 2 * (size_t)R * W;
+  int fd;
+  uint8_t *m = shared_segment(seg, &fd);
+  ckpt c;
+  ckpt_init(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
+  uint8_t *bytes = malloc(seg);
+  cr_assert_not_null(bytes);
+  for (size_t i = 0; i < seg; i++) m[i] = bytes[i] = (uint8_t)(fr_rnd() | 1);
+  c.nops = 0;
+  for (uint64_t r = 0; r < R; r++)
+    for (uint64_t k = 0; k < 2; k++) {
+      uint64_t at = 4096 + r * 2 * W + k * W;
+      add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
+      memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
+    }
+  sd_shm_span span = {m, seg, fd};
+  publish_ok(&c, "rows", with_span ? &span : NULL);
+  expect_trips(threads);
+  cr_expect(!memcmp(m, bytes, seg), "the segment's bytes changed");
+  ckpt_free(&c);
+  free(bytes);
+  munmap(m, seg);
+  close(fd);
+}
+
+Test(copies, interleaved_rows_through_the_descriptor_four_trips, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  interleaved_rows(4, 1);
+}
+Test(copies, interleaved_rows_through_the_mapping_two_trips, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  interleaved_rows(2, 0);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Bounds and failures
+ * ------------------------------------------------------------------------ */
+/* Two chunks for five saves and four trips: a trip takes one chunk, the
+ * staging bound holds, every save ends whole. */
+Test(copies, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_teardown, .timeout = 120) {
+  make_writer(4, 32 << 10, 16 << 10);
+  enum { N = 5, SIZE = 150001 };
+  ckpt c[N];
+  fr_outcome o[N];
+  char rel[N][16];
+  uint8_t *src[N];
+  for (int i = 0; i < N; i++) {
+    src[i] = malloc(2 * (size_t)SIZE);
+    cr_assert_not_null(src[i]);
+    ckpt_init(&c[i], 2, SIZE, 3000, src[i], 0);
+    memset(&o[i], 0, sizeof o[i]);
+    snprintf(rel[i], sizeof rel[i], "s%d", i);
+    sd_publish_req r = req_for(&c[i], rel[i], &o[i]);
+    sd_publish *p;
+    sd_error err;
+    cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  }
+  for (;;) {
+    int left = 0;
+    for (int i = 0; i < N; i++) left += !o[i].done;
+    if (!left) break;
+    if (!uv_run(&FR.loop, UV_RUN_ONCE))
+      for (int i = 0; i < N; i++) cr_assert(o[i].done, "save %d never ended", i);
+  }
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_leq(st.staging_peak, 32 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
+  cr_expect_eq(st.copy_trips_peak, 2, "one chunk per trip, two chunks: %llu trips at once",
+               (unsigned long long)st.copy_trips_peak);
+  for (int i = 0; i < N; i++) {
+    cr_expect_eq(o[i].code, 0, "%s", o[i].msg);
+    expect_ckpt(rel[i], &c[i]);
+    ckpt_free(&c[i]);
+    free(src[i]);
+  }
+}
+
+/* A segment cut short under several trips at once: the faulting fills (on
+ * different threads, through the mapping) fail the save, not the process,
+ * and the next save on the same writer is whole. */
+Test(copies, a_shrunken_segment_under_parallel_trips, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(4, 1 << 20, 64 << 10);
+  size_t len = 8u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  ckpt c;
+  ckpt_init(&c, 2, len / 2, 200000, m, SD_WOP_SHARED);
+  cr_assert_eq(ftruncate(fd, (off_t)(len / 8)), 0);
+  fr_outcome o = {0};
+  sd_publish_req r = req_for(&c, "shrunk", &o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(&o);
+  cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
+  cr_expect_not_null(strstr(o.msg, "SIGBUS"), "%s", o.msg);
+  struct stat st;
+  char dir[PATH_MAX];
+  snprintf(dir, sizeof dir, "%s/shrunk", FR.root);
+  cr_expect_neq(stat(dir, &st), 0, "nothing published");
+
+  enum { SIZE = 3 << 20 };
+  uint8_t *src = malloc(2 * (size_t)SIZE);
+  cr_assert_not_null(src);
+  ckpt ok;
+  ckpt_init(&ok, 2, SIZE, 100000, src, 0);
+  publish_ok(&ok, "after", NULL);
+  expect_trips(4);
+  ckpt_free(&ok);
+  free(src);
+  ckpt_free(&c);
+  munmap(m, len);
+  close(fd);
+}
+
+/* ------------------------------------------------------------------------ *
+ * filejob.c: whole files into descriptors the caller opened (a node's share
+ * of a multi-node save), through the same staging and the same counters
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  int done, code;
+  char msg[SD_ERRMSG_MAX];
+} fj_outcome;
+
+static void fj_done(void *ud, const sd_error *err) {
+  fj_outcome *o = ud;
+  o->done++;
+  o->code = err ? err->code : 0;
+  if (err) snprintf(o->msg, sizeof o->msg, "%s", err->msg);
+}
+
+/* Starts a file job writing c's files (created in FR.root) and runs the loop until it reports. */
+static void run_filejob(ckpt *c, const sd_shm_span *span, const int *stop, int stop_now, fj_outcome *o, int *fds) {
+  size_t n = c->plan.nfiles;
+  sd_fill_file *ff = calloc(n, sizeof *ff);
+  const char **names = calloc(n, sizeof *names);
+  cr_assert(ff && names);
+  for (size_t i = 0; i < n; i++) {
+    const sd_plan_file *pf = &c->plan.files[i];
+    fds[i] = openat(FR.root_fd, pf->name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    cr_assert_geq(fds[i], 0, "%s: %s", pf->name, strerror(errno));
+    ff[i] = (sd_fill_file){(const uint8_t *)pf->header, pf->header_size, pf->file_size};
+    names[i] = pf->name;
+  }
+  /* the ops as the caller hands them: sorted by file, then offset */
+  for (size_t i = 1; i < c->nops; i++)
+    for (size_t k = i; k > 0; k--) {
+      sd_write_op *a = &c->ops[k - 1], *b = &c->ops[k];
+      if (a->file < b->file || (a->file == b->file && a->file_offset < b->file_offset)) break;
+      sd_write_op t = *a;
+      *a = *b;
+      *b = t;
+    }
+  sd_filejob_req r = {.fds = fds, .names = names, .files = ff, .nfiles = n, .ops = c->ops, .nops = c->nops,
+                      .spans = span, .nspans = span ? 1 : 0, .stop = stop, .tag = "node", .cb = fj_done, .ud = o};
+  sd_error err;
+  cr_assert_eq(sd_filejob_start(FR.w, &r, &err), 0, "%s", err.msg);
+  if (stop_now) *(int *)stop = 1;
+  while (!o->done) cr_assert(uv_run(&FR.loop, UV_RUN_ONCE) || o->done, "the loop ran dry before the job reported");
+  cr_assert_eq(o->done, 1, "reported %d times", o->done);
+  for (size_t i = 0; i < n; i++) close(fds[i]);
+  free(ff);
+  free(names);
+}
+
+static void expect_files(const ckpt *c) {
+  char path[PATH_MAX];
+  for (size_t i = 0; i < c->plan.nfiles; i++) {
+    snprintf(path, sizeof path, "%s/%s", FR.root, c->plan.files[i].name);
+    fr_expect_file(path, c->plan.files[i].name, c->want[i], c->plan.files[i].file_size);
+  }
+}
+
+Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(2, 1 << 20, 64 << 10);
+  enum { F = 2, SIZE = (3 << 20) + 4093 }; /* an unaligned tail: padded, then cut back */
+  uint8_t *src = malloc((size_t)F * SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, F, SIZE, 70000, src, 0);
+  fj_outcome o = {0};
+  int fds[F];
+  run_filejob(&c, NULL, NULL, 0, &o, fds);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  expect_files(&c);
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_geq(st.copy_trips, 1);
+  cr_expect_geq(st.bytes_direct + st.bytes_buffered, (uint64_t)F * SIZE, "the writer's counters took the bytes");
+  int probe = openat(FR.root_fd, ".probe", O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (probe >= 0) {
+    close(probe);
+    cr_expect_eq(st.writes_buffered, 0, "this file system takes O_DIRECT: %llu buffered writes",
+                 (unsigned long long)st.writes_buffered);
+  }
+  ckpt_free(&c);
+  free(src);
+}
+
+/* The caller's stop flag (a failed multi-node save) ends the job early and
+ * says so; nothing is left in flight and the writer carries on. */
+Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(2, 256 << 10, 64 << 10);
+  enum { SIZE = 8 << 20 };
+  uint8_t *src = malloc(SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, 1, SIZE, 100000, src, 0);
+  fj_outcome o = {0};
+  int stop = 0, fds[1];
+  run_filejob(&c, NULL, &stop, 1, &o, fds);
+  cr_expect_eq(o.code, SHARDD_E_ABORTED, "%d: %s", o.code, o.msg);
+  stop = 0;
+  fj_outcome again = {0};
+  run_filejob(&c, NULL, &stop, 0, &again, fds);
+  cr_assert_eq(again.code, 0, "%s", again.msg);
+  expect_files(&c);
+  ckpt_free(&c);
+  free(src);
+}
+
+/* A rank's segment cut short under the job: the job fails naming the file,
+ * through the descriptor (short read) or the mapping (SIGBUS). */
+Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  make_writer(2, 1 << 20, 64 << 10);
+  size_t len = 4u << 20;
+  for (int with_span = 0; with_span < 2; with_span++) {
+    int fd;
+    uint8_t *m = shared_segment(len, &fd);
+    ckpt c;
+    ckpt_init(&c, 1, len, 150000, m, SD_WOP_SHARED);
+    cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
+    sd_shm_span span = {m, len, fd};
+    fj_outcome o = {0};
+    int fds[1];
+    run_filejob(&c, with_span ? &span : NULL, NULL, 0, &o, fds);
+    cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
+    cr_expect_not_null(strstr(o.msg, c.plan.files[0].name), "%s", o.msg);
+    cr_expect_not_null(strstr(o.msg, with_span ? "came up short" : "SIGBUS"), "%s", o.msg);
+    ckpt_free(&c);
+    munmap(m, len);
+    close(fd);
+  }
+}
+
+/* O_DIRECT refused (ramfs): the same job goes through the page cache. */
+Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
+    int e = errno;
+    FR.mnt[0] = '\0';
+    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+  }
+  char r[512];
+  snprintf(r, sizeof r, "%s/root", FR.mnt);
+  fr_open_root(r);
+  make_writer(2, 256 << 10, 64 << 10);
+  enum { SIZE = 300001 };
+  uint8_t *src = malloc(2 * (size_t)SIZE);
+  cr_assert_not_null(src);
+  ckpt c;
+  ckpt_init(&c, 2, SIZE, 999, src, 0);
+  fj_outcome o = {0};
+  int fds[2];
+  run_filejob(&c, NULL, NULL, 0, &o, fds);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  expect_files(&c);
+  sd_writer_stats st;
+  sd_writer_get_stats(FR.w, &st);
+  cr_expect_eq(st.writes_direct, 0);
+  cr_expect_gt(st.writes_buffered, 0);
+  ckpt_free(&c);
+  free(src);
+}
