@@ -1,4 +1,4 @@
-/* A publish's bytes cut into aligned staging stretches and zero-copy stretches, and the copy that fills a staged one (run on the copy worker thread). */
+/* A publish's bytes cut into aligned staging stretches, zero-copy and gathered stretches, and the copy that fills a staged one (run on the copy worker thread). */
 #include <errno.h>
 #include <limits.h>
 #include <setjmp.h>
@@ -128,25 +128,179 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
       }
       d = nd;
     }
-    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, 0};
+    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, i + 1, 0, 0};
   }
   return d;
+}
+
+/* ------------------------------------------------------------------------ *
+ * Gathered stretches
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  sd_fill_direct *v;
+  size_t n, cap;
+  int oom;
+} dlist;
+
+static void dlist_add(dlist *l, sd_fill_direct d) {
+  if (l->oom) return;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    sd_fill_direct *nv = realloc(l->v, cap * sizeof *nv);
+    if (!nv) {
+      l->oom = 1;
+      return;
+    }
+    l->v = nv;
+    l->cap = cap;
+  }
+  l->v[l->n++] = d;
+}
+
+/* The stretch being gathered: file bytes [off, off + len) from writes [op, op_end). */
+typedef struct {
+  sd_fill_direct cur;
+  unsigned niov;
+  const uint8_t *next_src; /* where the last piece's source ends: a piece going on from it shares its iovec */
+  uint64_t min_len;
+} gather_run;
+
+/* Staged stretches begin and end on SD_DIO_ALIGN (a staged last block goes
+ * out padded to it), so a gathered one is cut to whole SD_DIO_ALIGN blocks;
+ * only its pieces inside need no more than the device's alignment. */
+static void gather_close(gather_run *g, dlist *out) {
+  uint64_t a = sd_align_up(g->cur.off), b = (g->cur.off + g->cur.len) & ~(uint64_t)(SD_DIO_ALIGN - 1);
+  if (g->cur.len && b > a && b - a >= g->min_len) {
+    g->cur.len = b - a;
+    g->cur.off = a;
+    dlist_add(out, g->cur);
+  }
+  g->cur.len = 0;
+  g->niov = 0;
+}
+
+/* One piece of a write: file bytes [lo, hi) of ops[i], source src. */
+static void gather_piece(gather_run *g, dlist *out, uint32_t file, size_t i, uint64_t lo, uint64_t hi,
+                         const uint8_t *src, uint64_t mask) {
+  if (lo >= hi) return;
+  if (((uintptr_t)src | lo | hi) & mask) {
+    gather_close(g, out);
+    return;
+  }
+  while (lo < hi) {
+    int joins = g->cur.len && g->cur.file == file && g->cur.off + g->cur.len == lo;
+    if (!joins || g->cur.len >= SD_GATHER_BYTES || (g->niov >= SD_GATHER_IOV && src != g->next_src)) {
+      gather_close(g, out);
+      g->cur = (sd_fill_direct){file, lo, 0, i, i + 1, 0, 1};
+    }
+    uint64_t take = hi - lo;
+    if (take > SD_GATHER_BYTES - g->cur.len) take = SD_GATHER_BYTES - g->cur.len;
+    if (!g->cur.len || src != g->next_src) g->niov++;
+    g->cur.len += take;
+    g->cur.op_end = i + 1;
+    lo += take;
+    src += take;
+    g->next_src = src;
+  }
+}
+
+sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t *n, uint32_t mem_align,
+                                    uint32_t off_align, uint64_t min_len) {
+  if (!mem_align || !off_align || mem_align > SD_DIO_ALIGN || off_align > SD_DIO_ALIGN) return d;
+  /* Linux checks each iovec's address against the memory alignment and its
+   * length against the offset (logical block) alignment. */
+  const uint64_t mask = (uint64_t)(mem_align > off_align ? mem_align : off_align) - 1;
+  dlist out = {0};
+  gather_run g = {.min_len = min_len ? min_len : 1};
+  size_t k = 0; /* the next zero-copy stretch */
+  for (size_t i = 0; i < f->nops; i++) {
+    const sd_write_op *op = &f->ops[i];
+    if (op->len == 0) continue;
+    if (!(op->flags & SD_WOP_SHARED)) {
+      gather_close(&g, &out);
+      continue;
+    }
+    uint64_t lo = op->file_offset, hi = op->file_offset + op->len;
+    while (k < *n && d[k].op < i) k++;
+    if (k < *n && d[k].op == i) {
+      /* A zero-copy middle: the pieces around it may still gather. */
+      gather_piece(&g, &out, op->file, i, lo, d[k].off, op->src, mask);
+      gather_close(&g, &out);
+      lo = d[k].off + d[k].len;
+    }
+    gather_piece(&g, &out, op->file, i, lo, hi, op->src + (lo - op->file_offset), mask);
+  }
+  gather_close(&g, &out);
+  if (out.oom || !out.n) {
+    free(out.v);
+    return d;
+  }
+  /* Merge: both lists are sorted and never overlap. */
+  sd_fill_direct *m = malloc((*n + out.n) * sizeof *m);
+  if (!m) {
+    free(out.v);
+    return d;
+  }
+  size_t a = 0, b = 0, j = 0;
+  while (a < *n || b < out.n) {
+    int take_a = b >= out.n || (a < *n && (d[a].file < out.v[b].file ||
+                                           (d[a].file == out.v[b].file && d[a].off < out.v[b].off)));
+    m[j++] = take_a ? d[a++] : out.v[b++];
+  }
+  free(d);
+  free(out.v);
+  *n = j;
+  return m;
+}
+
+static int stretch_ready(const sd_fill *f, const sd_fill_direct *d) {
+  if (!f->ready) return 1;
+  for (size_t i = d->op; i < d->op_end; i++)
+    if (!f->ready[i]) return 0;
+  return 1;
+}
+
+/* The iovecs of a gathered stretch: its writes' pieces, one iovec per run of one source. */
+static int gather_iov(const sd_fill *f, const sd_fill_direct *d, struct iovec *iov) {
+  int n = 0;
+  const uint64_t a = d->off, b = d->off + d->len;
+  for (size_t i = d->op; i < d->op_end; i++) {
+    const sd_write_op *op = &f->ops[i];
+    uint64_t lo = op->file_offset > a ? op->file_offset : a;
+    uint64_t hi = op->file_offset + op->len < b ? op->file_offset + op->len : b;
+    if (hi <= lo) continue;
+    uint8_t *src = (uint8_t *)(uintptr_t)(op->src + (lo - op->file_offset));
+    if (n && (uint8_t *)iov[n - 1].iov_base + iov[n - 1].iov_len == src)
+      iov[n - 1].iov_len += hi - lo;
+    else
+      iov[n++] = (struct iovec){src, hi - lo};
+  }
+  return n;
 }
 
 int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out) {
   while (f->dnext < f->ndirect && f->direct[f->dnext].sent >= f->direct[f->dnext].len) f->dnext++;
   sd_fill_direct *d = NULL;
   for (size_t i = f->dnext; i < f->ndirect && i - f->dnext < SD_DIRECT_AHEAD && !d; i++)
-    if (f->direct[i].sent < f->direct[i].len && (!f->ready || f->ready[f->direct[i].op])) d = &f->direct[i];
+    if (f->direct[i].sent < f->direct[i].len && stretch_ready(f, &f->direct[i])) d = &f->direct[i];
   if (!d) return 0;
   const sd_write_op *op = &f->ops[d->op];
+  out->file = d->file;
+  out->op = d->op;
+  if (d->gather) {
+    out->off = d->off;
+    out->src = NULL;
+    out->len = (uint32_t)d->len;
+    out->niov = gather_iov(f, d, out->iov);
+    d->sent = d->len;
+    return 1;
+  }
   uint64_t len = d->len - d->sent;
   if (len > max) len = max;
-  out->file = d->file;
   out->off = d->off + d->sent;
   out->src = op->src + (out->off - op->file_offset);
   out->len = (uint32_t)len;
-  out->op = d->op;
+  out->niov = 0;
   d->sent += len;
   return 1;
 }

@@ -3,6 +3,7 @@
 #define SD_PUBFILL_H
 
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "staging.h"
 
@@ -60,19 +61,35 @@ typedef struct {
 
 typedef struct {
   uint32_t file;
-  uint64_t off, len;       /* multiples of SD_DIO_ALIGN */
-  size_t op;               /* the write (index in sd_fill.ops) it is the middle of */
+  uint64_t off, len;       /* multiples of SD_DIO_ALIGN (a gathered one's: of the device's offset alignment) */
+  size_t op;               /* the write (index in sd_fill.ops) it is the middle of; a gathered one's first */
+  size_t op_end;           /* gathered: one past its last write; else op + 1 */
   uint64_t sent;           /* loop thread: bytes of it handed out so far */
+  int gather;              /* one writev from several writes' sources (sd_fill_plan_gather) */
 } sd_fill_direct;
 
-/* One zero-copy write for the ring. */
+/* One zero-copy write for the ring: from src, or (niov > 0) gathered from
+ * niov pieces of several sources. */
 typedef struct {
   uint32_t file;
   uint64_t off;
   const uint8_t *src;
   uint32_t len;
   size_t op;
+  struct iovec *iov;       /* the caller's SD_GATHER_IOV entries, kept across calls */
+  int niov;
 } sd_fill_piece;
+
+/* ------------------------------------------------------------------------ *
+ * Gathered stretches: an inner-dimension split interleaves several ranks'
+ * row fragments in the file. Where the device's direct-I/O alignment
+ * (statx STATX_DIOALIGN) allows, an aligned file range whose every piece
+ * starts at a source address aligned to the memory alignment and is a
+ * multiple of the offset alignment long is one writev whose iovecs point
+ * into the ranks' segments: no staging copy.
+ * ------------------------------------------------------------------------ */
+#define SD_GATHER_IOV 1024          /* iovecs in one gathered write (IOV_MAX) */
+#define SD_GATHER_BYTES (8u << 20)  /* bytes in one gathered write */
 
 typedef struct {
   const sd_fill_file *files;
@@ -106,8 +123,19 @@ int sd_fill_set_ops(sd_fill *f, const sd_write_op *ops, size_t n, sd_write_op **
  * out of memory: then everything is staged). Only SD_WOP_SHARED writes
  * qualify, with a middle of at least min_len. */
 sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *n);
-/* Pure: the next zero-copy write, at most max bytes, or 0 when none is
- * ready (streaming: its write's ready flag) or left. Stretches go out in
+/* Pure: adds to the zero-copy stretches d (n of them, sorted; taken over,
+ * may be NULL) the gathered stretches of f's shared writes outside them,
+ * for a device taking direct I/O from addresses aligned to mem_align at
+ * offsets and lengths aligned to off_align (powers of two, at most
+ * SD_DIO_ALIGN). Each is one write of at most SD_GATHER_IOV pieces and
+ * SD_GATHER_BYTES, at least min_len long. Returns the merged stretches,
+ * sorted (*n updated); on no memory, d as it was. */
+sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t *n, uint32_t mem_align,
+                                    uint32_t off_align, uint64_t min_len);
+/* Pure: the next zero-copy write, at most max bytes (a gathered one whole,
+ * its iovecs written to out->iov, which the caller points at SD_GATHER_IOV
+ * entries and which is kept), or 0 when none is
+ * ready (streaming: its writes' ready flags) or left. Stretches go out in
  * file order, except that a ready one up to SD_DIRECT_AHEAD stretches past
  * the first unready one goes first (ranks fill their memory in their own
  * order, not the file's). */

@@ -60,7 +60,9 @@ struct sd_publish {
   sd_fill_direct *direct;  /* zero-copy stretches of fill */
   sd_fill_piece pieces[DIRECT_INFLIGHT]; /* zero-copy writes on the ring, or to resubmit */
   unsigned pfree[DIRECT_INFLIGHT], npfree, predo[DIRECT_INFLIGHT], npredo;
+  struct iovec *giov;      /* SD_GATHER_IOV entries per piece, when some stretches are gathered */
   uint64_t bytes_direct;   /* file bytes written straight from the clients' segments */
+  uint64_t bytes_gathered; /* ... of them gathered from several sources in one writev (not in bytes_direct) */
   int said_buffered;       /* the O_DIRECT fallback was logged */
   uint32_t *ready;         /* files whose bytes are all written, awaiting fsync */
   size_t ready_head, ready_tail, nsynced;
@@ -147,6 +149,7 @@ static void pub_free(sd_publish *p) {
   free(p->own_ops);
   free(p->spans);
   free(p->direct);
+  free(p->giov);
   free(p->ready);
   free(p);
 }
@@ -248,8 +251,10 @@ static int direct_next(sd_publish *p, sd_io *io) {
   if (p->npredo) {
     k = p->predo[--p->npredo];
   } else {
-    if (!p->npfree || !sd_fill_next_direct(&p->fill, SD_DIRECT_PIECE, &p->pieces[p->pfree[p->npfree - 1]]))
-      return 0;
+    if (!p->npfree) return 0;
+    sd_fill_piece *pc = &p->pieces[p->pfree[p->npfree - 1]];
+    pc->iov = p->giov ? p->giov + (size_t)(pc - p->pieces) * SD_GATHER_IOV : NULL;
+    if (!sd_fill_next_direct(&p->fill, SD_DIRECT_PIECE, pc)) return 0;
     k = p->pfree[--p->npfree];
   }
   sd_fill_piece *pc = &p->pieces[k];
@@ -261,6 +266,8 @@ static int direct_next(sd_publish *p, sd_io *io) {
   io->off = pc->off;
   io->src = pc->src;
   io->len = pc->len;
+  io->iov = pc->niov ? pc->iov : NULL;
+  io->iovcnt = pc->niov;
   io->req = pc;
   return 1;
 }
@@ -311,7 +318,7 @@ static void job_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
   sd_publish *p = (sd_publish *)job;
   const sd_chunk *c = io->chunk;
   if (!c) {
-    if (io->kind == SD_IO_WRITE) p->bytes_written += bytes, p->bytes_direct += bytes;
+    if (io->kind == SD_IO_WRITE) p->bytes_written += bytes, *(io->iov ? &p->bytes_gathered : &p->bytes_direct) += bytes;
     return;
   }
   uint64_t before = (uint64_t)c->done + io->done, after = before + bytes;
@@ -365,13 +372,15 @@ static void direct_complete(sd_publish *p, const sd_io *io, int res) {
   unsigned k = (unsigned)(pc - p->pieces);
   pub_file *pf = &p->files[pc->file];
   uint32_t done = res >= 0 ? pc->len : io->done;
-  if (done) sd_shared_drop(pc->src, done);
+  if (done && !pc->niov) sd_shared_drop(pc->src, done);
+  for (int i = 0; i < io->iovcnt && res >= 0; i++) sd_shared_drop(io->iov[i].iov_base, io->iov[i].iov_len);
   p->ops_left -= done;
   if (res == -EINVAL && pf->direct && !p->failed && done < pc->len) {
     go_buffered(p, pf); /* the rest again, through the page cache */
     pf->left -= done;
     pc->off += done;
-    pc->src += done;
+    if (pc->niov) pc->iov = io->iov, pc->niov = io->iovcnt; /* a short write moved them past what went out */
+    else pc->src += done;
     pc->len -= done;
     p->predo[p->npredo++] = k;
     return;
@@ -691,18 +700,28 @@ static int make_files(sd_publish *p, sd_error *err) {
 }
 
 /* The zero-copy stretches, unless the device wants coarser direct-I/O
- * alignment than SD_DIO_ALIGN (statx STATX_DIOALIGN): then all is staged. */
+ * alignment than SD_DIO_ALIGN (statx STATX_DIOALIGN): then all is staged.
+ * Gathered stretches only where the device says what it takes. */
 static void plan_direct(sd_publish *p) {
   for (unsigned k = 0; k < DIRECT_INFLIGHT; k++) p->pfree[p->npfree++] = DIRECT_INFLIGHT - 1 - k;
+  uint32_t mem = 0, off = 0;
   for (size_t i = 0; i < p->nfiles; i++) {
     struct statx sx;
     if (!p->files[i].direct || statx(p->files[i].fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) continue;
     if ((sx.stx_mask & STATX_DIOALIGN) && (sx.stx_dio_offset_align > SD_DIO_ALIGN || sx.stx_dio_mem_align > SD_DIO_ALIGN))
       return;
+    if (sx.stx_mask & STATX_DIOALIGN) mem = sx.stx_dio_mem_align, off = sx.stx_dio_offset_align;
     break; /* one file tells for the folder */
   }
   size_t n = 0;
   p->direct = sd_fill_plan_direct(&p->fill, SD_DIRECT_MIN, &n);
+  if (mem && off) p->direct = sd_fill_plan_gather(&p->fill, p->direct, &n, mem, off, SD_DIRECT_MIN);
+  for (size_t i = 0; i < n && !p->giov; i++)
+    if (p->direct[i].gather && !(p->giov = malloc(DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *p->giov))) {
+      free(p->direct); /* no memory for the iovecs: everything is staged */
+      p->direct = NULL;
+      n = 0;
+    }
   p->fill.direct = p->direct;
   p->fill.ndirect = n;
 }
@@ -795,6 +814,10 @@ uint64_t sd_publish_bytes_written(const sd_publish *p) {
 
 uint64_t sd_publish_bytes_direct(const sd_publish *p) {
   return p->bytes_direct;
+}
+
+uint64_t sd_publish_bytes_gathered(const sd_publish *p) {
+  return p->bytes_gathered;
 }
 
 uint64_t sd_publish_bytes_total(const sd_publish *p) {

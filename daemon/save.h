@@ -105,6 +105,7 @@ typedef struct sd_save {
   uint32_t join_timeout, idle_timeout;
   uint64_t t_active_ms;    /* last begin, put, file, declared, ready or seal of any rank (monotonic ms) */
   uint64_t bytes_direct;   /* once the publish ended: bytes written zero-copy from the segments, */
+  uint64_t bytes_gathered; /* ... gathered from several segments in one writev, */
   uint64_t bytes_copied;   /* ... and through staging (sd_publish_bytes_direct) */
   struct sd_csave *cl;     /* multi-node part (cluster.c); NULL for a one-node save */
 } sd_save;
@@ -255,6 +256,8 @@ void sd_save_writing_totals(const sd_daemon *d, uint64_t *writing, uint64_t *pen
 uint64_t sd_save_bytes_written(const sd_save *save);
 /* Of those, written zero-copy straight from the ranks' segments (the rest were copied through staging). */
 uint64_t sd_save_bytes_direct(const sd_save *save);
+/* ... and gathered from several ranks' segments in one writev. */
+uint64_t sd_save_bytes_gathered(const sd_save *save);
 const char *sd_save_state_name(const sd_save *save);
 
 /* The reply a `wait` gets for a finished save. */

@@ -63,14 +63,15 @@ static void finalize(sd_save *save, const char *final_path) {
     if (save->cl) forwarded = d->multi_node->bytes_forwarded(save);
     count_committed(&d->counters, r.files, r.bytes, total, secs);
     d->counters.bytes_direct += save->bytes_direct;
+    d->counters.bytes_gathered += save->bytes_gathered;
     d->counters.bytes_copied += save->bytes_copied;
-    /* The one summary line per save: files, bytes, write seconds, GB/s, zero-copy and copied bytes, forwarded bytes. */
+    /* The one summary line per save: files, bytes, write seconds, GB/s, zero-copy, gathered and copied bytes, forwarded bytes. */
     sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s, %.2f GB/s, "
-                "%llu bytes forwarded, %llu bytes direct, %llu copied (%.3f s since the first begin)",
+                "%llu bytes forwarded, %llu bytes direct, %llu gathered, %llu copied (%.3f s since the first begin)",
                 save->id, final_path, (unsigned long long)r.files, (unsigned long long)r.tensors,
                 (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0,
                 (unsigned long long)forwarded, (unsigned long long)save->bytes_direct,
-                (unsigned long long)save->bytes_copied, total);
+                (unsigned long long)save->bytes_gathered, (unsigned long long)save->bytes_copied, total);
   } else {
     r.err = save->err;
     if (!r.err.code) sd_fail(&r.err, SHARDD_E_INTERNAL, "save '%s' ended without a result", save->id);
@@ -191,7 +192,8 @@ static void on_released(sd_publish *pub, void *ud) {
 static void on_done(sd_publish *pub, void *ud, const sd_error *err, const char *final_path) {
   sd_save *save = ud;
   save->bytes_direct = sd_publish_bytes_direct(pub);
-  save->bytes_copied = sd_publish_bytes_written(pub) - save->bytes_direct;
+  save->bytes_gathered = sd_publish_bytes_gathered(pub);
+  save->bytes_copied = sd_publish_bytes_written(pub) - save->bytes_direct - save->bytes_gathered;
   if (save->in_start) {
     /* Reported from inside sd_publish_start: finish after it returns. */
     save->done_early = 1;

@@ -200,6 +200,11 @@ uint64_t sd_save_bytes_direct(const sd_save *save) {
   return save->pub ? sd_publish_bytes_direct(save->pub) : save->bytes_direct;
 }
 
+uint64_t sd_save_bytes_gathered(const sd_save *save) {
+  if (save->cl) return 0;
+  return save->pub ? sd_publish_bytes_gathered(save->pub) : save->bytes_gathered;
+}
+
 const char *sd_save_state_name(const sd_save *save) {
   switch (save->state) {
     case SD_SAVE_OPEN: return save->ndeclared == save->world_size ? "planning" : "open";

@@ -99,6 +99,8 @@ static void stage(sd_writer *w);
 static void prep(sd_writer *w, sd_io *io, struct io_uring_sqe *sqe) {
   if (io->kind == SD_IO_FSYNC)
     io_uring_prep_fsync(sqe, io->fd, 0);
+  else if (io->iov)
+    io_uring_prep_writev(sqe, io->fd, io->iov, (unsigned)io->iovcnt, io->off + io->done);
   else if (io->buf_index >= 0)
     io_uring_prep_write_fixed(sqe, io->fd, io->src + io->done, io->len - io->done,
                               io->off + io->done, io->buf_index);
@@ -321,6 +323,19 @@ void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out) {
   out->registered = w->stg.sparse && !w->stg.reg_failed;
 }
 
+/* Past the bytes a short gathered write took: whole entries are skipped, the one it stopped in is cut. */
+static void iov_advance(sd_io *io, size_t n) {
+  while (io->iovcnt > 0 && n >= io->iov->iov_len) {
+    n -= io->iov->iov_len;
+    io->iov++;
+    io->iovcnt--;
+  }
+  if (io->iovcnt > 0) {
+    io->iov->iov_base = (uint8_t *)io->iov->iov_base + n;
+    io->iov->iov_len -= n;
+  }
+}
+
 static void reap(sd_writer *w) {
   struct io_uring_cqe *cqes[SD_REAP_BATCH];
   unsigned n;
@@ -338,6 +353,7 @@ static void reap(sd_writer *w) {
         j->ops->progress(j, io, (uint32_t)res);
         io->done += (uint32_t)res;
         if (io->done < io->len) {
+          if (io->iov) iov_advance(io, (size_t)res);
           /* Short write: the rest goes out again ahead of new work. */
           io->next = NULL;
           *w->retry_tail = io;

@@ -3,6 +3,7 @@
 #define SD_WRITER_H
 
 #include <stdint.h>
+#include <sys/uio.h>
 #include <uv.h>
 
 #include "sd_error.h"
@@ -84,6 +85,11 @@ typedef struct sd_io {
   uint64_t off;            /* file offset of src[0] */
   const uint8_t *src;
   uint32_t len;            /* <= SD_IO_CHUNK */
+  /* A gathered write (writev) instead of src: iovcnt entries, len bytes in
+   * all, the job's memory until complete. A short write advances iov (and
+   * edits the entry it stopped in) past what went out. */
+  struct iovec *iov;
+  int iovcnt;
   sd_chunk *chunk;         /* the staging chunk src lies in, if any */
   void *req;               /* the job's own pointer to what io is part of */
   /* writer-private */

@@ -93,9 +93,12 @@ static void print_prometheus(FILE *out, const json_t *st, const json_t *m) {
     prom_simple(out, "shardd_zero_copy_writes_total", "counter",
                 "Data writes straight from clients' shared memory, no staging copy.", num(m, "writes_zero_copy"));
     prom_head(out, "shardd_saved_bytes_total", "counter",
-              "Bytes of committed saves, by path: zero-copy from shared memory, or copied through staging.");
+              "Bytes of committed saves, by path: zero-copy from shared memory, gathered from several ranks' "
+              "memory in one write, or copied through staging.");
     fprintf(out, "shardd_saved_bytes_total{path=\"direct\"} ");
     prom_value(out, num(m, "bytes_direct"));
+    fprintf(out, "shardd_saved_bytes_total{path=\"gathered\"} ");
+    prom_value(out, num(m, "bytes_gathered"));
     fprintf(out, "shardd_saved_bytes_total{path=\"copied\"} ");
     prom_value(out, num(m, "bytes_copied"));
     prom_simple(out, "shardd_staging_bytes", "gauge", "Staging buffer memory allocated now.",

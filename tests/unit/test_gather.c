@@ -1,0 +1,368 @@
+/* Gathered writes: inner-dimension splits written as one writev from several ranks' segments where the device's direct-I/O alignment allows, copied where not. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fixture_root.h"
+#include "publish.h"
+
+static void setup(void) {
+  fr_setup("/var/tmp/sd-gather-XXXXXX");
+  fr_seed(0x9e3779b97f4a7c15ULL);
+}
+
+static void make_writer(void) {
+  sd_writer_opts o = {.queue_depth = 32, .staging_bytes = 512 << 10, .chunk_bytes = 64 << 10};
+  sd_error err;
+  cr_assert_eq(sd_writer_init_opts(&FR.w, &FR.loop, &o, &err), 0, "%s", err.msg);
+}
+
+/* ------------------------------------------------------------------------ *
+ * The plan (pure)
+ * ------------------------------------------------------------------------ */
+static uint8_t gsrc[4u << 20] __attribute__((aligned(4096)));
+
+/* Rows of a tensor split on its last dimension between two ranks: ops of
+ * W bytes, rank k's rows one after another at src + seg[k]. */
+static size_t rows_ops(sd_write_op *ops, uint64_t at, uint64_t rows, uint64_t w, const uint64_t seg[2]) {
+  size_t n = 0;
+  for (uint64_t r = 0; r < rows; r++)
+    for (uint64_t k = 0; k < 2; k++)
+      ops[n++] = (sd_write_op){0, at + (2 * r + k) * w, gsrc + seg[k] + r * w, w, SD_WOP_SHARED, (uint32_t)n};
+  return n;
+}
+
+static sd_write_op pops[8192];
+
+/* Every byte handed out once, staged or gathered, and each iovec pointing at its source byte. */
+static void expect_cover(sd_fill *f, uint64_t size, uint64_t *gathered) {
+  uint8_t *seen = calloc(size, 1);
+  cr_assert_not_null(seen);
+  sd_chunk c;
+  memset(&c, 0, sizeof c);
+  while (sd_fill_next(f, 64 << 10, &c)) {
+    cr_expect_eq(c.off % SD_DIO_ALIGN, 0);
+    for (uint64_t b = c.off; b < c.off + c.len; b++) seen[b]++;
+  }
+  static struct iovec iov[SD_GATHER_IOV];
+  sd_fill_piece pc = {.iov = iov};
+  *gathered = 0;
+  while (sd_fill_next_direct(f, SD_DIRECT_PIECE, &pc)) {
+    cr_expect_eq(pc.off % SD_DIO_ALIGN, 0);
+    cr_expect_eq(pc.len % SD_DIO_ALIGN, 0);
+    if (!pc.niov) {
+      for (uint64_t b = pc.off; b < pc.off + pc.len; b++) seen[b]++;
+      continue;
+    }
+    cr_assert_leq(pc.niov, SD_GATHER_IOV);
+    cr_expect_leq(pc.len, SD_GATHER_BYTES);
+    uint64_t off = pc.off;
+    for (int i = 0; i < pc.niov; i++) {
+      cr_expect_eq((uintptr_t)iov[i].iov_base % 512, 0, "iovec %d at an aligned address", i);
+      cr_expect_eq(iov[i].iov_len % 512, 0, "iovec %d a multiple of 512 long", i);
+      /* The source byte of each file byte: find the op holding it. */
+      for (size_t k = 0; k < f->nops; k++) {
+        const sd_write_op *op = &f->ops[k];
+        if (op->file_offset <= off && off < op->file_offset + op->len) {
+          cr_assert_eq(iov[i].iov_base, op->src + (off - op->file_offset), "iovec %d's source", i);
+          break;
+        }
+      }
+      for (uint64_t b = off; b < off + iov[i].iov_len; b++) seen[b]++;
+      off += iov[i].iov_len;
+    }
+    cr_expect_eq(off, pc.off + pc.len, "the iovecs add up to the write");
+    *gathered += pc.len;
+  }
+  for (uint64_t b = 0; b < size; b++) cr_assert_eq(seen[b], 1, "byte %llu handed out %u times", (unsigned long long)b, seen[b]);
+  free(seen);
+}
+
+Test(gather, aligned_row_fragments_are_gathered) {
+  const uint64_t seg[2] = {0, 1 << 20}, W = 1024, R = 256;
+  size_t n = rows_ops(pops, 4096, R, W, seg);
+  sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * R * W}};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
+  size_t nd = 0;
+  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &nd);
+  cr_expect_eq(nd, 0, "rows are too small to go zero-copy alone");
+  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN);
+  cr_assert_eq(nd, 1, "one gathered stretch");
+  cr_expect(d[0].gather && d[0].off == 4096 && d[0].len == 2 * R * W);
+  f.direct = d;
+  f.ndirect = nd;
+  uint64_t g;
+  expect_cover(&f, files[0].size, &g);
+  cr_expect_eq(g, 2 * R * W, "all of it gathered");
+  free(d);
+}
+
+Test(gather, unaligned_fragments_are_not) {
+  const uint64_t seg[2] = {0, 1 << 20};
+  size_t n = rows_ops(pops, 4096, 2000, 100, seg); /* 100 bytes a fragment */
+  sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 2000 * 100}};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
+  size_t nd = 0;
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  cr_expect_eq(nd, 0, "100-byte fragments: copied");
+  free(d);
+  const uint64_t off[2] = {8, (1 << 20) + 8}; /* 512-byte fragments at misaligned addresses */
+  n = rows_ops(pops, 4096, 400, 512, off);
+  f.nops = n;
+  files[0].size = 4096 + 2 * 400 * 512;
+  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  cr_expect_eq(nd, 0, "misaligned sources: copied");
+  d = sd_fill_plan_gather(&f, NULL, &nd, 8, 512, SD_DIRECT_MIN);
+  cr_expect_eq(nd, 0, "lengths are fine but Linux wants every iovec aligned to the offset alignment too");
+  free(d);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 8192, 512, SD_DIRECT_MIN);
+  cr_expect_eq(nd, 0, "an alignment coarser than staging's: nothing");
+  free(d);
+}
+
+/* 4096 fragments of 512 bytes: at most SD_GATHER_IOV iovecs a write. */
+Test(gather, writes_are_capped_by_iovecs_and_bytes) {
+  const uint64_t seg[2] = {0, 2 << 20};
+  size_t n = rows_ops(pops, 4096, 2048, 512, seg);
+  sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 2048 * 512}};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
+  size_t nd = 0;
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  cr_assert_eq(nd, 4, "4096 iovecs in writes of %d", SD_GATHER_IOV);
+  f.direct = d;
+  f.ndirect = nd;
+  uint64_t g;
+  expect_cover(&f, files[0].size, &g);
+  cr_expect_eq(g, 2 * 2048 * 512);
+  free(d);
+  /* One rank's rows back to back in the file and in memory: one iovec, cut at SD_GATHER_BYTES. */
+  pops[0] = (sd_write_op){0, 4096, gsrc + 512, 3u << 20, SD_WOP_SHARED, 0}; /* not congruent mod 4096: not zero-copy */
+  files[0].size = 4096 + (3u << 20);
+  f = (sd_fill){.files = files, .nfiles = 1, .ops = pops, .nops = 1};
+  d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &nd);
+  cr_expect_eq(nd, 0);
+  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN);
+  cr_assert_eq(nd, 1, "one run of one source: one iovec");
+  f.direct = d;
+  f.ndirect = nd;
+  expect_cover(&f, files[0].size, &g);
+  cr_expect_eq(g, 3u << 20);
+  free(d);
+}
+
+/* Streaming: a gathered write waits until every write in it is ready. */
+Test(gather, a_gathered_write_waits_for_all_its_writes) {
+  const uint64_t seg[2] = {0, 1 << 20};
+  size_t n = rows_ops(pops, 0, 64, 1024, seg);
+  sd_fill_file files[] = {{NULL, 0, 2 * 64 * 1024}};
+  uint8_t ready[128];
+  memset(ready, 1, sizeof ready);
+  ready[77] = 0;
+  sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n, .ready = ready};
+  size_t nd = 0;
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  cr_assert_eq(nd, 1);
+  f.direct = d;
+  f.ndirect = nd;
+  static struct iovec iov[SD_GATHER_IOV];
+  sd_fill_piece pc = {.iov = iov};
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  ready[77] = 1;
+  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_expect_eq(pc.niov, 128);
+  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  free(d);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Publishing (real io_uring, O_DIRECT, shared memory)
+ * ------------------------------------------------------------------------ */
+static uint8_t *shared_segment(size_t len, int *fd) {
+  *fd = memfd_create("sd-gather-test", MFD_CLOEXEC);
+  cr_assert_geq(*fd, 0);
+  cr_assert_eq(ftruncate(*fd, (off_t)len), 0);
+  uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  cr_assert_neq(m, MAP_FAILED);
+  return m;
+}
+
+/* The device's direct-I/O alignment under the root, or 0 when it tells none. */
+static uint32_t dio_align(void) {
+  char p[PATH_MAX];
+  snprintf(p, sizeof p, "%s/.probe", FR.root);
+  int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  uint32_t a = 0;
+  struct statx sx;
+  if (fd >= 0 && statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
+    a = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
+  if (fd >= 0) close(fd);
+  unlink(p);
+  return a;
+}
+
+/* One file: a whole tensor congruent to its file offset (zero-copy), a
+ * split of W-byte fragments (gathered when W is a multiple of the
+ * alignment), a split of 100-byte fragments (copied). */
+typedef struct {
+  sd_plan plan;
+  sd_plan_file file;
+  uint8_t *want;
+  sd_write_op ops[4000];
+  size_t nops;
+  uint64_t direct, gathered;   /* what should go which way */
+} gckpt;
+
+static void put(gckpt *g, uint64_t at, uint8_t *src, uint64_t len) {
+  for (uint64_t b = 0; b < len; b++) src[b] = g->want[at + b];
+  g->ops[g->nops++] = (sd_write_op){0, at, src, len, SD_WOP_SHARED, 0};
+}
+
+static uint64_t split(gckpt *g, uint64_t at, uint8_t *m, uint64_t *seg, uint64_t rows, uint64_t w) {
+  for (uint64_t r = 0; r < rows; r++)
+    for (uint64_t k = 0; k < 2; k++) put(g, at + (2 * r + k) * w, m + seg[k] + r * w, w);
+  return at + 2 * rows * w;
+}
+
+static void gckpt_init(gckpt *g, uint8_t *m, uint64_t w) {
+  enum { A = 600064, R = 301, SR = 1000 }; /* A ends 512- not 4096-aligned; the first split ends 4096-aligned */
+  memset(g, 0, sizeof *g);
+  uint64_t data = A + 2 * R * w + 2 * SR * 100;
+  g->file = (sd_plan_file){.name = (char *)"model.safetensors", .header_size = 4096, .data_size = data};
+  g->file.file_size = 4096 + data;
+  g->file.header = malloc(4096);
+  g->want = malloc(g->file.file_size);
+  cr_assert(g->file.header && g->want);
+  for (uint64_t b = 0; b < g->file.file_size; b++) g->want[b] = (uint8_t)(fr_rnd() | 1);
+  memcpy(g->file.header, g->want, 4096);
+  g->plan.nfiles = 1;
+  g->plan.files = &g->file;
+  uint64_t at = 4096;
+  put(g, at, m + 4096, A); /* congruent */
+  g->direct = ((at + A) & ~4095ull) - at;
+  at += A;
+  /* A's unaligned tail (2048 bytes) and the split gather as one stretch from A's last block */
+  uint64_t seg[2] = {1 << 20, 2 << 20};
+  uint64_t split_at = at;
+  at = split(g, at, m, seg, R, w);
+  if (w % 512 == 0) g->gathered = (at & ~4095ull) - (split_at & ~4095ull);
+  uint64_t seg2[2] = {640 << 10, 832 << 10}; /* below the first split's rows: a shrink leaves them */
+  at = split(g, at, m, seg2, SR, 100);
+  fr_shuffle_ops(g->ops, g->nops);
+}
+
+static sd_publish_req req_of(gckpt *g, const char *rel, fr_outcome *o) {
+  return (sd_publish_req){.root_fd = FR.root_fd, .root_path = FR.root, .rel_dir = rel, .plan = &g->plan,
+                          .ops = g->ops, .nops = g->nops, .tag = rel, .on_released = fr_on_released,
+                          .on_done = fr_on_done, .ud = o};
+}
+
+static void run(gckpt *g, const char *rel, fr_outcome *o) {
+  sd_publish_req r = req_of(g, rel, o);
+  sd_publish *p;
+  sd_error err;
+  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
+  fr_run_until(o);
+}
+
+static void expect_on_disk(gckpt *g, const char *rel) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, g->file.name);
+  fr_expect_file(path, g->file.name, g->want, g->file.file_size);
+}
+
+static void mixed(uint64_t w, const char *rel) {
+  make_writer();
+  uint32_t a = dio_align();
+  if (!a || a > 4096) cr_skip_test("the file system under /var/tmp tells no direct-I/O alignment of 4096 or less");
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  static gckpt g;
+  gckpt_init(&g, m, w);
+  fr_outcome o = {0};
+  run(&g, rel, &o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  cr_expect_eq(o.written, o.total);
+  expect_on_disk(&g, rel);
+  cr_expect_eq(o.direct, g.direct, "zero-copy %llu, want %llu", (unsigned long long)o.direct,
+               (unsigned long long)g.direct);
+  uint64_t want = w % a == 0 ? g.gathered : 0;
+  cr_expect_eq(o.gathered, want, "gathered %llu, want %llu", (unsigned long long)o.gathered,
+               (unsigned long long)want);
+  cr_expect_lt(o.direct + o.gathered, o.written, "the 100-byte split and the unaligned edges were copied");
+  free(g.file.header);
+  free(g.want);
+  munmap(m, len);
+  close(fd);
+}
+
+Test(gather, mixed_zero_copy_gathered_and_copied_in_one_file, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  mixed(1024, "mixed");
+}
+
+Test(gather, fragments_not_a_multiple_of_512_are_copied, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  mixed(1100, "odd"); /* and the 100-byte split, as in every one of these */
+}
+
+/* A gathered write from a segment the client shrank fails the save with EFAULT; the process lives. */
+Test(gather, a_gathered_write_from_a_shrunken_segment_fails_the_save, .init = setup, .fini = fr_teardown,
+     .timeout = 60) {
+  make_writer();
+  uint32_t a = dio_align();
+  if (!a || a > 1024) cr_skip_test("no direct-I/O alignment of 1024 or less under /var/tmp");
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  static gckpt g;
+  gckpt_init(&g, m, 1024);
+  cr_assert_eq(ftruncate(fd, (off_t)(3u << 19)), 0); /* rank 1's rows of the first split are gone */
+  fr_outcome o = {0};
+  run(&g, "shrunk", &o);
+  cr_expect_neq(o.code, 0, "the save fails");
+  cr_expect_not_null(strstr(o.msg, strerror(EFAULT)), "%s", o.msg);
+  char dir[PATH_MAX];
+  struct stat st;
+  snprintf(dir, sizeof dir, "%s/shrunk", FR.root);
+  cr_expect_neq(stat(dir, &st), 0, "nothing published");
+  free(g.file.header);
+  free(g.want);
+  munmap(m, len);
+  close(fd);
+}
+
+/* Where O_DIRECT is refused (ramfs) nothing is gathered and every byte is still right. */
+Test(gather, nothing_gathered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
+    int e = errno;
+    FR.mnt[0] = '\0';
+    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+  }
+  char root[512];
+  snprintf(root, sizeof root, "%s/root", FR.mnt);
+  fr_open_root(root);
+  make_writer();
+  size_t len = 4u << 20;
+  int fd;
+  uint8_t *m = shared_segment(len, &fd);
+  static gckpt g;
+  gckpt_init(&g, m, 1024);
+  fr_outcome o = {0};
+  run(&g, "ram", &o);
+  cr_assert_eq(o.code, 0, "%s", o.msg);
+  expect_on_disk(&g, "ram");
+  cr_expect_eq(o.gathered, 0);
+  free(g.file.header);
+  free(g.want);
+  munmap(m, len);
+  close(fd);
+}
