@@ -10,6 +10,7 @@
 #include "shardd/shardd.h"
 
 #define PACK_ALIGN 64 /* slices that cannot go zero-copy start on cache lines */
+#define STRIDED (UINT64_MAX - 1) /* fo[i]: the slice lands in its file as several runs */
 
 typedef struct {
   uint64_t dst;            /* file offset of the first run */
@@ -68,7 +69,7 @@ static int file_offsets(const shardd_tensor_desc *t, size_t n, uint64_t max_shar
     }
     first_run r = {0, 0};
     sd_box_runs(x->ndim, x->shape, sd_dtype_size(x->dtype), &b, plan.loc[slot[i]].file_offset, note_run, &r);
-    fo[i] = r.runs == 1 ? r.dst : UINT64_MAX;
+    fo[i] = r.runs == 1 ? r.dst : r.runs > 1 ? STRIDED : UINT64_MAX;
   }
   rc = 0;
 out:
@@ -113,8 +114,14 @@ SHARDD_EXPORT int shardd_place(const shardd_tensor_desc *t, size_t n, uint64_t m
   for (size_t i = 0; i < n; i++) {
     uint64_t off;
     if (size[i] > UINT64_MAX / 2 - at) size[i] = 0; /* refused at the put anyway */
-    if (fo[i] != UINT64_MAX && size[i] >= SD_PLACE_MIN)
+    if (fo[i] < STRIDED && size[i] >= SD_PLACE_MIN)
       off = at + ((fo[i] - at) & (SD_PLACE_ALIGN - 1)); /* the next offset congruent to the file's */
+    else if (fo[i] == STRIDED && size[i] >= SD_PLACE_MIN)
+      /* Row fragments a multiple of 512 long then sit where a device taking
+       * direct I/O from 512-aligned memory gathers them into one write. The
+       * daemon asks the device (statx STATX_DIOALIGN); a client cannot, and
+       * 512 is what common block devices ask. */
+      off = (at + SD_GATHER_ALIGN - 1) / SD_GATHER_ALIGN * SD_GATHER_ALIGN;
     else
       off = (at + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
     offsets[i] = off;

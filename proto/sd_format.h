@@ -25,6 +25,10 @@
  * it, when that is at least SD_PLACE_MIN bytes). */
 #define SD_PLACE_ALIGN 4096u
 #define SD_PLACE_MIN (64u << 10)
+/* ... and an inner-dimension piece of at least SD_PLACE_MIN bytes starts at
+ * a multiple of SD_GATHER_ALIGN, so that row fragments a multiple of it
+ * long can be gathered into one direct write (where the device allows). */
+#define SD_GATHER_ALIGN 512u
 
 /* ------------------------------------------------------------------------ *
  * Dtypes (whole-byte elements only; F4/F6 are refused, see README)
