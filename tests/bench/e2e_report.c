@@ -71,12 +71,17 @@ static void detail(const char *label, const sd_e2e_model *m, const phase *b, con
          s->daemon_exit == -1               ? "did not stop within 30 s, killed"
          : WIFEXITED(s->daemon_exit) && !WEXITSTATUS(s->daemon_exit) ? "clean (0)"
                                                                      : "NOT clean");
-  unsigned long long direct = 0, copied = 0;
+  unsigned long long direct = 0, gathered = 0, copied = 0;
   const char *dc = strstr(s->daemon_line, " bytes forwarded, ");
-  if (dc && sscanf(dc, " bytes forwarded, %llu bytes direct, %llu copied", &direct, &copied) == 2 && direct + copied)
-    printf("          bytes direct (zero-copy from the ranks' memory) %llu, copied through staging %llu: %.1f%% direct\n"
+  if (dc && sscanf(dc, " bytes forwarded, %llu bytes direct, %llu gathered, %llu copied", &direct, &gathered, &copied) == 3 &&
+      direct + gathered + copied) {
+    double all = (double)(direct + gathered + copied);
+    printf("          bytes direct (zero-copy from one rank's memory) %llu, gathered (one writev from several ranks')\n"
+           "          %llu, copied through staging %llu: %.1f%% direct, %.1f%% gathered, %.1f%% copied\n"
            "          private memory: peak RssAnon %.1f MiB (shared pages of the ranks' segments are RssShmem)\n",
-           direct, copied, 100.0 * (double)direct / (double)(direct + copied), (double)s->peak_anon / 1048576.0);
+           direct, gathered, copied, 100.0 * (double)direct / all, 100.0 * (double)gathered / all,
+           100.0 * (double)copied / all, (double)s->peak_anon / 1048576.0);
+  }
   if (s->daemon_line[0]) printf("          log: %s\n", s->daemon_line);
   if (s->sealed_line[0]) printf("          log: %s\n", s->sealed_line);
   if (b->ran && b->ok)
