@@ -216,7 +216,10 @@ SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shar
  * dtypes, global shapes, index, max_shard_size; 0: the default), and each
  * slice that lands in its file as one stretch (a whole tensor or a dim-0
  * piece) of at least 64 KiB gets an offset congruent to its file offset
- * modulo 4096; the others are packed at 64-byte boundaries. offsets[i] is
+ * modulo 4096; an inner-dimension piece of at least 64 KiB gets a multiple
+ * of 512 (the daemon gathers row fragments a multiple of 512 long from
+ * several ranks into one direct write, where the device allows); the
+ * others are packed at 64-byte boundaries. offsets[i] is
  * t[i]'s, from base on; *end is one past the last byte (the arena size
  * needed). Pure and local: when other ranks put tensors this rank does not
  * name, the files differ and those slices are copied through staging, as

@@ -149,7 +149,9 @@ def place(slices, max_shard_size=0, base=0):
     slices: (name, dtype, shape, start, count, index) tuples, every slice this
     rank will put in the save; start/count/index may be None. A slice that is a
     whole tensor or a dim-0 piece of at least 64 KiB gets an offset congruent to
-    its file offset modulo 4096, as the daemon will plan the files.
+    its file offset modulo 4096, as the daemon will plan the files; an
+    inner-dimension piece of at least 64 KiB a multiple of 512 (its rows can
+    then be gathered into one direct write where the device allows).
     """
     slices = list(slices)
     n = len(slices)
