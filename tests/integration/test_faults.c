@@ -380,6 +380,52 @@ Test(faults, client_shrinking_its_shm_fails_only_its_own_save) {
   x_serving();
 }
 
+/* A gathered write (an inner-dimension split's rows, one writev from the
+ * segment) whose segment shrinks under it: EFAULT, named as the segment's
+ * out_of_range, as for a zero-copy write. One rank puts both halves of
+ * 'g' (rows of 1024-byte fragments at 512-aligned arena offsets), so on a
+ * device taking 512-aligned direct I/O its rows go gathered. */
+Test(faults, a_gathered_write_from_a_shrunk_segment_fails_with_out_of_range) {
+  setenv("SHARDD_ARENA", "shm", 1);
+  setenv("SHARDD_TEST_STALL_AT", "start:1:1500", 1);
+  x_start(NULL);
+  unsetenv("SHARDD_TEST_STALL_AT");
+  shardd_client *c = NULL;
+  OK_(shardd_connect(H.sock, &c), NULL, "connect");
+  shardd_arena *a = NULL;
+  size_t len = 1 << 20, half = 256 * 256 * 4;
+  OK_(shardd_arena_create(c, len, &a), c, "arena");
+  shardd_save_opts so = {.save = "gshrink", .dir = "gshrink", .rank = 0, .world_size = 1};
+  OK_(shardd_begin(c, &so), c, "begin");
+  uint8_t *src = malloc(half);
+  uint64_t shape[2] = {256, 512}, count[2] = {256, 256};
+  for (int k = 0; k < 2; k++) {
+    uint64_t start[2] = {0, (uint64_t)k * 256};
+    fill(src, half, 90 + (uint64_t)k);
+    shardd_tensor_desc d = {.name = "g", .dtype = "F32", .ndim = 2, .shape = shape, .start = start, .count = count,
+                            .index = -1};
+    OK_(shardd_put_copy(c, so.save, &d, a, (uint64_t)k * half, src, half), c, "put half");
+  }
+  fflush(NULL);
+  pid_t k = fork();
+  cr_assert(k >= 0);
+  if (k == 0) {
+    struct timespec ts = {0, 300000000L};
+    nanosleep(&ts, NULL);
+    int fd = shm_open(shardd_arena_name(a), O_RDWR, 0);
+    _exit(fd >= 0 && ftruncate(fd, 0) == 0 ? 0 : 1);
+  }
+  OK_(shardd_seal(c, so.save), c, "seal");
+  h_reap_ok(k, "the shrinking process");
+  expect_shrunk_error(c, so.save, shardd_arena_name(a));
+  h_expect_unpublished(so.dir);
+  printf("faults: gathered write on a shrunk segment: %d log lines say 'Bad address'\n", x_log_count("Bad address"));
+  free(src);
+  shardd_arena_destroy(a);
+  shardd_close(c);
+  x_serving();
+}
+
 /* ------------------------------------------------------------------------ *
  * A full disk
  * ------------------------------------------------------------------------ */
