@@ -475,6 +475,10 @@ Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save)
   h_check_script(&sc2);
   json_t *st = status_json();
   cr_assert_gt(jint(json_object_get(st, "metrics"), "bytes_direct", NULL), 0, "placed slices went zero-copy");
+  json_t *m = json_object_get(st, "metrics"), *tot = json_object_get(st, "totals");
+  cr_assert(json_is_integer(json_object_get(m, "bytes_gathered")), "metrics count gathered bytes");
+  cr_assert_eq(jint(tot, "bytes_direct", NULL) + jint(tot, "bytes_gathered", NULL) + jint(tot, "bytes_copied", NULL),
+               jint(tot, "bytes_written", NULL), "direct, gathered and copied split the bytes written");
   json_decref(st);
   h_shared_free(sc.sh);
   h_shared_free(sc2.sh);

@@ -69,3 +69,18 @@ Test(prom, label_values_are_escaped) {
   free(t);
   json_decref(st);
 }
+
+Test(prom, saved_bytes_by_path_direct_gathered_copied) {
+  json_t *m, *st = status_with("s", &m);
+  json_object_set_new(m, "writes_direct", json_integer(4));
+  json_object_set_new(m, "bytes_direct", json_integer(3000));
+  json_object_set_new(m, "bytes_gathered", json_integer(1000));
+  json_object_set_new(m, "bytes_copied", json_integer(96));
+  char *t = sd_prom_render(st, m, NULL, NULL);
+  cr_assert_not_null(t);
+  cr_assert(strstr(t, "\nshardd_saved_bytes_total{path=\"direct\"} 3000\n"), "%s", t);
+  cr_assert(strstr(t, "\nshardd_saved_bytes_total{path=\"gathered\"} 1000\n"), "%s", t);
+  cr_assert(strstr(t, "\nshardd_saved_bytes_total{path=\"copied\"} 96\n"), "%s", t);
+  free(t);
+  json_decref(st);
+}
