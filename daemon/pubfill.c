@@ -128,7 +128,7 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
       }
       d = nd;
     }
-    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, i + 1, 0, 0};
+    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, 0, i + 1, 0};
   }
   return d;
 }
@@ -191,7 +191,7 @@ static void gather_piece(gather_run *g, dlist *out, uint32_t file, size_t i, uin
     int joins = g->cur.len && g->cur.file == file && g->cur.off + g->cur.len == lo;
     if (!joins || g->cur.len >= SD_GATHER_BYTES || (g->niov >= SD_GATHER_IOV && src != g->next_src)) {
       gather_close(g, out);
-      g->cur = (sd_fill_direct){file, lo, 0, i, i + 1, 0, 1};
+      g->cur = (sd_fill_direct){file, lo, 0, i, 0, i + 1, 1};
     }
     uint64_t take = hi - lo;
     if (take > SD_GATHER_BYTES - g->cur.len) take = SD_GATHER_BYTES - g->cur.len;
@@ -255,7 +255,7 @@ sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t 
 
 static int stretch_ready(const sd_fill *f, const sd_fill_direct *d) {
   if (!f->ready) return 1;
-  for (size_t i = d->op; i < d->op_end; i++)
+  for (size_t i = d->op, end = d->op_end > d->op ? d->op_end : d->op + 1; i < end; i++)
     if (!f->ready[i]) return 0;
   return 1;
 }

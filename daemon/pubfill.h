@@ -63,8 +63,8 @@ typedef struct {
   uint32_t file;
   uint64_t off, len;       /* multiples of SD_DIO_ALIGN (a gathered one's: of the device's offset alignment) */
   size_t op;               /* the write (index in sd_fill.ops) it is the middle of; a gathered one's first */
-  size_t op_end;           /* gathered: one past its last write; else op + 1 */
   uint64_t sent;           /* loop thread: bytes of it handed out so far */
+  size_t op_end;           /* gathered: one past its last write (0: op + 1) */
   int gather;              /* one writev from several writes' sources (sd_fill_plan_gather) */
 } sd_fill_direct;
 
