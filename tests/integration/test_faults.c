@@ -380,11 +380,30 @@ Test(faults, client_shrinking_its_shm_fails_only_its_own_save) {
   x_serving();
 }
 
-/* A gathered write (an inner-dimension split's rows, one writev from the
- * segment) whose segment shrinks under it: EFAULT, named as the segment's
- * out_of_range, as for a zero-copy write. One rank puts both halves of
- * 'g' (rows of 1024-byte fragments at 512-aligned arena offsets), so on a
- * device taking 512-aligned direct I/O its rows go gathered. */
+/* One rank puts both halves of 'g' (F32 [256, 512] split on dimension 1:
+ * rows of 1024-byte fragments at 512-aligned arena offsets), so on a device
+ * taking 512-aligned direct I/O its rows go in one gathered writev from the
+ * segment. want gets the tensor's bytes in file order. */
+#define G_HALF (256 * 256 * 4)
+static void put_gathered(shardd_client *c, shardd_arena **a, const char *save, const char *dir, uint8_t *want) {
+  OK_(shardd_arena_create(c, 1 << 20, a), c, "arena");
+  shardd_save_opts so = {.save = save, .dir = dir, .rank = 0, .world_size = 1};
+  OK_(shardd_begin(c, &so), c, "begin");
+  uint8_t *src = malloc(G_HALF);
+  uint64_t shape[2] = {256, 512}, count[2] = {256, 256};
+  for (int k = 0; k < 2; k++) {
+    uint64_t start[2] = {0, (uint64_t)k * 256};
+    fill(src, G_HALF, 90 + (uint64_t)k);
+    for (size_t r = 0; r < 256; r++) memcpy(want + r * 2048 + (size_t)k * 1024, src + r * 1024, 1024);
+    shardd_tensor_desc d = {.name = "g", .dtype = "F32", .ndim = 2, .shape = shape, .start = start, .count = count,
+                            .index = -1};
+    OK_(shardd_put_copy(c, save, &d, *a, (uint64_t)k * G_HALF, src, G_HALF), c, "put half");
+  }
+  free(src);
+}
+
+/* A gathered write whose segment shrinks under it: EFAULT, named as the
+ * segment's out_of_range, as for a zero-copy write. */
 Test(faults, a_gathered_write_from_a_shrunk_segment_fails_with_out_of_range) {
   setenv("SHARDD_ARENA", "shm", 1);
   setenv("SHARDD_TEST_STALL_AT", "start:1:1500", 1);
@@ -393,19 +412,8 @@ Test(faults, a_gathered_write_from_a_shrunk_segment_fails_with_out_of_range) {
   shardd_client *c = NULL;
   OK_(shardd_connect(H.sock, &c), NULL, "connect");
   shardd_arena *a = NULL;
-  size_t len = 1 << 20, half = 256 * 256 * 4;
-  OK_(shardd_arena_create(c, len, &a), c, "arena");
-  shardd_save_opts so = {.save = "gshrink", .dir = "gshrink", .rank = 0, .world_size = 1};
-  OK_(shardd_begin(c, &so), c, "begin");
-  uint8_t *src = malloc(half);
-  uint64_t shape[2] = {256, 512}, count[2] = {256, 256};
-  for (int k = 0; k < 2; k++) {
-    uint64_t start[2] = {0, (uint64_t)k * 256};
-    fill(src, half, 90 + (uint64_t)k);
-    shardd_tensor_desc d = {.name = "g", .dtype = "F32", .ndim = 2, .shape = shape, .start = start, .count = count,
-                            .index = -1};
-    OK_(shardd_put_copy(c, so.save, &d, a, (uint64_t)k * half, src, half), c, "put half");
-  }
+  uint8_t *want = malloc(2 * G_HALF);
+  put_gathered(c, &a, "gshrink", "gshrink", want);
   fflush(NULL);
   pid_t k = fork();
   cr_assert(k >= 0);
@@ -415,15 +423,46 @@ Test(faults, a_gathered_write_from_a_shrunk_segment_fails_with_out_of_range) {
     int fd = shm_open(shardd_arena_name(a), O_RDWR, 0);
     _exit(fd >= 0 && ftruncate(fd, 0) == 0 ? 0 : 1);
   }
-  OK_(shardd_seal(c, so.save), c, "seal");
+  OK_(shardd_seal(c, "gshrink"), c, "seal");
   h_reap_ok(k, "the shrinking process");
-  expect_shrunk_error(c, so.save, shardd_arena_name(a));
-  h_expect_unpublished(so.dir);
+  expect_shrunk_error(c, "gshrink", shardd_arena_name(a));
+  h_expect_unpublished("gshrink");
   printf("faults: gathered write on a shrunk segment: %d log lines say 'Bad address'\n", x_log_count("Bad address"));
-  free(src);
+  free(want);
   shardd_arena_destroy(a);
   shardd_close(c);
   x_serving();
+}
+
+/* A gathered write refused with EINVAL goes again through the page cache
+ * (still one writev from the segment), or follows its file there when the
+ * header's write was the one refused: the bytes are right either way. */
+Test(faults, a_refused_gathered_write_goes_buffered_and_commits) {
+  for (int at = 1; at <= 2; at++) {
+    char fault[32], dir[32], save[32];
+    snprintf(fault, sizeof fault, "write:%d:EINVAL", at);
+    setenv("SHARDD_TEST_FAULT", fault, 1);
+    x_start(NULL);
+    unsetenv("SHARDD_TEST_FAULT");
+    shardd_client *c = NULL;
+    OK_(shardd_connect(H.sock, &c), NULL, "connect");
+    shardd_arena *a = NULL;
+    uint8_t *want = malloc(2 * G_HALF);
+    snprintf(dir, sizeof dir, "geinval/%d", at);
+    snprintf(save, sizeof save, "geinval-%d", at);
+    put_gathered(c, &a, save, dir, want);
+    OK_(shardd_seal(c, save), c, "seal");
+    shardd_result res;
+    OK_(shardd_wait(c, save, H_WAIT_MS, &res), c, "wait");
+    h_check_bytes(dir, "g", want, 2 * G_HALF);
+    free(want);
+    shardd_arena_destroy(a);
+    shardd_close(c);
+    h_daemon_stop(&H);
+    /* (the log carries on across the daemons of this test) */
+    cr_assert_eq(x_log_count("refused a direct write"), at, "%s: one fallback warning per save", fault);
+    cr_assert_eq(x_log_count(" 524288 gathered"), at, "%s: g's rows were still gathered", fault);
+  }
 }
 
 /* ------------------------------------------------------------------------ *
