@@ -70,7 +70,11 @@ static void on_io(void *ud, int res) {
     if (c->rb) rbuf_put(cs, c->rb, 0);
     int kind = c->kind;
     free(c);
-    if (kind == IO_LOCAL && res == -EFAULT && fail_if_shrunk(cs)) return;
+    if (kind == IO_LOCAL && res == -EFAULT) {
+      sd_log_debug("save '%s': node %u: %s/%s: write failed: %s", cs->save->id, cs->node_rank, cs->save->dir, f->name,
+                   strerror(-res));
+      if (fail_if_shrunk(cs)) return;
+    }
     sd_node_fail_held(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
               what, strerror(-res));
     return;
@@ -488,6 +492,7 @@ static void on_staged(void *ud, const sd_error *err) {
   }
   if (err) {
     xs_free(xs);
+    sd_log_debug("save '%s': node %u: its own files: %s", cs->save->id, cs->node_rank, err->msg);
     if (err->code == SHARDD_E_IO && fail_if_shrunk(cs)) return;
     sd_node_fail_held(cs, err->code, "node %u ('%s'): %s/%s", cs->node_rank, cs->cl->node, cs->save->dir, err->msg);
     return;

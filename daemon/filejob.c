@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "direct.h"
+#include "crashpoint.h"
 #include "filejob.h"
 #include "log.h"
 
@@ -289,6 +290,7 @@ int sd_filejob_start(sd_writer *w, const sd_filejob_req *req, sd_error *err) {
   for (size_t i = 0; i < req->nfiles && probe < 0; i++)
     if (j->f[i].direct) probe = j->f[i].fd;
   sd_direct_init(&j->zc, &j->fill, probe);
+  sd_crash_point("filejob"); /* tests: a stall here lets a client shrink its segment under the writes */
   if (sd_writer_attach(w, &j->job, err) != 0) {
     sd_direct_free(&j->zc);
     free(j->f);
