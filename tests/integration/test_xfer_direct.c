@@ -76,23 +76,17 @@ static shardd_save_opts opts(const char *save, const char *dir, const char *mode
   return o;
 }
 
-static json_int_t total(int i, const char *key) {
+/* Node i's status: obj.key ("totals" or "metrics"). */
+static json_int_t stat_of(int i, const char *obj, const char *key) {
   json_t *st = node_status(i);
-  json_t *v = json_object_get(json_object_get(st, "totals"), key);
-  cr_assert(json_is_integer(v), "node %d: status totals lack %s", i, key);
+  json_t *v = json_object_get(json_object_get(st, obj), key);
+  cr_assert(json_is_integer(v), "node %d: status %s lacks %s", i, obj, key);
   json_int_t n = json_integer_value(v);
   json_decref(st);
   return n;
 }
-
-static json_int_t metric(int i, const char *key) {
-  json_t *st = node_status(i);
-  json_t *v = json_object_get(json_object_get(st, "metrics"), key);
-  cr_assert(json_is_integer(v), "node %d: metrics lack %s", i, key);
-  json_int_t n = json_integer_value(v);
-  json_decref(st);
-  return n;
-}
+#define total(i, key) stat_of((i), "totals", (key))
+#define metric(i, key) stat_of((i), "metrics", (key))
 
 static void placed_save_goes_direct_on_each_node(const char *mode, const char *save, const char *dir, uint64_t seed) {
   start_nodes(NULL);
