@@ -166,6 +166,7 @@ static void direct_complete(sd_filejob *j, const sd_io *io, int res) {
 static void job_complete(sd_wjob *job, const sd_io *io, int res) {
   sd_filejob *j = (sd_filejob *)job;
   sd_chunk *c = io->chunk;
+  res = sd_fault_point("filejob", res); /* tests: the kernel's answer replaced (SHARDD_TEST_FAULT) */
   if (!c) {
     direct_complete(j, io, res);
     return;

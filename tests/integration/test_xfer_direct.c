@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -154,5 +155,29 @@ Test(xfer_direct, a_segment_shrunk_under_a_nodes_direct_writes_fails_the_save_ev
   for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
   h_expect_unpublished("xd/shrink");
   cr_assert(log_has(1, "stall point filejob:1 reached"), "node 1 never started its file job");
+  h_shared_free(s.sh);
+}
+
+/* Node 1's first write of its file job is refused as O_DIRECT is by some
+ * file systems (EINVAL): that file goes on through the page cache, the
+ * zero-copy pieces too, and the checkpoint is whole. */
+Test(xfer_direct, o_direct_refused_mid_job_falls_back_to_buffered) {
+  static const char *const env1[] = {"SHARDD_TEST_FAULT=filejob:1:EINVAL", NULL};
+  start_nodes(env1);
+  char probe[PATH_MAX];
+  h_path(probe, sizeof probe, ".direct-probe");
+  int fd = open(probe, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+  if (fd < 0) cr_skip_test("the root's file system refuses O_DIRECT: nothing to fall back from");
+  close(fd);
+  unlink(probe);
+  json_int_t d0 = total(1, "bytes_direct");
+  h_script s = {.opts = opts("xd-einval", "xd/einval", "owner"), .puts = layout,
+                .nputs = sizeof layout / sizeof *layout, .seed = 54, .place = 1};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  cr_assert(log_has(1, "fault point filejob:1 reached"), "node 1's fault point was never reached");
+  cr_assert(log_has(1, "writing buffered"), "node 1 did not say it went on through the page cache");
+  cr_assert_gt(total(1, "bytes_direct") - d0, 3u << 19, "node 1's placed slices still go zero-copy, buffered");
   h_shared_free(s.sh);
 }
