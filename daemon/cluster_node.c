@@ -510,6 +510,9 @@ static void on_commit(sd_csave *cs, json_t *h) {
   if (!json_u64(json_object_get(h, "bytes"), &v)) cs->r_bytes = v;
   char *path = sd_cl_final_path(cs->cl, save->dir);
   sd_node_close_files(cs);
+  /* This node's share, in its own summary line and counters (save_end.c). */
+  save->bytes_direct = cs->bytes_direct;
+  save->bytes_copied = cs->bytes_written - cs->bytes_direct;
   sd_log_info("save '%s' committed by the leader; node %u wrote %llu bytes of its own here, forwarded %llu, "
               "received %llu", save->id, cs->node_rank, (unsigned long long)cs->bytes_local,
               (unsigned long long)cs->bytes_fwd, (unsigned long long)cs->bytes_recv);

@@ -10,6 +10,7 @@
 #include "filejob.h"
 #include "log.h"
 #include "pathsafe.h"
+#include "region.h"
 
 enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
 
@@ -42,6 +43,21 @@ static void rbuf_put(sd_csave *cs, sd_rbuf *rb, int ack) {
   free(rb);
 }
 
+/* A rank of this node whose segment is now shorter than when it was
+ * attached (a write from it faulted, or a read came up short): that rank's
+ * doing, out_of_range naming its region, rather than a disk error. */
+static int fail_if_shrunk(sd_csave *cs) {
+  for (size_t i = 0; i < cs->nslices; i++) {
+    const sd_slice *sl = cs->slices[i].sl;
+    sd_error e;
+    if (sl->region && sd_region_check(sl->region, &e) == SHARDD_E_OUT_OF_RANGE) {
+      sd_node_fail_held(cs, e.code, "save '%s', rank %u: %s", cs->save->id, sl->rank, e.msg);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 static void on_io(void *ud, int res) {
   cio *c = ud;
   sd_csave *cs = c->cs;
@@ -52,7 +68,13 @@ static void on_io(void *ud, int res) {
     int code = res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
     const char *what = c->kind == IO_SYNC ? "fsync" : "write";
     if (c->rb) rbuf_put(cs, c->rb, 0);
+    int kind = c->kind;
     free(c);
+    if (kind == IO_LOCAL && res == -EFAULT) {
+      sd_log_debug("save '%s': node %u: %s/%s: write failed: %s", cs->save->id, cs->node_rank, cs->save->dir, f->name,
+                   strerror(-res));
+      if (fail_if_shrunk(cs)) return;
+    }
     sd_node_fail_held(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
               what, strerror(-res));
     return;
@@ -236,9 +258,10 @@ static void send_done(sd_csave *cs) {
   sd_log_debug("save '%s': node %u wrote its files (%llu own bytes here, %llu forwarded, %llu received)",
                cs->save->id, cs->node_rank, (unsigned long long)cs->bytes_local, (unsigned long long)cs->bytes_fwd,
                (unsigned long long)cs->bytes_recv);
-  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files, "local",
-                          (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd, "received",
-                          (json_int_t)cs->bytes_recv));
+  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files,
+                                  "local", (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd,
+                                  "received", (json_int_t)cs->bytes_recv, "written", (json_int_t)cs->bytes_written,
+                                  "direct", (json_int_t)cs->bytes_direct));
 }
 
 void sd_xfer_progress(sd_csave *cs) {
@@ -469,13 +492,13 @@ static void on_staged(void *ud, const sd_error *err) {
   }
   if (err) {
     xs_free(xs);
+    sd_log_debug("save '%s': node %u: its own files: %s", cs->save->id, cs->node_rank, err->msg);
+    if (err->code == SHARDD_E_IO && fail_if_shrunk(cs)) return;
     sd_node_fail_held(cs, err->code, "node %u ('%s'): %s/%s", cs->node_rank, cs->cl->node, cs->save->dir, err->msg);
     return;
   }
-  for (size_t k = 0; k < xs->n; k++) {
-    cs->files[xs->lf[k]].done += xs->files[k].size;
-    cs->bytes_written += xs->files[k].size;
-  }
+  /* cs->bytes_written and bytes_direct grew as the job wrote */
+  for (size_t k = 0; k < xs->n; k++) cs->files[xs->lf[k]].done += xs->files[k].size;
   cs->bytes_local += xs->data;
   cs->cl->bytes_local += xs->data;
   xs_free(xs);
@@ -694,7 +717,8 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
     xs->cs = cs;
     sd_filejob_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
-                        .nspans = xs->nspans, .stop = &cs->failing, .tag = cs->save->id, .cb = on_staged, .ud = xs};
+                        .nspans = xs->nspans, .stop = &cs->failing, .bytes_written = &cs->bytes_written,
+                        .bytes_direct = &cs->bytes_direct, .tag = cs->save->id, .cb = on_staged, .ud = xs};
     cs->io++;
     cs->staged = xs;
     if ((rc = sd_filejob_start(w, &r, err)) != 0) {

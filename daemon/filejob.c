@@ -1,4 +1,4 @@
-/* Whole files written through the writer's staging (pubfill.c) with O_DIRECT into descriptors the caller opened: a node's share of a multi-node save goes the way a single-node save does. */
+/* Whole files written into descriptors the caller opened the way a publish writes: zero-copy from the segments where slices line up (direct.c), staged (pubfill.c) for the rest, with O_DIRECT: a node's share of a multi-node save. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "direct.h"
+#include "crashpoint.h"
 #include "filejob.h"
 #include "log.h"
 
@@ -22,6 +24,7 @@ struct sd_filejob {
   sd_wjob job;             /* first: the writer hands the job back as this */
   sd_filejob_req r;
   sd_fill fill;
+  sd_direct zc;            /* zero-copy writes of fill */
   fj_file *f;
   sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
   int failed, said_buffered;
@@ -85,10 +88,27 @@ static void go_direct(sd_filejob *j, size_t i) {
  * ------------------------------------------------------------------------ */
 static int stopped(const sd_filejob *j) { return j->failed || (j->r.stop && *j->r.stop); }
 
+/* A zero-copy write from a client's segment: one to resubmit first, then the next stretch. */
+static int direct_next(sd_filejob *j, sd_io *io) {
+  sd_fill_piece *pc = sd_direct_next(&j->zc, &j->fill);
+  if (!pc) return 0;
+  fj_file *ff = &j->f[pc->file];
+  sd_writer_count_write(j->job.w, ff->direct);
+  io->kind = SD_IO_WRITE;
+  io->fd = ff->fd;
+  io->tag = pc->file;
+  io->off = ff->base + pc->off;
+  io->src = pc->src;
+  io->len = pc->len;
+  io->req = pc;
+  return 1;
+}
+
 static int job_next(sd_wjob *job, sd_io *io) {
   sd_filejob *j = (sd_filejob *)job;
   sd_chunk *c = j->wq;
-  if (!c || stopped(j)) return 0;
+  if (stopped(j)) return 0;
+  if (!c) return direct_next(j, io);
   j->wq = c->next;
   if (!j->wq) j->wq_tail = &j->wq;
   c->next = NULL;
@@ -106,9 +126,51 @@ static int job_next(sd_wjob *job, sd_io *io) {
   return 1;
 }
 
+/* len more bytes of file i are written; once all are, a padded last block is cut back. */
+static void file_wrote(sd_filejob *j, uint32_t i, uint64_t len) {
+  fj_file *ff = &j->f[i];
+  if ((ff->left -= len) > 0) return;
+  if (ff->trim && ftruncate(ff->fd, (off_t)(ff->base + ff->size)) < 0)
+    fj_fail(j, errno == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: truncate to its size: %s", j->r.names[i],
+            strerror(errno));
+}
+
+static void write_failed(sd_filejob *j, const char *name, uint64_t off, int res) {
+  if (res == -EFAULT)
+    fj_fail(j, SHARDD_E_IO, "%s: a write at offset %llu straight from shared memory faulted: a client's shared memory "
+            "is shorter than when it was attached", name, (unsigned long long)off);
+  else
+    fj_fail(j, res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: write at offset %llu failed: %s",
+            name, (unsigned long long)off, strerror(-res));
+}
+
+/* A zero-copy write ended; a segment the client shrank makes it fail with EFAULT. */
+static void direct_complete(sd_filejob *j, const sd_io *io, int res) {
+  sd_fill_piece *pc = io->req;
+  fj_file *ff = &j->f[pc->file];
+  uint64_t done;
+  int buffered;
+  res = sd_direct_complete(&j->zc, pc, res, io, ff->direct && !stopped(j), &done, &buffered);
+  if (buffered) go_buffered(j, ff, j->r.names[pc->file], EINVAL);
+  if (res == 1) {
+    ff->left -= done;
+    return;
+  }
+  if (res < 0) {
+    write_failed(j, j->r.names[pc->file], io->off + io->done, res);
+    return;
+  }
+  file_wrote(j, pc->file, done);
+}
+
 static void job_complete(sd_wjob *job, const sd_io *io, int res) {
   sd_filejob *j = (sd_filejob *)job;
   sd_chunk *c = io->chunk;
+  res = sd_fault_point("filejob", res); /* tests: the kernel's answer replaced (SHARDD_TEST_FAULT) */
+  if (!c) {
+    direct_complete(j, io, res);
+    return;
+  }
   fj_file *ff = &j->f[c->file];
   const char *name = j->r.names[c->file];
   if (res == -EINVAL && ff->direct && !stopped(j)) {
@@ -126,19 +188,24 @@ static void job_complete(sd_wjob *job, const sd_io *io, int res) {
   }
   sd_writer_chunk_put(job->w, c);
   if (res < 0) {
-    fj_fail(j, res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: write at offset %llu failed: %s",
-            name, (unsigned long long)(io->off + io->done), strerror(-res));
+    write_failed(j, name, io->off + io->done, res);
     return;
   }
-  if ((ff->left -= c->len) > 0) return;
-  if (ff->trim && ftruncate(ff->fd, (off_t)(ff->base + ff->size)) < 0)
-    fj_fail(j, errno == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: truncate to its size: %s", name, strerror(errno));
+  file_wrote(j, c->file, c->len);
 }
 
+/* Bytes of the files themselves, never the padding of a last block. */
 static void job_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
-  (void)job;
-  (void)io;
-  (void)bytes;
+  sd_filejob *j = (sd_filejob *)job;
+  const sd_chunk *c = io->chunk;
+  if (!c) {
+    if (j->r.bytes_direct) *j->r.bytes_direct += bytes;
+    if (j->r.bytes_written) *j->r.bytes_written += bytes;
+    return;
+  }
+  uint64_t before = (uint64_t)c->done + io->done, after = before + bytes;
+  if (j->r.bytes_written)
+    *j->r.bytes_written += (after < c->len ? after : c->len) - (before < c->len ? before : c->len);
 }
 
 static int job_stage(sd_wjob *job, sd_chunk *c) {
@@ -173,6 +240,7 @@ static void finish(sd_filejob *j) {
   void *ud = j->r.ud;
   sd_error err = j->err;
   int failed = j->failed;
+  sd_direct_free(&j->zc);
   free(j->f);
   free(j);
   cb(ud, failed ? &err : NULL);
@@ -219,7 +287,13 @@ int sd_filejob_start(sd_writer *w, const sd_filejob_req *req, sd_error *err) {
     j->f[i].base = req->bases ? req->bases[i] : 0;
     go_direct(j, i);
   }
+  int probe = -1;
+  for (size_t i = 0; i < req->nfiles && probe < 0; i++)
+    if (j->f[i].direct) probe = j->f[i].fd;
+  sd_direct_init(&j->zc, &j->fill, probe, 0);
+  sd_crash_point("filejob"); /* tests: a stall here lets a client shrink its segment under the writes */
   if (sd_writer_attach(w, &j->job, err) != 0) {
+    sd_direct_free(&j->zc);
     free(j->f);
     free(j);
     return err->code;

@@ -9,10 +9,13 @@
 #include "sd_error.h"
 #include "writer.h"
 
-/* The same staged path as a publish (pubfill.c cuts the files into aligned
- * stretches, the copy workers fill them, the ring writes them with
- * O_DIRECT, buffered where the file system refuses it), the same writer
- * counters; but no folder, no fsync and no rename: the caller owns those. */
+/* The same path as a publish: the aligned middles of slices placed
+ * congruent to their file offsets go zero-copy from the clients' segments
+ * (direct.c), the rest is cut into aligned stretches the copy workers fill
+ * (pubfill.c); the ring writes both with O_DIRECT, buffered where the file
+ * system refuses it, in the same writer counters. But no folder, no fsync
+ * and no rename: the caller owns those. A segment a client shrank fails the
+ * job with SHARDD_E_IO (the caller names the region). */
 typedef struct sd_filejob sd_filejob;
 
 /* err NULL: every byte of every file is written (not yet durable). */
@@ -33,6 +36,9 @@ typedef struct {
   const sd_shm_span *spans; /* segments the SD_WOP_SHARED sources lie in, sorted by base (may be 0) */
   size_t nspans;
   const int *stop;         /* may be NULL; once nonzero, nothing more is staged and the job ends early */
+  /* may be NULL: bytes of the files written (never a last block's padding), and of those the ones
+   * written zero-copy from the segments, added as they go */
+  uint64_t *bytes_written, *bytes_direct;
   const char *tag;         /* the save, for messages */
   sd_filejob_cb cb;        /* on the loop, once; the job is gone by then */
   void *ud;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "crashpoint.h"
+#include "direct.h"
 #include "log.h"
 #include "owner.h"
 #include "pathsafe.h"
@@ -17,7 +18,6 @@
 
 #define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
 #define FILES_MAX 0x80000000u
-#define DIRECT_INFLIGHT 16    /* zero-copy writes of one publish on the ring at once */
 
 typedef struct {
   const char *name;        /* points into the plan, the request copy or artifact copy */
@@ -57,10 +57,7 @@ struct sd_publish {
   sd_write_op *own_ops;    /* a sorted copy when the caller's ops were not sorted */
   sd_shm_span *spans;      /* the request's, sorted by base */
   sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
-  sd_fill_direct *direct;  /* zero-copy stretches of fill */
-  sd_fill_piece pieces[DIRECT_INFLIGHT]; /* zero-copy writes on the ring, or to resubmit */
-  unsigned pfree[DIRECT_INFLIGHT], npfree, predo[DIRECT_INFLIGHT], npredo;
-  struct iovec *giov;      /* SD_GATHER_IOV entries per piece, when some stretches are gathered */
+  sd_direct zc;            /* zero-copy writes of fill */
   uint64_t bytes_direct;   /* file bytes written straight from the clients' segments */
   uint64_t bytes_gathered; /* ... of them gathered from several sources in one writev (not in bytes_direct) */
   int said_buffered;       /* the O_DIRECT fallback was logged */
@@ -148,8 +145,7 @@ static void pub_free(sd_publish *p) {
   free(p->fill_files);
   free(p->own_ops);
   free(p->spans);
-  free(p->direct);
-  free(p->giov);
+  sd_direct_free(&p->zc);
   free(p->ready);
   free(p);
 }
@@ -247,17 +243,8 @@ static void drop_waiting(sd_publish *p) {
 
 /* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
 static int direct_next(sd_publish *p, sd_io *io) {
-  unsigned k;
-  if (p->npredo) {
-    k = p->predo[--p->npredo];
-  } else {
-    if (!p->npfree) return 0;
-    sd_fill_piece *pc = &p->pieces[p->pfree[p->npfree - 1]];
-    pc->iov = p->giov ? p->giov + (size_t)(pc - p->pieces) * SD_GATHER_IOV : NULL;
-    if (!sd_fill_next_direct(&p->fill, SD_DIRECT_PIECE, pc)) return 0;
-    k = p->pfree[--p->npfree];
-  }
-  sd_fill_piece *pc = &p->pieces[k];
+  sd_fill_piece *pc = sd_direct_next(&p->zc, &p->fill);
+  if (!pc) return 0;
   pub_file *pf = &p->files[pc->file];
   sd_writer_count_write(p->job.w, pf->direct);
   io->kind = SD_IO_WRITE;
@@ -369,27 +356,16 @@ static void write_complete(sd_publish *p, const sd_io *io, int res) {
  * (save.c then reports the region as out_of_range). */
 static void direct_complete(sd_publish *p, const sd_io *io, int res) {
   sd_fill_piece *pc = io->req;
-  unsigned k = (unsigned)(pc - p->pieces);
   pub_file *pf = &p->files[pc->file];
-  uint32_t done = res >= 0 ? pc->len : io->done;
-  if (done && !pc->niov) sd_shared_drop(pc->src, done);
-  for (int i = 0; i < io->iovcnt && res >= 0; i++) sd_shared_drop(io->iov[i].iov_base, io->iov[i].iov_len);
+  uint64_t done;
+  int buffered;
+  res = sd_direct_complete(&p->zc, pc, res, io, pf->direct && !p->failed, &done, &buffered);
   p->ops_left -= done;
-  if (res == -EINVAL && pf->direct && !p->failed && done < pc->len) {
-    go_buffered(p, pf); /* the rest again, through the page cache */
+  if (buffered) go_buffered(p, pf);
+  if (res == 1) {
     pf->left -= done;
-    pc->off += done;
-    if (pc->niov) pc->iov = io->iov, pc->niov = io->iovcnt; /* a short write moved them past what went out */
-    else pc->src += done;
-    pc->len -= done;
-    p->predo[p->npredo++] = k;
     return;
   }
-  if (res == -EINVAL && pf->direct && !p->failed) {
-    go_buffered(p, pf); /* all of it went out after all */
-    res = 0;
-  }
-  p->pfree[p->npfree++] = k;
   if (res < 0) {
     fail_errno(p, -res, pc->file, "write", io->off + io->done);
     return;
@@ -699,31 +675,12 @@ static int make_files(sd_publish *p, sd_error *err) {
   return rc;
 }
 
-/* The zero-copy stretches, unless the device wants coarser direct-I/O
- * alignment than SD_DIO_ALIGN (statx STATX_DIOALIGN): then all is staged.
- * Gathered stretches only where the device says what it takes. */
+/* The zero-copy stretches; one O_DIRECT file tells for the folder's device. */
 static void plan_direct(sd_publish *p) {
-  for (unsigned k = 0; k < DIRECT_INFLIGHT; k++) p->pfree[p->npfree++] = DIRECT_INFLIGHT - 1 - k;
-  uint32_t mem = 0, off = 0;
-  for (size_t i = 0; i < p->nfiles; i++) {
-    struct statx sx;
-    if (!p->files[i].direct || statx(p->files[i].fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) continue;
-    if ((sx.stx_mask & STATX_DIOALIGN) && (sx.stx_dio_offset_align > SD_DIO_ALIGN || sx.stx_dio_mem_align > SD_DIO_ALIGN))
-      return;
-    if (sx.stx_mask & STATX_DIOALIGN) mem = sx.stx_dio_mem_align, off = sx.stx_dio_offset_align;
-    break; /* one file tells for the folder */
-  }
-  size_t n = 0;
-  p->direct = sd_fill_plan_direct(&p->fill, SD_DIRECT_MIN, &n);
-  if (mem && off) p->direct = sd_fill_plan_gather(&p->fill, p->direct, &n, mem, off, SD_DIRECT_MIN);
-  for (size_t i = 0; i < n && !p->giov; i++)
-    if (p->direct[i].gather && !(p->giov = malloc(DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *p->giov))) {
-      free(p->direct); /* no memory for the iovecs: everything is staged */
-      p->direct = NULL;
-      n = 0;
-    }
-  p->fill.direct = p->direct;
-  p->fill.ndirect = n;
+  int probe = -1;
+  for (size_t i = 0; i < p->nfiles && probe < 0; i++)
+    if (p->files[i].direct) probe = p->files[i].fd;
+  sd_direct_init(&p->zc, &p->fill, probe, 1);
 }
 
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err) {

@@ -193,6 +193,8 @@ typedef struct sd_save_ext_ops {
   /* What `wait` reports for a committed save. */
   void (*result)(const struct sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes);
   uint64_t (*bytes_written)(const struct sd_save *save);
+  /* Of those, bytes written zero-copy from this node's ranks' segments. */
+  uint64_t (*bytes_direct)(const struct sd_save *save);
   /* Bytes of this node's slices streamed to other nodes, for the summary line. */
   uint64_t (*bytes_forwarded)(const struct sd_save *save);
 } sd_save_ext_ops;

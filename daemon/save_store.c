@@ -196,7 +196,7 @@ uint64_t sd_save_bytes_written(const sd_save *save) {
 }
 
 uint64_t sd_save_bytes_direct(const sd_save *save) {
-  if (save->cl) return 0; /* the multi-node writer does not go zero-copy */
+  if (save->cl) return save->d->multi_node->bytes_direct(save);
   return save->pub ? sd_publish_bytes_direct(save->pub) : save->bytes_direct;
 }
 

@@ -41,6 +41,7 @@ typedef struct {
   double seconds, cpu_s, load_before, load_after;
   double blocked, memcpy_s;     /* the slowest rank's */
   uint64_t direct, buffered, fwd, trips_peak, peak_anon;
+  uint64_t zc, copied;          /* the daemons' totals: bytes written zero-copy from the ranks' segments, and copied */
   char note[512];
 } run;
 
@@ -49,7 +50,8 @@ static void usage(FILE *f) {
           "usage: bench_multi [options]\n"
           "The model of bench_e2e's (c), written durably: (a) raw O_DIRECT before and after, (c) one shardd\n"
           "with 4 example ranks, (m) two shardds on loopback sharing the root with 2 ranks each (TP pairs:\n"
-          "every file can be written where its bytes are held), (k1)/(k2) one shardd, every matrix split on\n"
+          "every file can be written where its bytes are held), slices placed for zero-copy writes\n"
+          "(--place, like bench_e2e's (z)), (k1)/(k2) one shardd, every matrix split on\n"
           "its inner dimension (copy-bound), copy_threads 1 and 2. Never fails on a time; exits 1 when a\n"
           "checkpoint is wrong.\n"
           "  --gib N  --quick (0.25)  --dir PARENT  --shardd PATH  --rank-bin PATH  --max-shard-size N\n"
@@ -108,7 +110,7 @@ static uint64_t num(const json_t *o, const char *a, const char *b) {
  * One save: nd daemons on one root, four ranks, the daemons' own figures
  * ------------------------------------------------------------------------ */
 static int run_save(const options *o, const char *work, const sd_e2e_model *m, int nd, unsigned copy_threads,
-                    int inner, run *r) {
+                    int inner, int place, run *r) {
   r->ran = 1;
   char root[PATH_MAX], tok[PATH_MAX], sock[MAXD][PATH_MAX], log[MAXD][PATH_MAX], addr[MAXD][64] = {{0}};
   char ct[16], ckpt[PATH_MAX + 16];
@@ -174,6 +176,7 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
                       "--start-barrier"};
     int n = 26;
     if (inner) argv[n++] = "--split-inner";
+    if (place) argv[n++] = "--place";
     if (nd > 1) {
       argv[n++] = "--nnodes", argv[n++] = nums[5], argv[n++] = "--node-rank", argv[n++] = nr[k];
       argv[n++] = "--leader", argv[n++] = addr[0];
@@ -270,6 +273,8 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     r->direct += num(st, "metrics", "write_bytes_direct");
     r->buffered += num(st, "metrics", "write_bytes_buffered");
     r->fwd += num(st, "peers", "bytes_forwarded");
+    r->zc += num(st, "totals", "bytes_direct");
+    r->copied += num(st, "totals", "bytes_copied");
     uint64_t tp = num(st, "metrics", "copy_trips_peak");
     if (tp > r->trips_peak) r->trips_peak = tp;
     json_decref(st);
@@ -292,7 +297,9 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
       if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) r->bytes += (uint64_t)sb.st_size;
     }
     if (dir) closedir(dir);
-    sd_e2e_fmt(r->note, sizeof r->note, "%sverify: %s", rc ? "FAILED: " : "", msg);
+    sd_e2e_fmt(r->note, sizeof r->note, "%sverify: %s; zero-copy %.1f MiB, copied %.1f MiB (%.1f%% direct)",
+               rc ? "FAILED: " : "", msg, (double)r->zc / 1048576.0, (double)r->copied / 1048576.0,
+               r->zc + r->copied ? 100.0 * (double)r->zc / (double)(r->zc + r->copied) : 0.0);
   }
   r->ok = rc == 0;
   if (rc == 0 && !o->keep) sd_e2e_rmtree(ckpt);
@@ -385,14 +392,14 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   run a = {.label = "(a) raw io_uring writer"}, c = {.label = "(c) 1 daemon, 4 ranks"},
-      mm = {.label = "(m) 2 daemons, 2 ranks each"}, k1 = {.label = "(k1) inner splits, copy_threads 1"},
+      mm = {.label = "(m) 2 daemons, 2 placed ranks each"}, k1 = {.label = "(k1) inner splits, copy_threads 1"},
       k2 = {.label = "(k2) inner splits, copy_threads 2"}, a2 = {.label = "(a) raw again, last"};
   int fail = 0, do_a = strchr(o.phases, 'a') != NULL;
   if (do_a) raw(work, &m, &a);
-  if (strchr(o.phases, 'c') && run_save(&o, work, &m, 1, 0, 0, &c) != 0) fail = 1;
-  if (strchr(o.phases, 'm') && run_save(&o, work, &m, 2, 0, 0, &mm) != 0) fail = 1;
-  if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 1, 1, &k1) != 0) fail = 1;
-  if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 2, 1, &k2) != 0) fail = 1;
+  if (strchr(o.phases, 'c') && run_save(&o, work, &m, 1, 0, 0, 0, &c) != 0) fail = 1;
+  if (strchr(o.phases, 'm') && run_save(&o, work, &m, 2, 0, 0, 1, &mm) != 0) fail = 1;
+  if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 1, 1, 0, &k1) != 0) fail = 1;
+  if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 2, 1, 0, &k2) != 0) fail = 1;
   if (do_a) raw(work, &m, &a2);
 
   double ra = gbps(&a) > 0 && gbps(&a2) > 0 ? (gbps(&a) + gbps(&a2)) / 2 : gbps(&a) > 0 ? gbps(&a) : gbps(&a2);

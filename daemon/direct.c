@@ -1,0 +1,72 @@
+/* Zero-copy writes straight from the clients' segments, driven the same way for a publish and for a node's share of a multi-node save. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "direct.h"
+
+void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather) {
+  memset(d, 0, sizeof *d);
+  for (unsigned k = 0; k < SD_DIRECT_INFLIGHT; k++) d->pfree[d->npfree++] = SD_DIRECT_INFLIGHT - 1 - k;
+  f->direct = NULL;
+  f->ndirect = 0;
+  struct statx sx;
+  uint32_t mem = 0, off = 0;
+  if (probe_fd >= 0 && statx(probe_fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    if (sx.stx_dio_offset_align > SD_DIO_ALIGN || sx.stx_dio_mem_align > SD_DIO_ALIGN) return;
+    mem = sx.stx_dio_mem_align, off = sx.stx_dio_offset_align;
+  }
+  size_t n = 0;
+  d->plan = sd_fill_plan_direct(f, SD_DIRECT_MIN, &n);
+  if (gather && mem && off) d->plan = sd_fill_plan_gather(f, d->plan, &n, mem, off, SD_DIRECT_MIN);
+  for (size_t i = 0; i < n && !d->giov; i++)
+    if (d->plan[i].gather && !(d->giov = malloc(SD_DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *d->giov))) {
+      free(d->plan); /* no memory for the iovecs: everything is staged */
+      d->plan = NULL;
+      n = 0;
+    }
+  f->direct = d->plan;
+  f->ndirect = n;
+}
+
+void sd_direct_free(sd_direct *d) {
+  free(d->plan);
+  d->plan = NULL;
+  free(d->giov);
+  d->giov = NULL;
+}
+
+sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f) {
+  if (d->npredo) return &d->pieces[d->predo[--d->npredo]];
+  if (!d->npfree) return NULL;
+  sd_fill_piece *pc = &d->pieces[d->pfree[d->npfree - 1]];
+  pc->iov = d->giov ? d->giov + (size_t)(pc - d->pieces) * SD_GATHER_IOV : NULL;
+  if (!sd_fill_next_direct(f, SD_DIRECT_PIECE, pc)) return NULL;
+  return &d->pieces[d->pfree[--d->npfree]];
+}
+
+int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
+                       int *to_buffered) {
+  unsigned k = (unsigned)(pc - d->pieces);
+  uint32_t done = res >= 0 ? pc->len : io->done;
+  if (done && !pc->niov) sd_shared_drop(pc->src, done);
+  for (int i = 0; i < io->iovcnt && res >= 0; i++) sd_shared_drop(io->iov[i].iov_base, io->iov[i].iov_len);
+  *wrote = done;
+  *to_buffered = 0;
+  if (res == -EINVAL && can_buffer) {
+    *to_buffered = 1;
+    if (done < pc->len) { /* the rest again, through the page cache */
+      pc->off += done;
+      if (pc->niov) pc->iov = io->iov, pc->niov = io->iovcnt; /* a short write moved them past what went out */
+      else pc->src += done;
+      pc->len -= done;
+      d->predo[d->npredo++] = k;
+      return 1;
+    }
+    res = 0; /* all of it went out after all */
+  }
+  d->pfree[d->npfree++] = k;
+  return res < 0 ? res : 0;
+}

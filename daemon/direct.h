@@ -1,0 +1,41 @@
+/* Zero-copy writes driven for a writer job (direct.c): the pieces on the ring, their resubmits after an O_DIRECT refusal, shared by publish.c and filejob.c. */
+#ifndef SD_DIRECT_H
+#define SD_DIRECT_H
+
+#include <stdint.h>
+
+#include "pubfill.h"
+#include "writer.h"
+
+#define SD_DIRECT_INFLIGHT 16 /* zero-copy writes of one job on the ring at once */
+
+typedef struct {
+  sd_fill_direct *plan;    /* f->direct: the stretches (owned) */
+  sd_fill_piece pieces[SD_DIRECT_INFLIGHT]; /* on the ring, or waiting to go again */
+  unsigned pfree[SD_DIRECT_INFLIGHT], npfree, predo[SD_DIRECT_INFLIGHT], npredo;
+  struct iovec *giov;      /* SD_GATHER_IOV entries per piece, when some stretches are gathered */
+} sd_direct;
+
+/* Plans f's zero-copy stretches (sd_fill_plan_direct, SD_DIRECT_MIN) into
+ * f->direct, unless probe_fd (an O_DIRECT file of the job; -1: none is, the
+ * stretches then go zero-copy through the page cache) sits on a device that
+ * wants coarser direct-I/O alignment than SD_DIO_ALIGN (statx
+ * STATX_DIOALIGN): then all is staged. With gather, and where the device
+ * says what it takes, inner-dimension rows of several segments that meet its
+ * alignment are planned as gathered writes too (sd_fill_plan_gather). */
+void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather);
+void sd_direct_free(sd_direct *d);
+/* The next zero-copy write: one to resubmit first, then the next ready
+ * stretch of f; NULL when none is (or all slots are on the ring). */
+sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f);
+/* pc's write (io) ended with res (-errno, or its length; io->done bytes went
+ * out before a failure). *wrote: bytes of it now in the file (their pages leave
+ * the daemon's page tables). A segment the client shrank fails with -EFAULT.
+ * can_buffer: the file is O_DIRECT and the job still writes, so -EINVAL
+ * means the file system refused a direct write: then *to_buffered is set,
+ * the caller turns the file buffered, and the rest of pc (if any) goes again
+ * first. Returns 1 when pc goes again, 0 when it ended well, else -errno. */
+int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
+                       int *to_buffered);
+
+#endif
