@@ -78,5 +78,8 @@ uint64_t sd_publish_bytes_total(const sd_publish *p);
 /* Of the bytes written, those that went straight from the clients' segments
  * (zero-copy); the rest went through staging (copied). */
 uint64_t sd_publish_bytes_direct(const sd_publish *p);
+/* Of the staged bytes, those copied from sealed memfds with a plain memcpy
+ * (no preadv, no SIGBUS guard). */
+uint64_t sd_publish_bytes_sealed(const sd_publish *p);
 
 #endif

@@ -75,6 +75,7 @@ void fr_on_done(sd_publish *p, void *ud, const sd_error *err, const char *path) 
   o->written = sd_publish_bytes_written(p);
   o->total = sd_publish_bytes_total(p);
   o->direct = sd_publish_bytes_direct(p);
+  o->sealed = sd_publish_bytes_sealed(p);
 }
 
 void fr_run_until(const fr_outcome *o) {

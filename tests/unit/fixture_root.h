@@ -41,6 +41,7 @@ typedef struct {
   char path[1024];
   uint64_t written, total;
   uint64_t direct;          /* of written: zero-copy from the sources */
+  uint64_t sealed;          /* source bytes staged from sealed spans by plain memcpy */
 } fr_outcome;
 
 void fr_on_released(sd_publish *p, void *ud);
