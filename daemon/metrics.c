@@ -26,6 +26,7 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "bytes_direct", u64(c->bytes_direct));
   json_object_set_new(o, "bytes_gathered", u64(c->bytes_gathered));
   json_object_set_new(o, "bytes_copied", u64(c->bytes_copied));
+  json_object_set_new(o, "bytes_copied_sealed", u64(c->bytes_copied_sealed));
   json_object_set_new(o, "puts", u64(c->puts));
   json_object_set_new(o, "bytes_put", u64(c->bytes_put));
   json_object_set_new(o, "connections", u64(c->connections));

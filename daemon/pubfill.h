@@ -19,14 +19,15 @@ typedef struct {
   uint32_t slice;          /* the caller's label (save.c: which slice it copies) */
 } sd_write_op;
 
-/* src lies in a client's MAP_SHARED mapping. When a span of the request
- * holds it, its bytes are read with preadv from the segment's descriptor:
- * none of its pages enters the daemon's page tables, and a segment the
- * client shrank reads short instead of faulting. Otherwise they are copied
- * from the mapping under a SIGBUS guard, and the pages read are dropped from
- * the daemon's page tables. Either way the daemon's resident memory stays at
- * its staging size however large the checkpoint. Never set it for private
- * (heap) memory: dropping those pages would zero them. */
+/* src lies in a client's MAP_SHARED mapping. When a sealed span holds it
+ * (a memfd that cannot shrink) or another span does, its bytes are read
+ * with preadv from the segment's descriptor: none of its pages enters the daemon's page
+ * tables, and a segment the client shrank reads short instead of faulting.
+ * Otherwise they are copied from the mapping under a SIGBUS guard. Pages
+ * read through a mapping are dropped from the daemon's page tables, so its
+ * resident memory stays at its staging size however large the checkpoint.
+ * Never set it for private (heap) memory: dropping those pages would zero
+ * them. */
 #define SD_WOP_SHARED 1u
 
 /* A client's shared-memory segment: mapped at base, len bytes, readable
@@ -35,6 +36,7 @@ typedef struct {
   const uint8_t *base;
   uint64_t len;
   int fd;
+  int sealed;              /* sd_region.sealed: it can never be shorter than len */
 } sd_shm_span;
 
 /* ------------------------------------------------------------------------ *
@@ -149,10 +151,12 @@ int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out);
  * does not turn into many small writes). */
 int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c);
 /* Copies the stretch into c->buf: the head, the data writes (shared
- * sources inside a span with preadv, gathered by source run; others with
- * memcpy, a fault in a shared one setting c->fault and fault_off instead of
- * killing the process), zeros for bytes no write covers and up to
- * sd_align_up(len). Sets c->src_bytes. */
+ * sources inside a span with preadv, gathered by source run, those of sealed
+ * spans counted; others with memcpy, a fault in a shared
+ * one setting c->fault and fault_off instead of killing the process), zeros
+ * for bytes no write covers and up to sd_align_up(len). Sets c->src_bytes
+ * and c->src_sealed. The SIGBUS guard is armed only if a shared source
+ * outside every span is met. */
 void sd_fill_copy(const sd_fill *f, sd_chunk *c);
 
 #endif

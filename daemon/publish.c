@@ -60,6 +60,7 @@ struct sd_publish {
   sd_direct zc;            /* zero-copy writes of fill */
   uint64_t bytes_direct;   /* file bytes written straight from the clients' segments */
   uint64_t bytes_gathered; /* ... of them gathered from several sources in one writev (not in bytes_direct) */
+  uint64_t bytes_sealed;   /* source bytes staged from sealed memfds (no shrink check, no guard) */
   int said_buffered;       /* the O_DIRECT fallback was logged */
   uint32_t *ready;         /* files whose bytes are all written, awaiting fsync */
   size_t ready_head, ready_tail, nsynced;
@@ -415,6 +416,7 @@ static void job_fill(sd_wjob *job, sd_chunk *c) {
 static void job_filled(sd_wjob *job, sd_chunk *c) {
   sd_publish *p = (sd_publish *)job;
   p->ops_left -= c->src_bytes;
+  p->bytes_sealed += c->src_sealed;
   if (c->fault) {
     /* save.c names the client's segment that shrank, when it finds it. */
     const char *why = c->fault == EFAULT    ? "faulted (SIGBUS): a client's shared memory is shorter than when it was attached"
@@ -775,6 +777,10 @@ uint64_t sd_publish_bytes_direct(const sd_publish *p) {
 
 uint64_t sd_publish_bytes_gathered(const sd_publish *p) {
   return p->bytes_gathered;
+}
+
+uint64_t sd_publish_bytes_sealed(const sd_publish *p) {
+  return p->bytes_sealed;
 }
 
 uint64_t sd_publish_bytes_total(const sd_publish *p) {

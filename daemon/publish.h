@@ -80,5 +80,8 @@ uint64_t sd_publish_bytes_total(const sd_publish *p);
 uint64_t sd_publish_bytes_direct(const sd_publish *p);
 /* Bytes gathered in one writev from several sources (not in bytes_direct). */
 uint64_t sd_publish_bytes_gathered(const sd_publish *p);
+/* Of the staged bytes, those read from sealed memfds
+ * (no preadv, no SIGBUS guard). */
+uint64_t sd_publish_bytes_sealed(const sd_publish *p);
 
 #endif

@@ -1,11 +1,13 @@
 /* Shared-memory regions: client shm segments (named, or sealed memfds passed over the socket) mapped read-only and refcounted. */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "region.h"
@@ -157,7 +159,11 @@ int sd_region_adopt(int fd, sd_region **out, sd_error *err) {
                  S_ISREG(st.st_mode) ? "empty" : "not a regular memfd");
     goto out;
   }
-  rc = map_fd(fd, (uint64_t)st.st_size, name, 1, out, err);
+  /* A hugetlbfs memfd can fault with SIGBUS when the huge page pool runs dry,
+   * seal or not: it keeps the defences of a named segment. */
+  struct statfs sfs;
+  int sealed = !(fstatfs(fd, &sfs) == 0 && (unsigned long)sfs.f_type == (unsigned long)HUGETLBFS_MAGIC);
+  rc = map_fd(fd, (uint64_t)st.st_size, name, sealed, out, err);
   if (!rc) fd = -1;
 out:
   if (fd >= 0) close(fd);

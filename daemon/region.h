@@ -15,7 +15,8 @@ typedef struct sd_region {
   const uint8_t *base;
   uint64_t size;
   int fd;                  /* kept open, so a shrink after attach can be detected */
-  int sealed;              /* a memfd sealed with F_SEAL_SHRINK: its size can never drop */
+  int sealed;              /* a (tmpfs) memfd sealed with F_SEAL_SHRINK: its size can never drop,
+                            * so its mapping is read with no shrink check, preadv or SIGBUS guard */
   char name[SD_SHM_NAME_MAX + 1];
 } sd_region;
 

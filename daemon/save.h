@@ -107,6 +107,7 @@ typedef struct sd_save {
   uint64_t bytes_direct;   /* once the publish ended: bytes written zero-copy from the segments, */
   uint64_t bytes_gathered; /* ... gathered from several segments in one writev, */
   uint64_t bytes_copied;   /* ... and through staging (sd_publish_bytes_direct) */
+  uint64_t bytes_sealed;   /* of the staged source bytes: from sealed memfds (sd_publish_bytes_sealed) */
   struct sd_csave *cl;     /* multi-node part (cluster.c); NULL for a one-node save */
 } sd_save;
 

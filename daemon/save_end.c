@@ -65,6 +65,7 @@ static void finalize(sd_save *save, const char *final_path) {
     d->counters.bytes_direct += save->bytes_direct;
     d->counters.bytes_gathered += save->bytes_gathered;
     d->counters.bytes_copied += save->bytes_copied;
+    d->counters.bytes_copied_sealed += save->bytes_sealed;
     /* The one summary line per save: files, bytes, write seconds, GB/s, zero-copy, gathered and copied bytes, forwarded bytes. */
     sd_log_info("committed save '%s' to %s: %llu files, %llu tensors, %llu bytes in %.3f s, %.2f GB/s, "
                 "%llu bytes forwarded, %llu bytes direct, %llu gathered, %llu copied (%.3f s since the first begin)",
@@ -194,6 +195,7 @@ static void on_done(sd_publish *pub, void *ud, const sd_error *err, const char *
   save->bytes_direct = sd_publish_bytes_direct(pub);
   save->bytes_gathered = sd_publish_bytes_gathered(pub);
   save->bytes_copied = sd_publish_bytes_written(pub) - save->bytes_direct - save->bytes_gathered;
+  save->bytes_sealed = sd_publish_bytes_sealed(pub);
   if (save->in_start) {
     /* Reported from inside sd_publish_start: finish after it returns. */
     save->done_early = 1;

@@ -99,6 +99,7 @@ sd_chunk *sd_staging_get(sd_staging *s) {
   c->done = 0;
   c->fault = 0;
   c->src_bytes = 0;
+  c->src_sealed = 0;
   return c;
 }
 

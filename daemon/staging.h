@@ -36,6 +36,7 @@ typedef struct sd_chunk {
   size_t cursor;           /* job-private: where the fill starts */
   /* set by the fill (worker thread) */
   uint64_t src_bytes;      /* bytes read from callers' sources */
+  uint64_t src_sealed;     /* of them: from sealed spans */
   int fault;               /* reading a source failed, buf is incomplete: EFAULT for a
                             * SIGBUS, ENODATA for a short read, else the read's errno */
   uint64_t fault_off;      /* the file offset whose source failed */

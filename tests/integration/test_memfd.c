@@ -88,6 +88,16 @@ static void save_from_region(x_conn *c, int64_t rid, const char *save, size_t si
   free(want);
 }
 
+/* The status metric of bytes staged from sealed memfds. */
+static json_int_t copied_sealed(x_conn *c) {
+  json_t *r = x_call(c, "{\"op\":\"status\",\"metrics\":true}");
+  json_t *v = json_object_get(json_object_get(r, "metrics"), "bytes_copied_sealed");
+  cr_assert(json_is_integer(v), "status has no metrics.bytes_copied_sealed");
+  json_int_t n = json_integer_value(v);
+  json_decref(r);
+  return n;
+}
+
 /* ------------------------------------------------------------------------ *
  * libshardd's own arenas are sealed memfds: several ranks, bytes on disk
  * ------------------------------------------------------------------------ */
@@ -128,6 +138,8 @@ Test(memfd, a_sealed_memfd_is_attached_and_saved) {
   int64_t rid = region_of(r, "attach fd");
   close(fd); /* the daemon holds its own */
   save_from_region(c, rid, "raw", size, 9);
+  /* too small for a zero-copy middle: every byte was staged, by plain memcpy */
+  cr_assert_eq(copied_sealed(c), (json_int_t)size, "bytes staged from the sealed memfd without preadv or guard");
   x_close(c);
   x_serving();
 }
@@ -335,6 +347,7 @@ Test(memfd, attach_by_name_still_works) {
   int64_t rid = region_of(x_call(c, "{\"op\":\"attach\",\"shm\":\"/shardd-memfd-named\"}"), "attach by name");
   close(fd);
   save_from_region(c, rid, "named", size, 6);
+  cr_assert_eq(copied_sealed(c), 0, "a named segment keeps its defences (preadv)");
   shm_unlink("/shardd-memfd-named");
   x_close(c);
 }

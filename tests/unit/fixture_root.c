@@ -76,6 +76,7 @@ void fr_on_done(sd_publish *p, void *ud, const sd_error *err, const char *path) 
   o->total = sd_publish_bytes_total(p);
   o->direct = sd_publish_bytes_direct(p);
   o->gathered = sd_publish_bytes_gathered(p);
+  o->sealed = sd_publish_bytes_sealed(p);
 }
 
 void fr_run_until(const fr_outcome *o) {

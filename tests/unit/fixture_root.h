@@ -42,6 +42,7 @@ typedef struct {
   uint64_t written, total;
   uint64_t direct;          /* of written: zero-copy from the sources */
   uint64_t gathered;        /* of written: gathered from several sources in one writev */
+  uint64_t sealed;          /* source bytes staged from sealed spans by plain memcpy */
 } fr_outcome;
 
 void fr_on_released(sd_publish *p, void *ud);

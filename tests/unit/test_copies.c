@@ -1,4 +1,4 @@
-/* Parallel staging copies (writer.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
+/* Parallel staging copies (writer.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, sealed memfds staged unguarded, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +15,7 @@
 #include "fixture_root.h"
 #include "pathsafe.h"
 #include "publish.h"
+#include "region.h"
 
 static void setup(void) {
   fr_setup("/var/tmp/sd-copies-XXXXXX");
@@ -126,7 +127,7 @@ static void expect_ckpt(const char *rel, const ckpt *c) {
   }
 }
 
-static void publish_ok(ckpt *c, const char *rel, const sd_shm_span *span) {
+static fr_outcome publish_ok(ckpt *c, const char *rel, const sd_shm_span *span) {
   fr_outcome o = {0};
   sd_publish_req r = req_for(c, rel, &o);
   if (span) {
@@ -142,6 +143,7 @@ static void publish_ok(ckpt *c, const char *rel, const sd_shm_span *span) {
   cr_expect_eq(o.written, o.total, "bytes written %llu of %llu", (unsigned long long)o.written,
                (unsigned long long)o.total);
   expect_ckpt(rel, c);
+  return o;
 }
 
 /* The trips in flight never pass copy_threads, and with more than one
@@ -210,7 +212,7 @@ static void interleaved_rows(unsigned threads, int with_span) {
       add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
       memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
     }
-  sd_shm_span span = {m, seg, fd};
+  sd_shm_span span = {m, seg, fd, 0};
   publish_ok(&c, "rows", with_span ? &span : NULL);
   expect_trips(threads);
   cr_expect(!memcmp(m, bytes, seg), "the segment's bytes changed");
@@ -225,6 +227,60 @@ Test(copies, interleaved_rows_through_the_descriptor_four_trips, .init = setup, 
 }
 Test(copies, interleaved_rows_through_the_mapping_two_trips, .init = setup, .fini = fr_teardown, .timeout = 60) {
   interleaved_rows(2, 0);
+}
+
+/* ------------------------------------------------------------------------ *
+ * A sealed memfd, adopted as a passed arena is: the same rows staged with
+ * no shrink check or guard (counted as sealed), an unsealed segment's not
+ * ------------------------------------------------------------------------ */
+static void sealed_rows(unsigned threads, int seal) {
+  make_writer(threads, 1 << 20, 32 << 10);
+  enum { R = 8000, W = 96 };
+  size_t seg = 2 * (size_t)R * W;
+  int fd = memfd_create("sd-sealed-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(ftruncate(fd, (off_t)seg), 0);
+  uint8_t *m = mmap(NULL, seg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  cr_assert_neq(m, MAP_FAILED);
+  ckpt c;
+  ckpt_init(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
+  sd_region *reg = NULL;
+  sd_shm_span span = {m, seg, fd, 0};
+  if (seal) {
+    cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
+    sd_error err;
+    cr_assert_eq(sd_region_adopt(dup(fd), &reg, &err), 0, "%s", err.msg);
+    cr_assert(reg->sealed, "a tmpfs memfd with F_SEAL_SHRINK is sealed");
+    cr_expect_eq(sd_region_check(reg, &err), 0);
+    span = (sd_shm_span){reg->base, reg->size, reg->fd, reg->sealed};
+    cr_expect_neq(ftruncate(fd, (off_t)seg / 2), 0, "the seal refuses a shrink");
+  }
+  c.nops = 0;
+  for (uint64_t r = 0; r < R; r++)
+    for (uint64_t k = 0; k < 2; k++) {
+      uint64_t at = 4096 + r * 2 * W + k * W;
+      add_op(&c, 0, at, W, span.base + k * R * W + r * W, SD_WOP_SHARED);
+      memcpy(c.want[0] + at, m + k * R * W + r * W, W);
+    }
+  fr_outcome o = publish_ok(&c, seal ? "sealed" : "unsealed", &span);
+  cr_expect_eq(o.direct, 0, "an inner-dimension split is staged");
+  cr_expect_eq(o.sealed, seal ? seg : 0, "%llu bytes copied from sealed spans, of %zu",
+               (unsigned long long)o.sealed, seg);
+  expect_trips(threads);
+  sd_region_unref(reg);
+  ckpt_free(&c);
+  munmap(m, seg);
+  close(fd);
+}
+
+Test(copies, sealed_memfd_rows_staged_unguarded_four_trips, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  sealed_rows(4, 1);
+}
+Test(copies, sealed_memfd_rows_staged_unguarded_one_trip, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  sealed_rows(1, 1);
+}
+Test(copies, unsealed_rows_still_read_through_the_descriptor, .init = setup, .fini = fr_teardown, .timeout = 60) {
+  sealed_rows(2, 0);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -425,7 +481,7 @@ Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
     ckpt c;
     ckpt_init(&c, 1, len, 150000, m, SD_WOP_SHARED);
     cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
-    sd_shm_span span = {m, len, fd};
+    sd_shm_span span = {m, len, fd, 0};
     fj_outcome o = {0};
     int fds[1];
     run_filejob(&c, with_span ? &span : NULL, NULL, 0, &o, fds);

@@ -538,7 +538,7 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
       add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
       memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
     }
-  sd_shm_span span = {m, seg, fd};
+  sd_shm_span span = {m, seg, fd, 0};
   fr_outcome o = {0};
   sd_publish_req r = req_for(&c, "rows", &o);
   r.spans = &span;
@@ -566,7 +566,7 @@ Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = fr_teardown
   ckpt c;
   ckpt_init(&c, 1, sizes, 50000, m, SD_WOP_SHARED);
   cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
-  sd_shm_span span = {m, len, fd};
+  sd_shm_span span = {m, len, fd, 0};
   fr_outcome o = {0};
   sd_publish_req r = req_for(&c, "short", &o);
   r.spans = &span;
