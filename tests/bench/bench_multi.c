@@ -41,9 +41,14 @@ typedef struct {
   double seconds, cpu_s, load_before, load_after;
   double blocked, memcpy_s;     /* the slowest rank's */
   uint64_t direct, buffered, fwd, trips_peak, peak_anon;
-  uint64_t zc, copied;          /* the daemons' totals: bytes written zero-copy from the ranks' segments, and copied */
+  uint64_t zc, gathered, copied; /* the daemons' totals: bytes written zero-copy from one rank's segment, gathered from several, copied */
   char note[512];
 } run;
+
+static double pct(uint64_t part, const run *r) {
+  uint64_t all = r->zc + r->gathered + r->copied;
+  return all ? 100.0 * (double)part / (double)all : 0.0;
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -274,6 +279,7 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     r->buffered += num(st, "metrics", "write_bytes_buffered");
     r->fwd += num(st, "peers", "bytes_forwarded");
     r->zc += num(st, "totals", "bytes_direct");
+    r->gathered += num(st, "totals", "bytes_gathered");
     r->copied += num(st, "totals", "bytes_copied");
     uint64_t tp = num(st, "metrics", "copy_trips_peak");
     if (tp > r->trips_peak) r->trips_peak = tp;
@@ -297,9 +303,9 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
       if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) r->bytes += (uint64_t)sb.st_size;
     }
     if (dir) closedir(dir);
-    sd_e2e_fmt(r->note, sizeof r->note, "%sverify: %s; zero-copy %.1f MiB, copied %.1f MiB (%.1f%% direct)",
-               rc ? "FAILED: " : "", msg, (double)r->zc / 1048576.0, (double)r->copied / 1048576.0,
-               r->zc + r->copied ? 100.0 * (double)r->zc / (double)(r->zc + r->copied) : 0.0);
+    sd_e2e_fmt(r->note, sizeof r->note, "%sverify: %s; zero-copy %.1f MiB, gathered %.1f MiB, copied %.1f MiB (%.1f%% direct, %.1f%% gathered)",
+               rc ? "FAILED: " : "", msg, (double)r->zc / 1048576.0, (double)r->gathered / 1048576.0,
+               (double)r->copied / 1048576.0, pct(r->zc, r), pct(r->gathered, r));
   }
   r->ok = rc == 0;
   if (rc == 0 && !o->keep) sd_e2e_rmtree(ckpt);
