@@ -67,3 +67,8 @@ int sd_fault_point(const char *phase, int res) {
   fprintf(stderr, "shardd: fault point %s:%lu reached: reporting %s\n", phase, fault.at, strerror(fault.err));
   return -fault.err;
 }
+
+uint64_t sd_test_gather_min_piece(uint64_t def) {
+  const char *v = getenv("SHARDD_TEST_GATHER_MIN_PIECE");
+  return v && *v ? strtoull(v, NULL, 10) : def;
+}

@@ -2,6 +2,8 @@
 #ifndef SD_CRASHPOINT_H
 #define SD_CRASHPOINT_H
 
+#include <stdint.h>
+
 /* ------------------------------------------------------------------------ *
  * Compiled into every build so the fault tests exercise the real daemon,
  * but each call costs one branch unless the variable is set. Phases (see
@@ -27,5 +29,8 @@
 void sd_crash_point(const char *phase);
 /* res, or -errno when the fault is due at this completion of phase. */
 int sd_fault_point(const char *phase, int res);
+/* SHARDD_TEST_GATHER_MIN_PIECE=BYTES, else def: the smallest row fragment
+ * gathered (pubfill.c); the tests gather small rows to exercise the path. */
+uint64_t sd_test_gather_min_piece(uint64_t def);
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "crashpoint.h"
 #include "direct.h"
 
 void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather) {
@@ -20,7 +21,7 @@ void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather) {
   }
   size_t n = 0;
   d->plan = sd_fill_plan_direct(f, SD_DIRECT_MIN, &n);
-  if (gather && mem && off) d->plan = sd_fill_plan_gather(f, d->plan, &n, mem, off, SD_DIRECT_MIN);
+  if (gather && mem && off) d->plan = sd_fill_plan_gather(f, d->plan, &n, mem, off, SD_DIRECT_MIN, sd_test_gather_min_piece(SD_GATHER_MIN_PIECE));
   for (size_t i = 0; i < n && !d->giov; i++)
     if (d->plan[i].gather && !(d->giov = malloc(SD_DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *d->giov))) {
       free(d->plan); /* no memory for the iovecs: everything is staged */

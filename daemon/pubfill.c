@@ -163,6 +163,7 @@ typedef struct {
   unsigned niov;
   const uint8_t *next_src; /* where the last piece's source ends: a piece going on from it shares its iovec */
   uint64_t min_len;
+  uint64_t min_piece;      /* smaller pieces are staged */
 } gather_run;
 
 /* Staged stretches begin and end on SD_DIO_ALIGN (a staged last block goes
@@ -183,7 +184,7 @@ static void gather_close(gather_run *g, dlist *out) {
 static void gather_piece(gather_run *g, dlist *out, uint32_t file, size_t i, uint64_t lo, uint64_t hi,
                          const uint8_t *src, uint64_t mask) {
   if (lo >= hi) return;
-  if (((uintptr_t)src | lo | hi) & mask) {
+  if (hi - lo < g->min_piece || (((uintptr_t)src | lo | hi) & mask)) {
     gather_close(g, out);
     return;
   }
@@ -205,13 +206,13 @@ static void gather_piece(gather_run *g, dlist *out, uint32_t file, size_t i, uin
 }
 
 sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t *n, uint32_t mem_align,
-                                    uint32_t off_align, uint64_t min_len) {
+                                    uint32_t off_align, uint64_t min_len, uint64_t min_piece) {
   if (!mem_align || !off_align || mem_align > SD_DIO_ALIGN || off_align > SD_DIO_ALIGN) return d;
   /* Linux checks each iovec's address against the memory alignment and its
    * length against the offset (logical block) alignment. */
   const uint64_t mask = (uint64_t)(mem_align > off_align ? mem_align : off_align) - 1;
   dlist out = {0};
-  gather_run g = {.min_len = min_len ? min_len : 1};
+  gather_run g = {.min_len = min_len ? min_len : 1, .min_piece = min_piece};
   size_t k = 0; /* the next zero-copy stretch */
   for (size_t i = 0; i < f->nops; i++) {
     const sd_write_op *op = &f->ops[i];

@@ -109,6 +109,8 @@ static void exec_child(const char *const *argv, const f_opts *o, int logfd, int 
   } else if (fd3 == 3) {
     fcntl(3, F_SETFD, 0);
   }
+  /* Small test models gather their rows as a large one would (the daemon's default is 64 KiB). */
+  setenv("SHARDD_TEST_GATHER_MIN_PIECE", "0", 0);
   put_env(o->env);
   execvp(argv[0], (char *const *)argv);
   fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));

@@ -14,6 +14,9 @@
 #include "fixture_root.h"
 #include "publish.h"
 
+/* The daemon stages fragments under SD_GATHER_MIN_PIECE; these small rows stand for large ones. */
+__attribute__((constructor)) static void gather_small_rows(void) { setenv("SHARDD_TEST_GATHER_MIN_PIECE", "0", 1); }
+
 static void setup(void) {
   fr_setup("/var/tmp/sd-gather-XXXXXX");
   fr_seed(0x9e3779b97f4a7c15ULL);
@@ -94,7 +97,7 @@ Test(gather, aligned_row_fragments_are_gathered) {
   size_t nd = 0;
   sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &nd);
   cr_expect_eq(nd, 0, "rows are too small to go zero-copy alone");
-  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN);
+  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN, 0);
   cr_assert_eq(nd, 1, "one gathered stretch");
   cr_expect(d[0].gather && d[0].off == 4096 && d[0].len == 2 * R * W);
   f.direct = d;
@@ -111,20 +114,35 @@ Test(gather, unaligned_fragments_are_not) {
   sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 2000 * 100}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
   cr_expect_eq(nd, 0, "100-byte fragments: copied");
   free(d);
   const uint64_t off[2] = {8, (1 << 20) + 8}; /* 512-byte fragments at misaligned addresses */
   n = rows_ops(pops, 4096, 400, 512, off);
   f.nops = n;
   files[0].size = 4096 + 2 * 400 * 512;
-  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
   cr_expect_eq(nd, 0, "misaligned sources: copied");
-  d = sd_fill_plan_gather(&f, NULL, &nd, 8, 512, SD_DIRECT_MIN);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 8, 512, SD_DIRECT_MIN, 0);
   cr_expect_eq(nd, 0, "lengths are fine but Linux wants every iovec aligned to the offset alignment too");
   free(d);
-  d = sd_fill_plan_gather(&f, NULL, &nd, 8192, 512, SD_DIRECT_MIN);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 8192, 512, SD_DIRECT_MIN, 0);
   cr_expect_eq(nd, 0, "an alignment coarser than staging's: nothing");
+  free(d);
+}
+
+/* Fragments under min_piece are staged (a 4 KiB-row gather cost 4x the CPU of copying, measured). */
+Test(gather, fragments_under_min_piece_are_staged) {
+  const uint64_t seg[2] = {0, 1 << 22};
+  size_t n = rows_ops(pops, 4096, 512, 4096, seg); /* 4096 bytes a fragment, aligned */
+  sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 512 * 4096}};
+  sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
+  size_t nd = 0;
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, SD_GATHER_MIN_PIECE);
+  cr_expect_eq(nd, 0, "4 KiB fragments under the default minimum: copied");
+  free(d);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 4096);
+  cr_expect_gt(nd, 0, "4 KiB fragments at a 4 KiB minimum: gathered");
   free(d);
 }
 
@@ -135,7 +153,7 @@ Test(gather, writes_are_capped_by_iovecs_and_bytes) {
   sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 2048 * 512}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
   cr_assert_eq(nd, 4, "4096 iovecs in writes of %d", SD_GATHER_IOV);
   f.direct = d;
   f.ndirect = nd;
@@ -149,7 +167,7 @@ Test(gather, writes_are_capped_by_iovecs_and_bytes) {
   f = (sd_fill){.files = files, .nfiles = 1, .ops = pops, .nops = 1};
   d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &nd);
   cr_expect_eq(nd, 0);
-  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN);
+  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN, 0);
   cr_assert_eq(nd, 1, "one run of one source: one iovec");
   f.direct = d;
   f.ndirect = nd;
@@ -168,7 +186,7 @@ Test(gather, a_gathered_write_waits_for_all_its_writes) {
   ready[77] = 0;
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n, .ready = ready};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN);
+  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
   cr_assert_eq(nd, 1);
   f.direct = d;
   f.ndirect = nd;
