@@ -16,7 +16,7 @@
  * ------------------------------------------------------------------------ */
 typedef struct {
   const char *socket, *save, *dir, *dtype, *file, *leader;
-  int rank, world_size, tp, nnodes, node_rank, split_inner;
+  int rank, world_size, tp, nnodes, node_rank, split_inner, split_dim0;
   uint64_t hidden, layers, vocab, intermediate, max_shard_size, seed;
   int no_wait, kill_before_seal, start_barrier, stream, place;
 } opts;
@@ -39,6 +39,8 @@ static void usage(FILE *f) {
           "  --seed S              content seed (default 0)\n"
           "  --split-inner         split every matrix along its inner dimension (rows interleave\n"
           "                        in the file: the daemon copies, a copy-bound case)\n"
+          "  --split-dim0          split every matrix along its first dimension (FSDP-like: each\n"
+          "                        rank's piece is one contiguous stretch of the file)\n"
           "  --nnodes N --node-rank K --leader HOST:PORT\n"
           "                        a multi-node save: N daemons, this rank's is node K\n"
           "  --file NAME           rank 0 also writes a Llama config.json-style file named NAME\n"
@@ -147,6 +149,7 @@ static void add(slices *ss, const opts *o, int tp_rank, unsigned esize, const ch
     t->count[d] = t->shape[d];
   }
   if (split_dim != REPLICATED && ndim == 2 && o->split_inner) split_dim = 1;
+  if (split_dim != REPLICATED && ndim == 2 && o->split_dim0) split_dim = 0;
   if (split_dim != REPLICATED) split(t->shape[split_dim], o->tp, tp_rank, &t->start[split_dim], &t->count[split_dim]);
   t->nbytes = esize * t->count[0] * (ndim == 2 ? t->count[1] : 1);
   /* A split finer than the dimension leaves some ranks an empty slice
@@ -299,7 +302,7 @@ int main(int argc, char **argv) {
   opts o = {.save = "example", .dir = "example", .dtype = "BF16", .world_size = 1, .tp = 1,
             .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688};
   enum { O_SOCKET = 256, O_SAVE, O_DIR, O_RANK, O_WS, O_TP, O_HIDDEN, O_LAYERS, O_VOCAB, O_INTER,
-         O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_PLACE, O_INNER, O_NNODES, O_NODE,
+         O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_PLACE, O_INNER, O_DIM0, O_NNODES, O_NODE,
          O_LEADER, O_HELP };
   static const struct option lo[] = {
       {"socket", required_argument, 0, O_SOCKET}, {"save", required_argument, 0, O_SAVE},
@@ -312,7 +315,7 @@ int main(int argc, char **argv) {
       {"no-wait", no_argument, 0, O_NOWAIT},      {"kill-before-seal", no_argument, 0, O_KILL},
       {"start-barrier", no_argument, 0, O_BARRIER}, {"stream", no_argument, 0, O_STREAM},
       {"place", no_argument, 0, O_PLACE},
-      {"split-inner", no_argument, 0, O_INNER},   {"nnodes", required_argument, 0, O_NNODES},
+      {"split-inner", no_argument, 0, O_INNER},   {"split-dim0", no_argument, 0, O_DIM0},   {"nnodes", required_argument, 0, O_NNODES},
       {"node-rank", required_argument, 0, O_NODE}, {"leader", required_argument, 0, O_LEADER},
       {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
   int ch, bad = 0;
@@ -338,6 +341,7 @@ int main(int argc, char **argv) {
       case O_STREAM: o.stream = 1; break;
       case O_PLACE: o.place = 1; break;
       case O_INNER: o.split_inner = 1; break;
+      case O_DIM0: o.split_dim0 = 1; break;
       case O_NNODES: bad |= parse_int(optarg, &o.nnodes); break;
       case O_NODE: bad |= parse_int(optarg, &o.node_rank); break;
       case O_LEADER: o.leader = optarg; break;

@@ -57,10 +57,11 @@ static void usage(FILE *f) {
           "with 4 example ranks, (m) two shardds on loopback sharing the root with 2 ranks each (TP pairs:\n"
           "every file can be written where its bytes are held), slices placed for zero-copy writes\n"
           "(--place, like bench_e2e's (z)), (k1)/(k2) one shardd, every matrix split on\n"
-          "its inner dimension (copy-bound), copy_threads 1 and 2. Never fails on a time; exits 1 when a\n"
+          "its inner dimension (copy-bound), copy_threads 1 and 2, and (f) one shardd, every matrix split\n"
+          "on dim 0 and placed (FSDP-like: all zero-copy but the header). Never fails on a time; exits 1 when a\n"
           "checkpoint is wrong.\n"
           "  --gib N  --quick (0.25)  --dir PARENT  --shardd PATH  --rank-bin PATH  --max-shard-size N\n"
-          "  --phases LIST (any of a c m k; default acmk)  --timeout S (default 3600)  --keep\n");
+          "  --phases LIST (any of a c m k f; default acmkf)  --timeout S (default 3600)  --keep\n");
 }
 
 static pid_t spawn_io(char *const argv[], int in_fd, int out_fd, int err_fd) {
@@ -115,7 +116,7 @@ static uint64_t num(const json_t *o, const char *a, const char *b) {
  * One save: nd daemons on one root, four ranks, the daemons' own figures
  * ------------------------------------------------------------------------ */
 static int run_save(const options *o, const char *work, const sd_e2e_model *m, int nd, unsigned copy_threads,
-                    int inner, int place, run *r) {
+                    int split, int place, run *r) { /* split 1: every matrix on its inner dimension, 2: on dim 0 */
   r->ran = 1;
   char root[PATH_MAX], tok[PATH_MAX], sock[MAXD][PATH_MAX], log[MAXD][PATH_MAX], addr[MAXD][64] = {{0}};
   char ct[16], ckpt[PATH_MAX + 16];
@@ -180,7 +181,8 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
                       "--layers", nums[2], "--vocab", nums[3], "--dtype", "BF16", "--max-shard-size", nums[4],
                       "--start-barrier"};
     int n = 26;
-    if (inner) argv[n++] = "--split-inner";
+    if (split == 1) argv[n++] = "--split-inner";
+    if (split == 2) argv[n++] = "--split-dim0";
     if (place) argv[n++] = "--place";
     if (nd > 1) {
       argv[n++] = "--nnodes", argv[n++] = nums[5], argv[n++] = "--node-rank", argv[n++] = nr[k];
@@ -346,7 +348,7 @@ static void row(const run *r, double rawg) {
 }
 
 int main(int argc, char **argv) {
-  options o = {.gib = 4, .parent = "/var/tmp", .phases = "acmk", .timeout_s = 3600};
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "acmkf", .timeout_s = 3600};
   static const struct option lo[] = {
       {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
@@ -399,24 +401,26 @@ int main(int argc, char **argv) {
 
   run a = {.label = "(a) raw io_uring writer"}, c = {.label = "(c) 1 daemon, 4 ranks"},
       mm = {.label = "(m) 2 daemons, 2 placed ranks each"}, k1 = {.label = "(k1) inner splits, copy_threads 1"},
-      k2 = {.label = "(k2) inner splits, copy_threads 2"}, a2 = {.label = "(a) raw again, last"};
+      k2 = {.label = "(k2) inner splits, copy_threads 2"}, f = {.label = "(f) dim-0 splits only, placed"},
+      a2 = {.label = "(a) raw again, last"};
   int fail = 0, do_a = strchr(o.phases, 'a') != NULL;
   if (do_a) raw(work, &m, &a);
   if (strchr(o.phases, 'c') && run_save(&o, work, &m, 1, 0, 0, 0, &c) != 0) fail = 1;
   if (strchr(o.phases, 'm') && run_save(&o, work, &m, 2, 0, 0, 1, &mm) != 0) fail = 1;
   if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 1, 1, 0, &k1) != 0) fail = 1;
   if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 2, 1, 0, &k2) != 0) fail = 1;
+  if (strchr(o.phases, 'f') && run_save(&o, work, &m, 1, 0, 2, 1, &f) != 0) fail = 1;
   if (do_a) raw(work, &m, &a2);
 
   double ra = gbps(&a) > 0 && gbps(&a2) > 0 ? (gbps(&a) + gbps(&a2)) / 2 : gbps(&a) > 0 ? gbps(&a) : gbps(&a2);
   printf("\n%-34s %12s %8s %7s %6s %9s %9s %9s %5s %8s %8s %11s\n", "phase", "bytes", "seconds", "GB/s", "/raw",
          "CPU s/GiB", "direct MiB", "buf MiB", "trips", "blk/cpy", "anon MiB", "load 1m");
-  const run *all[] = {&a, &c, &mm, &k1, &k2, &a2};
-  for (size_t i = 0; i < 6; i++) row(all[i], ra);
+  const run *all[] = {&a, &c, &mm, &k1, &k2, &f, &a2};
+  for (size_t i = 0; i < 7; i++) row(all[i], ra);
   printf("  /raw = against the mean of the raw runs before and after; CPU = every daemon of the phase (utime+stime);\n"
          "  direct/buf = the daemons' write_bytes_direct / write_bytes_buffered; trips = copy_trips_peak;\n"
          "  blk/cpy = the slowest rank's blocked time over its plain memcpy; anon = peak RssAnon, daemons summed\n");
-  for (size_t i = 0; i < 6; i++)
+  for (size_t i = 0; i < 7; i++)
     if (all[i]->ran) printf("  %s: %s\n", all[i]->label, all[i]->note);
   if (gbps(&mm) > 0 && gbps(&c) > 0)
     printf("(m)/(c) = %.2f (bytes forwarded between the daemons: %" PRIu64 ")\n", gbps(&mm) / gbps(&c), mm.fwd);
@@ -425,7 +429,7 @@ int main(int argc, char **argv) {
            gbps(&k2) / gbps(&k1), spg(&k2), spg(&k1), cores,
            cores <= 2 ? " (two cores also run the 4 ranks: little room to scale)" : "");
   printf("cores for 25 GB/s at the measured daemon CPU:");
-  for (size_t i = 1; i < 5; i++)
+  for (size_t i = 1; i < 6; i++)
     if (all[i]->ok) printf(" %.4s %.1f", all[i]->label, spg(all[i]) * 25e9 / GIB);
   printf("\n");
   if (!o.keep && !fail) sd_e2e_rmtree(work);
