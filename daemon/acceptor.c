@@ -1,6 +1,8 @@
 /* Accepting connections without starving: the descriptor limit, a budget, the spare descriptor on EMFILE. */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -163,4 +165,34 @@ void sd_acceptor_stop(sd_acceptor *a) {
   uv_close((uv_handle_t *)&a->retry, on_closed);
   if (a->fd >= 0) close(a->fd);
   a->fd = -1;
+}
+
+int sd_tcp_listen(const char *host, unsigned port, int backlog, int nonblock, int *out, struct sockaddr_storage *ss,
+                  const char **why) {
+  char ports[16];
+  snprintf(ports, sizeof ports, "%u", port);
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  int g = getaddrinfo(host, ports, &hints, &res);
+  if (g != 0 || !res) {
+    *why = gai_strerror(g);
+    return 1;
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0), on = 1;
+  int rc = fd < 0 ? -errno : 0;
+  if (!rc && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) < 0) rc = -errno;
+  if (!rc && bind(fd, res->ai_addr, res->ai_addrlen) < 0) rc = -errno;
+  if (!rc && listen(fd, backlog) < 0) rc = -errno;
+  freeaddrinfo(res);
+  socklen_t len = sizeof *ss;
+  if (!rc && getsockname(fd, (struct sockaddr *)ss, &len) < 0) rc = -errno;
+  if (rc < 0) {
+    if (fd >= 0) close(fd);
+    return rc;
+  }
+  *out = fd;
+  return 0;
 }

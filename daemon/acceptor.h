@@ -50,4 +50,12 @@ int sd_acceptor_start(sd_acceptor *a, uv_loop_t *loop, int listen_fd, const char
 /* Stops accepting and closes the listening socket. */
 void sd_acceptor_stop(sd_acceptor *a);
 
+/* A listening TCP socket on host:port (numeric port; 0 takes a free one),
+ * close-on-exec, SO_REUSEADDR, nonblocking when asked; *ss gets the address
+ * it is bound to. 0, -errno, or 1 when the address does not resolve (*why
+ * says why). */
+struct sockaddr_storage;
+int sd_tcp_listen(const char *host, unsigned port, int backlog, int nonblock, int *fd, struct sockaddr_storage *ss,
+                  const char **why);
+
 #endif

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "acceptor.h"
 #include "log.h"
 #include "metrics_http.h"
 #include "ops.h"
@@ -127,28 +128,11 @@ static int bind_listener(const char *addr, int *out, unsigned *bound_port, sd_er
   if (sd_peer_addr_split(addr, host, sizeof host, &port, &e) != 0)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
                    "metrics_listen '%.100s' must be HOST:PORT or [IPV6]:PORT, the port 0 to 65535", addr);
-  char ports[16];
-  snprintf(ports, sizeof ports, "%u", port);
-  struct addrinfo hints, *res = NULL;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  int g = getaddrinfo(host, ports, &hints, &res);
-  if (g != 0 || !res)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "cannot serve metrics on %s: %s", addr, gai_strerror(g));
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), on = 1, rc = fd < 0 ? -errno : 0;
-  if (!rc && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) < 0) rc = -errno;
-  if (!rc && bind(fd, res->ai_addr, res->ai_addrlen) < 0) rc = -errno;
-  if (!rc && listen(fd, 64) < 0) rc = -errno;
-  freeaddrinfo(res);
-  if (rc < 0) {
-    if (fd >= 0) close(fd);
-    return sd_fail(err, SHARDD_E_IO, "cannot serve metrics on %s: %s", addr, strerror(-rc));
-  }
   struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &len);
+  const char *why = NULL;
+  int fd = -1, rc = sd_tcp_listen(host, port, 64, 0, &fd, &ss, &why);
+  if (rc == 1) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "cannot serve metrics on %s: %s", addr, why);
+  if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot serve metrics on %s: %s", addr, strerror(-rc));
   *bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                          : ntohs(((struct sockaddr_in *)&ss)->sin_port);
   *out = fd;

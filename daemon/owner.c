@@ -9,7 +9,6 @@
 
 #include "owner.h"
 #include "pathsafe.h"
-#include "publish.h"
 
 int sd_owner_record(int dirfd, uid_t uid) {
   char v[16];

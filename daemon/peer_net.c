@@ -24,30 +24,13 @@ static int listen_open(sd_peer_net *net, const char *addr, sd_error *err) {
   unsigned port;
   int rc = sd_peer_addr_split(addr, net->listen_host, sizeof net->listen_host, &port, err);
   if (rc) return rc;
-  char ports[16];
-  snprintf(ports, sizeof ports, "%u", port);
-  struct addrinfo hints, *res = NULL;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  int g = getaddrinfo(net->listen_host, ports, &hints, &res);
-  if (g != 0 || !res)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "--peer-listen %s: %s", addr, gai_strerror(g));
   /* A plain socket for the acceptor: libuv's own accept would drop connections unlogged on EMFILE. */
-  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), on = 1;
-  rc = fd < 0 ? -errno : 0;
-  if (!rc && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) < 0) rc = -errno;
-  if (!rc && bind(fd, res->ai_addr, res->ai_addrlen) < 0) rc = -errno;
-  if (!rc && listen(fd, 128) < 0) rc = -errno;
-  freeaddrinfo(res);
-  if (rc < 0) {
-    if (fd >= 0) close(fd);
-    return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, strerror(-rc));
-  }
   struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  getsockname(fd, (struct sockaddr *)&ss, &len);
+  const char *why = NULL;
+  int fd = -1;
+  rc = sd_tcp_listen(net->listen_host, port, 128, 1, &fd, &ss, &why);
+  if (rc == 1) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "--peer-listen %s: %s", addr, why);
+  if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, strerror(-rc));
   rc = sd_acceptor_start(&net->listener, net->loop, fd, "the peer listener", sd_peer_on_incoming, net);
   if (rc < 0) return sd_fail(err, SHARDD_E_IO, "cannot listen for peers on %s: %s", addr, uv_strerror(rc));
   net->listener.on_stopped = on_listener_stopped;
