@@ -29,48 +29,6 @@ static void need_root(void) {
 /* Lets processes of other uids reach the socket in H.base. */
 static void open_up(void) { cr_assert_eq(chmod(H.base, 0755), 0, "chmod %s", H.base); }
 
-/* ------------------------------------------------------------------------ *
- * A client running as another user. Criterion's asserts cannot be used in
- * it, so it reports through its exit status: 0, or the 1-based number of
- * the first step whose reply lacked the expected text.
- * ------------------------------------------------------------------------ */
-typedef struct {
-  const char *line;
-  const char *want;        /* text the reply must hold, e.g. "\"code\":\"permission_denied\"" */
-} step;
-
-static int run_as(uid_t uid, gid_t gid, const step *steps, size_t n) {
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(100);
-    x_conn *c = x_try_connect(H.sock);
-    if (!c) _exit(101);
-    for (size_t i = 0; i < n; i++) {
-      x_send(c, steps[i].line, strlen(steps[i].line));
-      x_send(c, "\n", 1);
-      char *r = NULL;
-      do {
-        free(r);
-        r = x_read_line(c, X_REPLY_MS);
-      } while (r && strstr(r, "\"event\""));
-      if (!r || !strstr(r, steps[i].want)) {
-        fprintf(stderr, "uid %u step %zu '%s': wanted '%s', got '%s'\n", (unsigned)uid, i + 1, steps[i].line,
-                steps[i].want, r ? r : "(nothing)");
-        _exit((int)(i + 1));
-      }
-      free(r);
-    }
-    x_close(c);
-    _exit(0);
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  cr_assert(WIFEXITED(st), "client as uid %u died (status 0x%x)", (unsigned)uid, st);
-  return WEXITSTATUS(st);
-}
-
 /* A segment of `size` bytes owned by uid:gid, mode 0640. */
 static void shm_owned(const char *name, uid_t uid, gid_t gid) {
   int fd = x_shm_create(name, 4096, 9, NULL);
@@ -125,11 +83,11 @@ Test(perms, shm_attached_only_when_owned_by_the_peer) {
   x_start(flags);
   char line[128];
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", theirs);
-  step own[] = {{line, "\"ok\":true"}};
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, own, 1), 0, "the owner cannot attach its own segment");
+  x_step own[] = {{line, "\"ok\":true"}};
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, own, 1), 0, "the owner cannot attach its own segment");
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", mine);
-  step root_s[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, root_s, 1), 0, "a user attached root's segment");
+  x_step root_s[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, root_s, 1), 0, "a user attached root's segment");
   x_close(c);
   shm_unlink(mine);
   shm_unlink(theirs);
@@ -146,24 +104,24 @@ Test(perms, trusted_group_members_may_attach_the_groups_segments) {
   x_start(flags);
   char line[128];
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", seg);
-  step ok[] = {{line, "\"ok\":true"}};
-  step no[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(run_as(U_OTHER, G_TRUST, ok, 1), 0, "a member of the trusted group (primary) cannot attach");
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, no, 1), 0, "a non-member attached a trusted group's segment");
+  x_step ok[] = {{line, "\"ok\":true"}};
+  x_step no[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(x_steps_as(U_OTHER, G_TRUST, ok, 1), 0, "a member of the trusted group (primary) cannot attach");
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, no, 1), 0, "a non-member attached a trusted group's segment");
   /* a segment of another group is still refused to the trusted group's members */
   char other[64];
   snprintf(other, sizeof other, "/sdxt-grp2-%d", (int)getpid());
   shm_owned(other, 0, G_OTHER);
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", other);
-  step no2[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(run_as(U_OTHER, G_TRUST, no2, 1), 0, "a segment outside the trusted group was attached");
+  x_step no2[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(x_steps_as(U_OTHER, G_TRUST, no2, 1), 0, "a segment outside the trusted group was attached");
   h_daemon_stop(&H);
   /* without the setting, the group does not count */
   const char *plain[] = {"--socket-mode", "0666", NULL};
   x_start(plain);
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", seg);
-  step no3[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(run_as(U_OTHER, G_TRUST, no3, 1), 0, "group ownership counted without --trusted-group");
+  x_step no3[] = {{line, "\"code\":\"permission_denied\""}};
+  cr_assert_eq(x_steps_as(U_OTHER, G_TRUST, no3, 1), 0, "group ownership counted without --trusted-group");
   shm_unlink(seg);
   shm_unlink(other);
   x_serving();
@@ -179,7 +137,7 @@ Test(perms, only_the_uid_that_began_a_save_may_join_put_or_abort_it) {
   x_ok(x_call(r0, "{\"op\":\"put\",\"save\":\"own\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[2],\"start\":[0],"
                   "\"count\":[1],\"data\":\"AQ==\"}"),
        "put 0");
-  step intruder[] = {
+  x_step intruder[] = {
       {"{\"op\":\"begin\",\"save\":\"own\",\"dir\":\"own/a\",\"rank\":1,\"world_size\":2}",
        "\"code\":\"permission_denied\""},
       {"{\"op\":\"put\",\"save\":\"own\",\"name\":\"w\",\"dtype\":\"U8\",\"shape\":[2],\"start\":[1],\"count\":[1],"
@@ -193,7 +151,7 @@ Test(perms, only_the_uid_that_began_a_save_may_join_put_or_abort_it) {
       /* its own save is its own business */
       {"{\"op\":\"begin\",\"save\":\"theirs\",\"dir\":\"theirs/a\",\"rank\":0,\"world_size\":2}", "\"ok\":true"},
   };
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, intruder, sizeof intruder / sizeof intruder[0]), 0,
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, intruder, sizeof intruder / sizeof intruder[0]), 0,
                "another uid could touch the save");
   /* the save is unharmed: its own uid joins and it commits */
   x_conn *r1 = x_connect();
@@ -283,7 +241,7 @@ Test(perms, symlink_planted_inside_the_root_is_refused) {
 #define U_THIRD 4245
 
 /* The steps of a one-rank save of dir, inline, with or without overwrite. */
-static void save_steps(step *s, char lines[4][256], const char *save, const char *dir, int overwrite, int value) {
+static void save_steps(x_step *s, char lines[4][256], const char *save, const char *dir, int overwrite, int value) {
   snprintf(lines[0], 256, "{\"op\":\"begin\",\"save\":\"%s\",\"dir\":\"%s\",\"rank\":0,\"world_size\":1%s}", save, dir,
            overwrite ? ",\"overwrite\":true" : "");
   snprintf(lines[1], 256,
@@ -291,7 +249,7 @@ static void save_steps(step *s, char lines[4][256], const char *save, const char
            value == 1 ? "AQ==" : value == 2 ? "Ag==" : "Aw==");
   snprintf(lines[2], 256, "{\"op\":\"seal\",\"save\":\"%s\"}", save);
   snprintf(lines[3], 256, "{\"op\":\"wait\",\"save\":\"%s\"}", save);
-  for (int i = 0; i < 4; i++) s[i] = (step){lines[i], "\"ok\":true"};
+  for (int i = 0; i < 4; i++) s[i] = (x_step){lines[i], "\"ok\":true"};
 }
 
 static unsigned recorded_owner(const char *rel) {
@@ -307,26 +265,26 @@ Test(perms, overwrite_only_of_checkpoints_the_callers_uid_committed) {
   open_up();
   const char *flags[] = {"--socket-mode", "0666", NULL};
   x_start(flags);
-  step s[4];
+  x_step s[4];
   char l[4][256];
   save_steps(s, l, "o1", "owned/ck", 0, 1);
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's first save");
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's first save");
   cr_assert_eq(recorded_owner("owned/ck"), U_OTHER, "the owner recorded on the folder");
   char p[PATH_MAX];
   uint64_t before = x_tree_hash(h_path(p, sizeof p, "owned/ck"));
   /* another uid: refused at begin, naming the folder and its owner */
   save_steps(s, l, "o2", "owned/ck", 1, 2);
   s[0].want = "committed by uid 4243";
-  cr_assert_eq(run_as(U_THIRD, G_OTHER, s, 1), 0, "another uid overwrote the checkpoint");
+  cr_assert_eq(x_steps_as(U_THIRD, G_OTHER, s, 1), 0, "another uid overwrote the checkpoint");
   s[0].want = "\"code\":\"permission_denied\"";
-  cr_assert_eq(run_as(U_THIRD, G_OTHER, s, 1), 0, "the refusal's code");
+  cr_assert_eq(x_steps_as(U_THIRD, G_OTHER, s, 1), 0, "the refusal's code");
   /* root is no exception */
   x_conn *c = x_connect();
   x_err(x_call(c, l[0]), "permission_denied", "'owned/ck' was committed by uid 4243", "root's overwrite");
   cr_assert_eq(x_tree_hash(h_path(p, sizeof p, "owned/ck")), before, "the refused overwrites touched the checkpoint");
   /* the same uid replaces its own checkpoint */
   s[0].want = "\"ok\":true";
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's overwrite");
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's overwrite");
   const uint8_t two = 2;
   h_check_bytes("owned/ck", "w", &two, 1);
   cr_assert_eq(recorded_owner("owned/ck"), U_OTHER);
@@ -334,7 +292,7 @@ Test(perms, overwrite_only_of_checkpoints_the_callers_uid_committed) {
   cr_assert_eq(mkdir(h_path(p, sizeof p, "legacy"), 0777), 0);
   save_steps(s, l, "o3", "legacy", 1, 3);
   s[0].want = "has no recorded owner";
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 1), 0, "a user overwrote a folder without an owner");
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 1), 0, "a user overwrote a folder without an owner");
   x_ok(x_call(c, l[0]), "root (the daemon's uid) overwrites a folder without an owner");
   x_ok(x_call(c, l[1]), "put");
   x_ok(x_call(c, l[2]), "seal");
@@ -349,15 +307,15 @@ Test(perms, trusted_group_members_may_overwrite_any_checkpoint) {
   open_up();
   const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
   x_start(flags);
-  step s[4];
+  x_step s[4];
   char l[4][256];
   save_steps(s, l, "t1", "team/ck", 0, 1);
-  cr_assert_eq(run_as(U_OTHER, G_OTHER, s, 4), 0, "the first save");
+  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 4), 0, "the first save");
   save_steps(s, l, "t2", "team/ck", 1, 2);
   s[0].want = "members of trusted_group";
-  cr_assert_eq(run_as(U_THIRD, G_OTHER, s, 1), 0, "a non-member overwrote another uid's checkpoint");
+  cr_assert_eq(x_steps_as(U_THIRD, G_OTHER, s, 1), 0, "a non-member overwrote another uid's checkpoint");
   s[0].want = "\"ok\":true";
-  cr_assert_eq(run_as(U_THIRD, G_TRUST, s, 4), 0, "a member of the trusted group cannot overwrite");
+  cr_assert_eq(x_steps_as(U_THIRD, G_TRUST, s, 4), 0, "a member of the trusted group cannot overwrite");
   const uint8_t two = 2;
   h_check_bytes("team/ck", "w", &two, 1);
   cr_assert_eq(recorded_owner("team/ck"), U_THIRD, "the new owner is the member who overwrote it");

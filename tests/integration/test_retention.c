@@ -72,49 +72,13 @@ static void expect_no_hidden(const char *rel) {
   cr_assert_eq(count_prefix(p, ".shardd-del-"), 0, "a folder being deleted is left in %s", p);
 }
 
-/* A client as another uid (criterion asserts cannot run in it): 0, or the
- * 1-based number of the first line whose reply lacked `want`. */
-typedef struct {
-  const char *line, *want;
-} step;
-
-static int run_as(uid_t uid, const step *steps, size_t n) {
-  fflush(NULL);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    if (setgroups(0, NULL) != 0 || setgid(G_OTHER) != 0 || setuid(uid) != 0) _exit(100);
-    x_conn *c = x_try_connect(H.sock);
-    if (!c) _exit(101);
-    for (size_t i = 0; i < n; i++) {
-      x_send(c, steps[i].line, strlen(steps[i].line));
-      x_send(c, "\n", 1);
-      char *r = NULL;
-      do {
-        free(r);
-        r = x_read_line(c, X_REPLY_MS);
-      } while (r && strstr(r, "\"event\""));
-      if (!r || !strstr(r, steps[i].want)) {
-        fprintf(stderr, "uid %u step %zu '%s': wanted '%s', got '%s'\n", (unsigned)uid, i + 1, steps[i].line,
-                steps[i].want, r ? r : "(nothing)");
-        _exit((int)(i + 1));
-      }
-      free(r);
-    }
-    x_close(c);
-    _exit(0);
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  cr_assert(WIFEXITED(st), "client as uid %u died (status 0x%x)", (unsigned)uid, st);
-  return WEXITSTATUS(st);
-}
+static int run_as(uid_t uid, const x_step *steps, size_t n) { return x_steps_as(uid, G_OTHER, steps, n); }
 
 static int save_as(uid_t uid, const char *save, const char *dir, unsigned keep_last) {
   char l[4][320];
   save_lines(l, save, dir, keep_last);
-  step s[4];
-  for (int i = 0; i < 4; i++) s[i] = (step){l[i], "\"ok\":true"};
+  x_step s[4];
+  for (int i = 0; i < 4; i++) s[i] = (x_step){l[i], "\"ok\":true"};
   return run_as(uid, s, 4);
 }
 
@@ -165,7 +129,7 @@ Test(retention, another_uid_may_not_delete) {
   cr_assert_eq(save_as(U_OTHER, "o1", "team/ck", 0), 0, "the owner's save");
   char p[PATH_MAX];
   uint64_t before = x_tree_hash(h_path(p, sizeof p, "team/ck"));
-  step del = {"{\"op\":\"delete\",\"dir\":\"team/ck\"}", "\"code\":\"permission_denied\""};
+  x_step del = {"{\"op\":\"delete\",\"dir\":\"team/ck\"}", "\"code\":\"permission_denied\""};
   cr_assert_eq(run_as(U_THIRD, &del, 1), 0, "another uid deleted the checkpoint");
   del.want = "'team/ck' was committed by uid 4243; uid 4245 may not delete it";
   cr_assert_eq(run_as(U_THIRD, &del, 1), 0, "the refusal's message");

@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------ *
@@ -297,4 +299,36 @@ int x_shm_create(const char *name, size_t size, unsigned seed, uint8_t **map) {
   else
     munmap(m, size);
   return fd;
+}
+
+int x_steps_as(uid_t uid, gid_t gid, const x_step *steps, size_t n) {
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(100);
+    x_conn *c = x_try_connect(H.sock);
+    if (!c) _exit(101);
+    for (size_t i = 0; i < n; i++) {
+      x_send(c, steps[i].line, strlen(steps[i].line));
+      x_send(c, "\n", 1);
+      char *r = NULL;
+      do {
+        free(r);
+        r = x_read_line(c, X_REPLY_MS);
+      } while (r && strstr(r, "\"event\""));
+      if (!r || !strstr(r, steps[i].want)) {
+        fprintf(stderr, "uid %u step %zu '%s': wanted '%s', got '%s'\n", (unsigned)uid, i + 1, steps[i].line,
+                steps[i].want, r ? r : "(nothing)");
+        _exit((int)(i + 1));
+      }
+      free(r);
+    }
+    x_close(c);
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  cr_assert(WIFEXITED(st), "client as uid %u died (status 0x%x)", (unsigned)uid, st);
+  return WEXITSTATUS(st);
 }

@@ -97,4 +97,14 @@ long x_rss_kib(pid_t pid);
  * returns its fd (read-write) and maps it into *map when map is not NULL. */
 int x_shm_create(const char *name, size_t size, unsigned seed, uint8_t **map);
 
+/* A client as another user, in a forked process (criterion's asserts cannot
+ * run in it): sends each line and reads its reply (skipping events).
+ * Returns 0, the 1-based number of the first step whose reply lacked
+ * `want`, or 100/101 when it could not become the user or connect. */
+typedef struct {
+  const char *line;
+  const char *want;        /* text the reply must hold, e.g. "\"code\":\"permission_denied\"" */
+} x_step;
+int x_steps_as(uid_t uid, gid_t gid, const x_step *steps, size_t n);
+
 #endif
