@@ -2,6 +2,7 @@
 #include "fixture_root.h"
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -18,6 +19,19 @@ void fr_open_root(const char *path) {
   if (FR.root_fd >= 0) close(FR.root_fd);
   snprintf(FR.root, sizeof FR.root, "%s", path);
   cr_assert_eq(sd_root_open(FR.root, &FR.root_fd, &err), 0, "%s", err.msg);
+}
+
+void fr_open_ramfs_root(void) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
+  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
+    int e = errno;
+    FR.mnt[0] = '\0';
+    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+  }
+  char r[512];
+  snprintf(r, sizeof r, "%s/root", FR.mnt);
+  fr_open_root(r);
 }
 
 void fr_setup(const char *tmpl) {

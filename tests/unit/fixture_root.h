@@ -32,6 +32,9 @@ void fr_teardown(void);
 void fr_closed_cb(void *ud);
 /* Makes path the root (FR.root, FR.root_fd), closing the previous one. */
 void fr_open_root(const char *path);
+/* A ramfs mounted at FR.mnt (unmounted by fr_teardown) with the root in it:
+ * a file system that refuses O_DIRECT. Skips the test when it cannot mount. */
+void fr_open_ramfs_root(void);
 
 /* What a publish reported through its callbacks (ud of fr_on_released/fr_on_done). */
 typedef struct {

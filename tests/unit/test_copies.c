@@ -496,16 +496,7 @@ Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
 
 /* O_DIRECT refused (ramfs): the same job goes through the page cache. */
 Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
-  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
-  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
-  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
-    int e = errno;
-    FR.mnt[0] = '\0';
-    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
-  }
-  char r[512];
-  snprintf(r, sizeof r, "%s/root", FR.mnt);
-  fr_open_root(r);
+  fr_open_ramfs_root();
   make_writer(2, 256 << 10, 64 << 10);
   enum { SIZE = 300001 };
   uint8_t *src = malloc(2 * (size_t)SIZE);

@@ -358,16 +358,7 @@ Test(gather, a_gathered_write_from_a_shrunken_segment_fails_the_save, .init = se
 
 /* Where O_DIRECT is refused (ramfs) nothing is gathered and every byte is still right. */
 Test(gather, nothing_gathered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
-  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
-  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
-  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
-    int e = errno;
-    FR.mnt[0] = '\0';
-    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
-  }
-  char root[512];
-  snprintf(root, sizeof root, "%s/root", FR.mnt);
-  fr_open_root(root);
+  fr_open_ramfs_root();
   make_writer();
   size_t len = 4u << 20;
   int fd;

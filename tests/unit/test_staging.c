@@ -358,16 +358,7 @@ Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_tear
 
 Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
-  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
-  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
-  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
-    int e = errno;
-    FR.mnt[0] = '\0';
-    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
-  }
-  char r[512];
-  snprintf(r, sizeof r, "%s/root", FR.mnt);
-  fr_open_root(r);
+  fr_open_ramfs_root();
   cr_assert_eq(fs_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
   make_writer(256 << 10, 64 << 10, 0);
   uint64_t sizes[] = {4097, 200001};
@@ -745,16 +736,7 @@ Test(staging, a_zero_copy_write_from_a_shrunken_segment_fails_the_save, .init = 
 /* Where O_DIRECT is refused (ramfs), zero-copy writes go through the page
  * cache from the segment, and the bytes are still right. */
 Test(staging, zero_copy_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
-  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
-  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
-  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
-    int e = errno;
-    FR.mnt[0] = '\0';
-    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
-  }
-  char root[512];
-  snprintf(root, sizeof root, "%s/root", FR.mnt);
-  fr_open_root(root);
+  fr_open_ramfs_root();
   cr_assert_eq(fs_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
   make_writer(256 << 10, 64 << 10, 0);
   size_t len = 4u << 20;
