@@ -18,7 +18,7 @@ typedef struct {
   const char *socket, *save, *dir, *dtype, *file, *leader;
   int rank, world_size, tp, nnodes, node_rank, split_inner, split_dim0;
   uint64_t hidden, layers, vocab, intermediate, max_shard_size, seed;
-  int no_wait, kill_before_seal, start_barrier, stream, place;
+  int no_wait, kill_before_seal, start_barrier, stream, place, repeat;
 } opts;
 
 static void usage(FILE *f) {
@@ -51,10 +51,13 @@ static void usage(FILE *f) {
           "  --place               arena offsets from shardd_place: whole tensors and dim-0 pieces\n"
           "                        lie congruent to their file offsets, so the daemon writes them\n"
           "                        with no copy (zero-copy placement)\n"
-          "  --start-barrier       three times, once connected: print 'ready' and wait for a line\n"
-          "                        on stdin; the first two gos start the two memcpy baseline\n"
-          "                        passes, the third the save, so ranks do each together as a\n"
-          "                        trainer's ranks do at a checkpoint step (EOF: exit 1)\n"
+          "  --start-barrier       once connected, print 'ready' and wait for a line on stdin\n"
+          "                        before each of the two memcpy baseline passes and before each\n"
+          "                        save (2 + N times), so ranks do each together as a trainer's\n"
+          "                        ranks do at a checkpoint step (EOF: exit 1)\n"
+          "  --repeat N            save N times over the same connection and arena (a trainer\n"
+          "                        saving every N steps); saves 1..N-1 go to DIR.wK as SAVE.wK,\n"
+          "                        each after its own start signal; the last save's times print\n"
           "Prints one JSON line: rank, bytes, blocked_s (begin+puts+seal, copies included),\n"
           "memcpy_s (the faster of two plain memcpys of the same bytes into the arena), state, files.\n");
 }
@@ -242,13 +245,13 @@ static char *config_json(const opts *o, int dt) {
 
 #define STREAM_STEP (64u << 20)
 
-static int send_config(const opts *o, int dt, shardd_client *c, shardd_arena *a, int *status) {
+static int send_config(const opts *o, const char *save, int dt, shardd_client *c, shardd_arena *a, int *status) {
   char *cfg = config_json(o, dt);
   if (!cfg) {
     *status = fail(o, "file", SHARDD_E_NO_MEMORY, c, a);
     return -1;
   }
-  int rc = shardd_file(c, o->save, o->file, cfg, strlen(cfg));
+  int rc = shardd_file(c, save, o->file, cfg, strlen(cfg));
   free(cfg);
   if (rc) {
     *status = fail(o, "file", rc, c, a);
@@ -300,10 +303,10 @@ static int place_slices(slices *ss, const opts *o, int dt, unsigned esize, uint6
 
 int main(int argc, char **argv) {
   opts o = {.save = "example", .dir = "example", .dtype = "BF16", .world_size = 1, .tp = 1,
-            .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688};
+            .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688, .repeat = 1};
   enum { O_SOCKET = 256, O_SAVE, O_DIR, O_RANK, O_WS, O_TP, O_HIDDEN, O_LAYERS, O_VOCAB, O_INTER,
          O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_PLACE, O_INNER, O_DIM0, O_NNODES, O_NODE,
-         O_LEADER, O_HELP };
+         O_LEADER, O_REPEAT, O_HELP };
   static const struct option lo[] = {
       {"socket", required_argument, 0, O_SOCKET}, {"save", required_argument, 0, O_SAVE},
       {"dir", required_argument, 0, O_DIR},       {"rank", required_argument, 0, O_RANK},
@@ -317,6 +320,7 @@ int main(int argc, char **argv) {
       {"place", no_argument, 0, O_PLACE},
       {"split-inner", no_argument, 0, O_INNER},   {"split-dim0", no_argument, 0, O_DIM0},   {"nnodes", required_argument, 0, O_NNODES},
       {"node-rank", required_argument, 0, O_NODE}, {"leader", required_argument, 0, O_LEADER},
+      {"repeat", required_argument, 0, O_REPEAT},
       {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
   int ch, bad = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -345,6 +349,7 @@ int main(int argc, char **argv) {
       case O_NNODES: bad |= parse_int(optarg, &o.nnodes); break;
       case O_NODE: bad |= parse_int(optarg, &o.node_rank); break;
       case O_LEADER: o.leader = optarg; break;
+      case O_REPEAT: bad |= parse_int(optarg, &o.repeat); break;
       case O_HELP: usage(stdout); return 0;
       default: usage(stderr); return 2;
     }
@@ -355,7 +360,7 @@ int main(int argc, char **argv) {
   }
   int dt = find_dtype(o.dtype);
   const uint64_t lim = 1ull << 24; /* keeps every product below 2^64 */
-  if (optind != argc || dt < 0 || o.tp < 1 || o.world_size < 1 || o.world_size % o.tp != 0 ||
+  if (optind != argc || dt < 0 || o.tp < 1 || o.repeat < 1 || o.repeat > 1000 || o.world_size < 1 || o.world_size % o.tp != 0 ||
       o.rank >= o.world_size || o.hidden > lim || o.vocab > lim || o.intermediate > lim ||
       o.layers > 100000) {
     fprintf(stderr, "shardd-example-rank: need a known dtype, 0 <= rank < world-size, world-size a "
@@ -422,106 +427,121 @@ int main(int argc, char **argv) {
     double t = now_s() - t0;
     if (pass == 0 || t < memcpy_s) memcpy_s = t;
   }
-  if (o.start_barrier && wait_for_go() != 0) goto no_go;
-
-  double blocked = 0, t0 = now_s();
-  char ws[16], tps[16];
-  snprintf(ws, sizeof ws, "%d", o.world_size);
-  snprintf(tps, sizeof tps, "%d", o.tp);
-  const char *md[] = {"shardd_example", "rank_writer", "tp", tps, "world_size", ws};
-  shardd_save_opts so = {.save = o.save, .dir = o.dir, .rank = o.rank, .world_size = o.world_size,
-                         .max_shard_size = o.max_shard_size, .metadata = md, .nmetadata = 3,
-                         .nnodes = o.nnodes, .node_rank = o.node_rank, .leader = o.leader};
-  rc = shardd_begin(c, &so);
-  if (rc) {
-    status = fail(&o, "begin", rc, c, a);
-    goto done;
-  }
-  double begin_s = now_s() - t0, t_puts = now_s();
-  /* Copy everything (unless streaming), then put it all in one batch: one
-   * round trip's wait rather than one per slice. */
-  uint8_t *arena = shardd_arena_data(a);
-  shardd_tensor_desc *descs = calloc(nput ? nput : 1, sizeof *descs);
-  uint64_t *offs = calloc(nput ? nput : 1, sizeof *offs);
-  if (!descs || !offs) {
-    free(descs);
-    free(offs);
-    status = fail(&o, "put", SHARDD_E_NO_MEMORY, c, a);
-    goto done;
-  }
-  size_t k = 0;
-  for (size_t i = 0; i < ss.n; i++) {
-    slice *t = &ss.v[i];
-    int whole = t->nbytes == esize * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
-    descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
-                                    .shape = t->shape, .start = whole ? NULL : t->start,
-                                    .count = whole ? NULL : t->count, .index = t->index};
-    offs[k++] = t->aoff;
-    if (!o.stream) memcpy(arena + t->aoff, model + t->offset, (size_t)t->nbytes);
-  }
-  size_t refused = 0;
-  rc = shardd_put_many(c, o.save, descs, offs, k, a, o.stream, &refused);
-  free(descs);
-  free(offs);
-  if (rc) {
-    status = fail(&o, "put", rc, c, a);
-    goto done;
-  }
-  if (o.stream) {
-    /* The file goes first: nothing may be added once declared. */
-    if (o.file && o.rank == 0 && send_config(&o, dt, c, a, &status) != 0) goto done;
-    rc = shardd_declared(c, o.save);
-    if (rc) {
-      status = fail(&o, "declared", rc, c, a);
-      goto done;
-    }
-    /* Slices sit in the arena in put order: copy front to back, saying how
-     * far the bytes are ready every STREAM_STEP. */
-    uint8_t *dst = shardd_arena_data(a);
-    uint64_t said = 0;
-    for (size_t i = 0; i < ss.n; i++) {
-      slice *t = &ss.v[i];
-      memcpy(dst + t->aoff, model + t->offset, (size_t)t->nbytes);
-      uint64_t end = t->aoff + t->nbytes;
-      if (end - said >= STREAM_STEP) {
-        rc = shardd_ready(c, o.save, a, end);
-        if (rc) {
-          status = fail(&o, "ready", rc, c, a);
-          goto done;
-        }
-        said = end;
-      }
-    }
-  }
-  if (!o.stream && o.file && o.rank == 0 && send_config(&o, dt, c, a, &status) != 0) goto done;
-  if (o.kill_before_seal) {
-    /* Die as a crashed trainer would, without leaking the segment. */
-    shm_unlink(shardd_arena_name(a));
-    munmap(model, total);
-    free(ss.v);
-    exit(3);
-  }
-  double puts_s = now_s() - t_puts, t_seal = now_s();
-  rc = shardd_seal(c, o.save);
-  if (rc) {
-    status = fail(&o, "seal", rc, c, a);
-    goto done;
-  }
-  double seal_s = now_s() - t_seal;
-  blocked = now_s() - t0;
-
+  /* --repeat: the same connection and arena save again, as a trainer saves
+   * every N steps; every save but the last goes to DIR.wK (id SAVE.wK), and
+   * only the last one's times are printed. */
+  double blocked = 0, begin_s = 0, puts_s = 0, seal_s = 0, wait_s = 0, t0;
   shardd_result res = {.files = 0};
   const char *state = "sealed";
-  double wait_s = 0;
-  if (!o.no_wait) {
-    double tw = now_s();
-    rc = shardd_wait(c, o.save, -1, &res);
+  char save_id[512], save_dir[4096];
+  for (int rep = 1; rep <= o.repeat; rep++) {
+    if (o.start_barrier && wait_for_go() != 0) goto no_go;
+
+    t0 = now_s();
+    if (rep < o.repeat) {
+      snprintf(save_id, sizeof save_id, "%s.w%d", o.save, rep);
+      snprintf(save_dir, sizeof save_dir, "%s.w%d", o.dir, rep);
+    } else {
+      snprintf(save_id, sizeof save_id, "%s", o.save);
+      snprintf(save_dir, sizeof save_dir, "%s", o.dir);
+    }
+    char ws[16], tps[16];
+    snprintf(ws, sizeof ws, "%d", o.world_size);
+    snprintf(tps, sizeof tps, "%d", o.tp);
+    const char *md[] = {"shardd_example", "rank_writer", "tp", tps, "world_size", ws};
+    shardd_save_opts so = {.save = save_id, .dir = save_dir, .rank = o.rank, .world_size = o.world_size,
+                           .max_shard_size = o.max_shard_size, .metadata = md, .nmetadata = 3,
+                           .nnodes = o.nnodes, .node_rank = o.node_rank, .leader = o.leader};
+    rc = shardd_begin(c, &so);
     if (rc) {
-    status = fail(&o, "wait", rc, c, a);
-    goto done;
-  }
-    wait_s = now_s() - tw;
-    state = "committed";
+      status = fail(&o, "begin", rc, c, a);
+      goto done;
+    }
+    begin_s = now_s() - t0;
+    double t_puts = now_s();
+    /* Copy everything (unless streaming), then put it all in one batch: one
+     * round trip's wait rather than one per slice. */
+    uint8_t *arena = shardd_arena_data(a);
+    shardd_tensor_desc *descs = calloc(nput ? nput : 1, sizeof *descs);
+    uint64_t *offs = calloc(nput ? nput : 1, sizeof *offs);
+    if (!descs || !offs) {
+      free(descs);
+      free(offs);
+      status = fail(&o, "put", SHARDD_E_NO_MEMORY, c, a);
+      goto done;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < ss.n; i++) {
+      slice *t = &ss.v[i];
+      int whole = t->nbytes == esize * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+      descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
+                                      .shape = t->shape, .start = whole ? NULL : t->start,
+                                      .count = whole ? NULL : t->count, .index = t->index};
+      offs[k++] = t->aoff;
+      if (!o.stream) memcpy(arena + t->aoff, model + t->offset, (size_t)t->nbytes);
+    }
+    size_t refused = 0;
+    rc = shardd_put_many(c, save_id, descs, offs, k, a, o.stream, &refused);
+    free(descs);
+    free(offs);
+    if (rc) {
+      status = fail(&o, "put", rc, c, a);
+      goto done;
+    }
+    if (o.stream) {
+      /* The file goes first: nothing may be added once declared. */
+      if (o.file && o.rank == 0 && send_config(&o, save_id, dt, c, a, &status) != 0) goto done;
+      rc = shardd_declared(c, save_id);
+      if (rc) {
+        status = fail(&o, "declared", rc, c, a);
+        goto done;
+      }
+      /* Slices sit in the arena in put order: copy front to back, saying how
+       * far the bytes are ready every STREAM_STEP. */
+      uint8_t *dst = shardd_arena_data(a);
+      uint64_t said = 0;
+      for (size_t i = 0; i < ss.n; i++) {
+        slice *t = &ss.v[i];
+        memcpy(dst + t->aoff, model + t->offset, (size_t)t->nbytes);
+        uint64_t end = t->aoff + t->nbytes;
+        if (end - said >= STREAM_STEP) {
+          rc = shardd_ready(c, save_id, a, end);
+          if (rc) {
+            status = fail(&o, "ready", rc, c, a);
+            goto done;
+          }
+          said = end;
+        }
+      }
+    }
+    if (!o.stream && o.file && o.rank == 0 && send_config(&o, save_id, dt, c, a, &status) != 0) goto done;
+    if (o.kill_before_seal) {
+      /* Die as a crashed trainer would, without leaking the segment. */
+      shm_unlink(shardd_arena_name(a));
+      munmap(model, total);
+      free(ss.v);
+      exit(3);
+    }
+    puts_s = now_s() - t_puts;
+    double t_seal = now_s();
+    rc = shardd_seal(c, save_id);
+    if (rc) {
+      status = fail(&o, "seal", rc, c, a);
+      goto done;
+    }
+    seal_s = now_s() - t_seal;
+    blocked = now_s() - t0;
+
+    if (!o.no_wait) {
+      double tw = now_s();
+      rc = shardd_wait(c, save_id, -1, &res);
+      if (rc) {
+        status = fail(&o, "wait", rc, c, a);
+        goto done;
+      }
+      wait_s = now_s() - tw;
+      state = "committed";
+    }
   }
   rc = shardd_arena_destroy(a);
   if (rc) {

@@ -58,10 +58,12 @@ static void usage(FILE *f) {
           "every file can be written where its bytes are held), slices placed for zero-copy writes\n"
           "(--place, like bench_e2e's (z)), (k1)/(k2) one shardd, every matrix split on\n"
           "its inner dimension (copy-bound), copy_threads 1 and 2, and (f) one shardd, every matrix split\n"
-          "on dim 0 and placed (FSDP-like: all zero-copy but the header). Never fails on a time; exits 1 when a\n"
-          "checkpoint is wrong.\n"
+          "on dim 0 and placed (FSDP-like: all zero-copy but the header), (z) (c) with placed ranks.\n"
+          "(C), (Z), (F): the ranks of (c), (z), (f) save twice over the same connections and arenas, as a\n"
+          "trainer saving every N steps does; only the second save is measured (the steady state).\n"
+          "Never fails on a time; exits 1 when a checkpoint is wrong.\n"
           "  --gib N  --quick (0.25)  --dir PARENT  --shardd PATH  --rank-bin PATH  --max-shard-size N\n"
-          "  --phases LIST (any of a c m k f; default acmkf)  --timeout S (default 3600)  --keep\n");
+          "  --phases LIST (any of a c C z Z m k f F; default acCzZmkfF)  --timeout S (default 3600)  --keep\n");
 }
 
 static pid_t spawn_io(char *const argv[], int in_fd, int out_fd, int err_fd) {
@@ -115,8 +117,37 @@ static uint64_t num(const json_t *o, const char *a, const char *b) {
 /* ------------------------------------------------------------------------ *
  * One save: nd daemons on one root, four ranks, the daemons' own figures
  * ------------------------------------------------------------------------ */
+/* The daemons' byte counters (status totals and writer metrics), added with sign: a repeated
+ * save's figures are the daemons' totals at its end minus those at its start. */
+static void add_counters(char sock[][PATH_MAX], const pid_t *dp, int nd, run *r, int sign) {
+  for (int d = 0; d < nd; d++) {
+    json_t *st = dp[d] > 0 ? status_of(sock[d]) : NULL;
+    r->direct += (uint64_t)sign * num(st, "metrics", "write_bytes_direct");
+    r->buffered += (uint64_t)sign * num(st, "metrics", "write_bytes_buffered");
+    r->fwd += (uint64_t)sign * num(st, "peers", "bytes_forwarded");
+    r->zc += (uint64_t)sign * num(st, "totals", "bytes_direct");
+    r->gathered += (uint64_t)sign * num(st, "totals", "bytes_gathered");
+    r->copied += (uint64_t)sign * num(st, "totals", "bytes_copied");
+    uint64_t tp = num(st, "metrics", "copy_trips_peak");
+    if (sign > 0 && tp > r->trips_peak) r->trips_peak = tp;
+    json_decref(st);
+  }
+}
+
+#define MAX_REPEAT 8
+/* The checkpoints of a repeated phase's earlier saves (DIR.wK): not measured, not kept. */
+static void rm_warm(const char *ckpt, int repeat) {
+  for (int k = 1; k < repeat; k++) {
+    char w[PATH_MAX + 32];
+    sd_e2e_fmt(w, sizeof w, "%s.w%d", ckpt, k);
+    sd_e2e_rmtree(w);
+  }
+}
+
+/* split 1: every matrix on its inner dimension, 2: on dim 0; repeat > 1: the ranks save that many times
+ * over the same connections and arenas (a trainer saving every N steps) and only the last save is measured. */
 static int run_save(const options *o, const char *work, const sd_e2e_model *m, int nd, unsigned copy_threads,
-                    int split, int place, run *r) { /* split 1: every matrix on its inner dimension, 2: on dim 0 */
+                    int split, int place, int repeat, run *r) {
   r->ran = 1;
   char root[PATH_MAX], tok[PATH_MAX], sock[MAXD][PATH_MAX], log[MAXD][PATH_MAX], addr[MAXD][64] = {{0}};
   char ct[16], ckpt[PATH_MAX + 16];
@@ -125,7 +156,8 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
   sd_e2e_fmt(ckpt, sizeof ckpt, "%s/" CKPT_DIR, root);
   sd_e2e_fmt(ct, sizeof ct, "%u", copy_threads);
   mkdir(root, 0755);
-  sd_e2e_rmtree(ckpt); /* a failed phase before left its checkpoint */
+  sd_e2e_rmtree(ckpt); /* a failed phase before left its checkpoints */
+  rm_warm(ckpt, MAX_REPEAT);
   int tfd = open(tok, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (tfd < 0 || write(tfd, "bench-multi-secret-0123456789\n", 30) != 30) {
     sd_e2e_fmt(r->note, sizeof r->note, "FAILED: cannot write %s", tok);
@@ -163,13 +195,14 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     }
   }
 
-  char nums[6][32], rk[NRANKS][16], nr[NRANKS][8];
+  char nums[7][32], rk[NRANKS][16], nr[NRANKS][8];
   sd_e2e_fmt(nums[0], 32, "%" PRIu64, m->hidden);
   sd_e2e_fmt(nums[1], 32, "%" PRIu64, m->intermediate);
   sd_e2e_fmt(nums[2], 32, "%" PRIu64, m->layers);
   sd_e2e_fmt(nums[3], 32, "%" PRIu64, m->vocab);
   sd_e2e_fmt(nums[4], 32, "%" PRIu64, m->max_shard_size);
   sd_e2e_fmt(nums[5], 32, "%d", nd);
+  sd_e2e_fmt(nums[6], 32, "%d", repeat);
   pid_t pids[NRANKS] = {0};
   int out[NRANKS] = {-1, -1, -1, -1}, go[NRANKS] = {-1, -1, -1, -1}, started = 0;
   for (int k = 0; k < NRANKS && rc == 0; k++) {
@@ -184,6 +217,7 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     if (split == 1) argv[n++] = "--split-inner";
     if (split == 2) argv[n++] = "--split-dim0";
     if (place) argv[n++] = "--place";
+    if (repeat > 1) argv[n++] = "--repeat", argv[n++] = nums[6];
     if (nd > 1) {
       argv[n++] = "--nnodes", argv[n++] = nums[5], argv[n++] = "--node-rank", argv[n++] = nr[k];
       argv[n++] = "--leader", argv[n++] = addr[0];
@@ -202,16 +236,18 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     if (pids[k] < 0) rc = -1;
     else started++;
   }
-  /* The rank's barrier: ready/go three times, the third starts the save. */
+  /* The rank's barrier: ready/go before each memcpy pass and each save; the last starts the measured save. */
   double t0 = sd_e2e_now(), deadline = t0 + o->timeout_s, cpu0 = 0;
-  for (int round = 0; round < 3 && rc == 0; round++) {
+  int rounds = 2 + repeat;
+  for (int round = 0; round < rounds && rc == 0; round++) {
     char line[64];
     for (int k = 0; k < NRANKS && rc == 0; k++)
       if (read_line(out[k], line, sizeof line, deadline) != 0 || strcmp(line, "ready") != 0) rc = -1;
-    if (rc == 0 && round == 2) {
+    if (rc == 0 && round == rounds - 1) {
       sync();
       r->load_before = sd_e2e_load1();
       for (int d = 0; d < nd; d++) cpu0 += sd_e2e_proc_cpu(dp[d]);
+      if (repeat > 1) add_counters(sock, dp, nd, r, -1);
     }
     for (int k = 0; k < NRANKS && rc == 0; k++)
       if (write(go[k], "go\n", 3) != 3) rc = -1;
@@ -275,17 +311,8 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     }
     json_decref(j);
   }
+  add_counters(sock, dp, nd, r, 1);
   for (int d = 0; d < nd; d++) {
-    json_t *st = dp[d] > 0 ? status_of(sock[d]) : NULL;
-    r->direct += num(st, "metrics", "write_bytes_direct");
-    r->buffered += num(st, "metrics", "write_bytes_buffered");
-    r->fwd += num(st, "peers", "bytes_forwarded");
-    r->zc += num(st, "totals", "bytes_direct");
-    r->gathered += num(st, "totals", "bytes_gathered");
-    r->copied += num(st, "totals", "bytes_copied");
-    uint64_t tp = num(st, "metrics", "copy_trips_peak");
-    if (tp > r->trips_peak) r->trips_peak = tp;
-    json_decref(st);
     if (dp[d] > 0) {
       kill(dp[d], SIGTERM);
       int s2;
@@ -311,6 +338,7 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
   }
   r->ok = rc == 0;
   if (rc == 0 && !o->keep) sd_e2e_rmtree(ckpt);
+  rm_warm(ckpt, repeat);
   return rc;
 }
 
@@ -348,7 +376,7 @@ static void row(const run *r, double rawg) {
 }
 
 int main(int argc, char **argv) {
-  options o = {.gib = 4, .parent = "/var/tmp", .phases = "acmkf", .timeout_s = 3600};
+  options o = {.gib = 4, .parent = "/var/tmp", .phases = "acCzZmkfF", .timeout_s = 3600};
   static const struct option lo[] = {
       {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
       {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
@@ -399,37 +427,54 @@ int main(int argc, char **argv) {
          m.tensor_bytes, (double)m.tensor_bytes / GIB, m.nfiles);
   fflush(stdout);
 
-  run a = {.label = "(a) raw io_uring writer"}, c = {.label = "(c) 1 daemon, 4 ranks"},
-      mm = {.label = "(m) 2 daemons, 2 placed ranks each"}, k1 = {.label = "(k1) inner splits, copy_threads 1"},
-      k2 = {.label = "(k2) inner splits, copy_threads 2"}, f = {.label = "(f) dim-0 splits only, placed"},
-      a2 = {.label = "(a) raw again, last"};
+  /* Capital letters: the same save run twice over the same arenas, the second measured (steady state). */
+  run a = {.label = "(a) raw io_uring writer"}, a2 = {.label = "(a) raw again, last"};
+  struct {
+    char key;
+    int nd, split, place, repeat;
+    unsigned copy_threads;
+    run r;
+  } ph[] = {
+      {'c', 1, 0, 0, 1, 0, {.label = "(c) 1 daemon, 4 ranks"}},
+      {'C', 1, 0, 0, 2, 0, {.label = "(C) (c), 2nd save, same arenas"}},
+      {'z', 1, 0, 1, 1, 0, {.label = "(z) 1 daemon, 4 placed ranks"}},
+      {'Z', 1, 0, 1, 2, 0, {.label = "(Z) (z), 2nd save, same arenas"}},
+      {'m', 2, 0, 1, 1, 0, {.label = "(m) 2 daemons, 2 placed ranks each"}},
+      {'k', 1, 1, 0, 1, 1, {.label = "(k1) inner splits, copy_threads 1"}},
+      {'k', 1, 1, 0, 1, 2, {.label = "(k2) inner splits, copy_threads 2"}},
+      {'f', 1, 2, 1, 1, 0, {.label = "(f) dim-0 splits only, placed"}},
+      {'F', 1, 2, 1, 2, 0, {.label = "(F) (f), 2nd save, same arenas"}},
+  };
+  enum { NPH = sizeof ph / sizeof ph[0] };
+  run *c = &ph[0].r, *mm = &ph[4].r, *k1 = &ph[5].r, *k2 = &ph[6].r;
   int fail = 0, do_a = strchr(o.phases, 'a') != NULL;
   if (do_a) raw(work, &m, &a);
-  if (strchr(o.phases, 'c') && run_save(&o, work, &m, 1, 0, 0, 0, &c) != 0) fail = 1;
-  if (strchr(o.phases, 'm') && run_save(&o, work, &m, 2, 0, 0, 1, &mm) != 0) fail = 1;
-  if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 1, 1, 0, &k1) != 0) fail = 1;
-  if (strchr(o.phases, 'k') && run_save(&o, work, &m, 1, 2, 1, 0, &k2) != 0) fail = 1;
-  if (strchr(o.phases, 'f') && run_save(&o, work, &m, 1, 0, 2, 1, &f) != 0) fail = 1;
+  for (size_t i = 0; i < NPH; i++)
+    if (strchr(o.phases, ph[i].key) &&
+        run_save(&o, work, &m, ph[i].nd, ph[i].copy_threads, ph[i].split, ph[i].place, ph[i].repeat, &ph[i].r) != 0)
+      fail = 1;
   if (do_a) raw(work, &m, &a2);
 
   double ra = gbps(&a) > 0 && gbps(&a2) > 0 ? (gbps(&a) + gbps(&a2)) / 2 : gbps(&a) > 0 ? gbps(&a) : gbps(&a2);
   printf("\n%-34s %12s %8s %7s %6s %9s %9s %9s %5s %8s %8s %11s\n", "phase", "bytes", "seconds", "GB/s", "/raw",
          "CPU s/GiB", "direct MiB", "buf MiB", "trips", "blk/cpy", "anon MiB", "load 1m");
-  const run *all[] = {&a, &c, &mm, &k1, &k2, &f, &a2};
-  for (size_t i = 0; i < 7; i++) row(all[i], ra);
+  const run *all[NPH + 2] = {&a};
+  for (size_t i = 0; i < NPH; i++) all[i + 1] = &ph[i].r;
+  all[NPH + 1] = &a2;
+  for (size_t i = 0; i < NPH + 2; i++) row(all[i], ra);
   printf("  /raw = against the mean of the raw runs before and after; CPU = every daemon of the phase (utime+stime);\n"
          "  direct/buf = the daemons' write_bytes_direct / write_bytes_buffered; trips = copy_trips_peak;\n"
          "  blk/cpy = the slowest rank's blocked time over its plain memcpy; anon = peak RssAnon, daemons summed\n");
-  for (size_t i = 0; i < 7; i++)
+  for (size_t i = 0; i < NPH + 2; i++)
     if (all[i]->ran) printf("  %s: %s\n", all[i]->label, all[i]->note);
-  if (gbps(&mm) > 0 && gbps(&c) > 0)
-    printf("(m)/(c) = %.2f (bytes forwarded between the daemons: %" PRIu64 ")\n", gbps(&mm) / gbps(&c), mm.fwd);
-  if (gbps(&k1) > 0 && gbps(&k2) > 0)
+  if (gbps(mm) > 0 && gbps(c) > 0)
+    printf("(m)/(c) = %.2f (bytes forwarded between the daemons: %" PRIu64 ")\n", gbps(mm) / gbps(c), mm->fwd);
+  if (gbps(k1) > 0 && gbps(k2) > 0)
     printf("copy stage: (k2)/(k1) = %.2f in GB/s, CPU %.3f vs %.3f s/GiB, on %ld online cores%s\n",
-           gbps(&k2) / gbps(&k1), spg(&k2), spg(&k1), cores,
+           gbps(k2) / gbps(k1), spg(k2), spg(k1), cores,
            cores <= 2 ? " (two cores also run the 4 ranks: little room to scale)" : "");
   printf("cores for 25 GB/s at the measured daemon CPU:");
-  for (size_t i = 1; i < 6; i++)
+  for (size_t i = 1; i <= NPH; i++)
     if (all[i]->ok) printf(" %.4s %.1f", all[i]->label, spg(all[i]) * 25e9 / GIB);
   printf("\n");
   if (!o.keep && !fail) sd_e2e_rmtree(work);

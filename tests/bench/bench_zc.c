@@ -101,6 +101,49 @@ static int m_map(int mfd, int out, int how) {
   return 0;
 }
 
+/* (6)/(7): a kept mapping; `fixed` registers it with io_uring once (pinned once, WRITE_FIXED after).
+ * `warm` times a second save of the same arena: what a trainer saving every N steps pays. */
+static int m_kept(int mfd, int out, int fixed, int warm, struct rusage *a, double *t0) {
+  /* io_uring pins registered buffers for writing too: the mapping must be writable. */
+  char *m = mmap(NULL, total, PROT_READ | (fixed ? PROT_WRITE : 0), MAP_SHARED, mfd, 0);
+  if (m == MAP_FAILED) die("mmap");
+  struct io_uring ring;
+  if (io_uring_queue_init(32, &ring, 0) != 0) die("io_uring_queue_init");
+  size_t nb = total / PIECE;
+  for (int pass = 0; pass <= warm; pass++) {
+    if (pass == warm) getrusage(RUSAGE_SELF, a), *t0 = now();
+    if (fixed && pass == 0) {
+      struct iovec *iov = calloc(nb, sizeof *iov);
+      for (size_t i = 0; i < nb; i++) iov[i].iov_base = m + i * PIECE, iov[i].iov_len = PIECE;
+      int rc = io_uring_register_buffers(&ring, iov, (unsigned)nb);
+      free(iov);
+      if (rc != 0) return rc;
+    }
+    size_t inflight = 0;
+    for (size_t i = 0; i < nb || inflight; ) {
+      while (i < nb && inflight < 16) {
+        struct io_uring_sqe *q = io_uring_get_sqe(&ring);
+        if (fixed) io_uring_prep_write_fixed(q, out, m + i * PIECE, PIECE, (uint64_t)(i * PIECE), (int)i);
+        else io_uring_prep_write(q, out, m + i * PIECE, PIECE, (uint64_t)(i * PIECE));
+        i++, inflight++;
+      }
+      io_uring_submit_and_wait(&ring, 1);
+      struct io_uring_cqe *c;
+      while (io_uring_peek_cqe(&ring, &c) == 0) {
+        if (c->res != (int)PIECE) {
+          fprintf(stderr, "kept write: res %d\n", c->res);
+          exit(1);
+        }
+        io_uring_cqe_seen(&ring, c);
+        inflight--;
+      }
+    }
+  }
+  io_uring_queue_exit(&ring);
+  munmap(m, total);
+  return 0;
+}
+
 /* (3): copy_file_range; across file systems the kernel refuses (EXDEV), then sendfile. */
 static int m_cfr(int mfd, int out, int use_sendfile) {
   for (size_t off = 0; off < total;) {
@@ -216,12 +259,18 @@ static int verify(uint64_t seed) {
 static const char *names[] = {
     "1 mmap+pwrite+DONTNEED",  "2a MAP_POPULATE+pwrite", "2b POPULATE_READ+pwrite", "3 copy_file_range",
     "3b sendfile",             "4 splice pipe 1MiB",     "4b uring SPLICE 1MiB",    "4c splice pipe 8MiB",
-    "5 preadv+pwrite (staged)",
+    "5 preadv+pwrite (staged)", "6 kept map, uring write", "6b same, 2nd save",        "7 fixed bufs, uring",
+    "7b fixed bufs, 2nd save",
 };
 #define NM (int)(sizeof names / sizeof *names)
 
-static int run(int m, int mfd, int out) {
+static int run(int m, int mfd, int out, struct rusage *a, double *t0) {
   switch (m) {
+  case 9: return m_kept(mfd, out, 0, 0, a, t0);
+  case 10: return m_kept(mfd, out, 0, 1, a, t0);
+  case 11: return m_kept(mfd, out, 1, 0, a, t0);
+  case 12: return m_kept(mfd, out, 1, 1, a, t0);
+  case 8: return m_staged(mfd, out);
   case 0: return m_map(mfd, out, 0);
   case 1: return m_map(mfd, out, 1);
   case 2: return m_map(mfd, out, 2);
@@ -230,18 +279,19 @@ static int run(int m, int mfd, int out) {
   case 5: return m_splice(mfd, out, 1 << 20);
   case 6: return m_uring_splice(mfd, out, 1 << 20);
   case 7: return m_splice(mfd, out, 8 << 20);
-  default: return m_staged(mfd, out);
+  default: return -EINVAL;
   }
 }
 
 int main(int argc, char **argv) {
-  int reps = 2;
+  int reps = 2, only = -1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--gib") && i + 1 < argc) total = (size_t)(atof(argv[++i]) * (double)(1ull << 30)) & ~(size_t)(PIECE - 1);
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--from") && i + 1 < argc) only = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_zc [--gib N] [--dir D] [--reps R]\n");
+      fprintf(stderr, "usage: bench_zc [--gib N] [--dir D] [--reps R] [--from METHOD-INDEX]\n");
       return 2;
     }
   }
@@ -249,14 +299,14 @@ int main(int argc, char **argv) {
   double gib = (double)total / (double)(1ull << 30);
   printf("%-26s %8s %8s %8s %8s %9s %s\n", "method", "usr s/GiB", "sys s/GiB", "cpu/GiB", "GB/s", "minflt", "ok");
   for (int r = 0; r < reps; r++)
-    for (int m = 0; m < NM; m++) {
+    for (int m = only < 0 ? 0 : only; m < NM; m++) {
       uint64_t seed = ((uint64_t)r << 32) | (uint64_t)m;
       int mfd = make_memfd(seed);
       int out = open_out();
       struct rusage a, b;
       getrusage(RUSAGE_SELF, &a);
       double t0 = now();
-      int rc = run(m, mfd, out);
+      int rc = run(m, mfd, out, &a, &t0);
       double t1 = now();
       getrusage(RUSAGE_SELF, &b);
       close(out);
