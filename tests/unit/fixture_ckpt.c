@@ -87,6 +87,16 @@ void fc_free(fc_ckpt *c) {
   if (c->own_src) free(c->src);
 }
 
+void fc_split_rows(fc_ckpt *c, uint64_t rows, uint64_t w, const uint8_t *seg, const uint8_t *bytes) {
+  c->nops = 0;
+  for (uint64_t r = 0; r < rows; r++)
+    for (uint64_t k = 0; k < 2; k++) {
+      uint64_t at = 4096 + r * 2 * w + k * w;
+      fc_add_op(c, 0, at, w, seg + k * rows * w + r * w, SD_WOP_SHARED);
+      memcpy(c->want[0] + at, bytes + k * rows * w + r * w, w);
+    }
+}
+
 sd_publish_req fc_req(fc_ckpt *c, const char *rel, fr_outcome *o, const sd_shm_span *span) {
   return (sd_publish_req){
       .root_fd = FR.root_fd,

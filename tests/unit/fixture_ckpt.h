@@ -27,6 +27,10 @@ void fc_init(fc_ckpt *c, size_t nfiles, const uint64_t *data_sizes, uint64_t max
 /* fc_init with nfiles files of size bytes of data each. */
 void fc_init_even(fc_ckpt *c, size_t nfiles, uint64_t size, uint64_t max_piece, uint8_t *src, uint32_t flags);
 void fc_free(fc_ckpt *c);
+/* Replaces c's ops by an inner-dimension split of its first file: rows rows, each rank 0's w bytes
+ * then rank 1's, rank k's rows packed at seg + k * rows * w (SD_WOP_SHARED); the file's bytes
+ * (c->want) are taken from bytes, laid out as seg is. */
+void fc_split_rows(fc_ckpt *c, uint64_t rows, uint64_t w, const uint8_t *seg, const uint8_t *bytes);
 
 /* A publish of c into FR.root/rel reporting to o (span: none when NULL). */
 sd_publish_req fc_req(fc_ckpt *c, const char *rel, fr_outcome *o, const sd_shm_span *span);

@@ -91,13 +91,7 @@ static void interleaved_rows(unsigned threads, int with_span) {
   uint8_t *bytes = malloc(seg);
   cr_assert_not_null(bytes);
   for (size_t i = 0; i < seg; i++) m[i] = bytes[i] = (uint8_t)(fr_rnd() | 1);
-  c.nops = 0;
-  for (uint64_t r = 0; r < R; r++)
-    for (uint64_t k = 0; k < 2; k++) {
-      uint64_t at = 4096 + r * 2 * W + k * W;
-      fc_add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
-      memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
-    }
+  fc_split_rows(&c, R, W, m, bytes);
   sd_shm_span span = {m, seg, fd, 0};
   publish_ok(&c, "rows", with_span ? &span : NULL);
   expect_trips(threads);
@@ -141,13 +135,7 @@ static void sealed_rows(unsigned threads, int seal) {
     span = (sd_shm_span){reg->base, reg->size, reg->fd, reg->sealed};
     cr_expect_neq(ftruncate(fd, (off_t)seg / 2), 0, "the seal refuses a shrink");
   }
-  c.nops = 0;
-  for (uint64_t r = 0; r < R; r++)
-    for (uint64_t k = 0; k < 2; k++) {
-      uint64_t at = 4096 + r * 2 * W + k * W;
-      fc_add_op(&c, 0, at, W, span.base + k * R * W + r * W, SD_WOP_SHARED);
-      memcpy(c.want[0] + at, m + k * R * W + r * W, W);
-    }
+  fc_split_rows(&c, R, W, span.base, m);
   fr_outcome o = publish_ok(&c, seal ? "sealed" : "unsealed", &span);
   cr_expect_eq(o.direct, 0, "an inner-dimension split is staged");
   cr_expect_eq(o.sealed, seal ? seg : 0, "%llu bytes copied from sealed spans, of %zu",

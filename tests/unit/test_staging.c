@@ -386,13 +386,7 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
   fc_ckpt c;
   uint64_t sizes[] = {seg};
   fc_init(&c, 1, sizes, 0, NULL, 0);
-  c.nops = 0;
-  for (uint64_t r = 0; r < R; r++)
-    for (uint64_t k = 0; k < 2; k++) {
-      uint64_t at = 4096 + r * 2 * W + k * W;
-      fc_add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
-      memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
-    }
+  fc_split_rows(&c, R, W, m, bytes);
   sd_shm_span span = {m, seg, fd, 0};
   fr_outcome o = {0};
   fc_publish(&c, "rows", &o, &span);
