@@ -2,7 +2,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
@@ -31,14 +30,7 @@ extern char **environ;
 #define SAVE_ID "bench"
 #define CKPT_DIR "bench-ckpt"
 
-typedef struct {
-  double gib;
-  const char *parent, *shardd, *rank_bin, *phases;
-  uint64_t max_shard_size;  /* 0: about a quarter of the model, so several files */
-  double timeout_s;         /* ranks still running after this are killed: a hang guard */
-  int keep;
-  unsigned raw_buf_mib;     /* (a)'s write size */
-} options;
+typedef sd_e2e_opts options;
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -86,18 +78,6 @@ static uint64_t dir_listing(const char *dir, char *list, size_t len) {
   }
   if (n >= 0) free(ents);
   return total;
-}
-
-static const char *exe_sibling(const char *rel, char *buf, size_t len) {
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return NULL;
-  self[n] = '\0';
-  char *slash = strrchr(self, '/');
-  if (!slash) return NULL;
-  *slash = '\0';
-  sd_e2e_fmt(buf, len, "%s/%s", self, rel);
-  return access(buf, X_OK) == 0 ? buf : NULL;
 }
 
 static int pidfd_open_(pid_t pid) { return (int)syscall(SYS_pidfd_open, pid, 0); }
@@ -495,61 +475,8 @@ static int phase_shardd(const options *o, const char *work, const sd_e2e_model *
  * ------------------------------------------------------------------------ */
 int main(int argc, char **argv) {
   options o = {.gib = 4, .parent = "/var/tmp", .phases = "abcsz", .timeout_s = 3600, .raw_buf_mib = 4};
-  static const struct option lo[] = {
-      {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
-      {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
-      {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
-      {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
-      {"timeout", required_argument, 0, 't'},
-      {"raw-buf-mib", required_argument, 0, 'R'},
-      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-  int ch;
-  char *end;
-  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    switch (ch) {
-      case 'g':
-        o.gib = strtod(optarg, &end);
-        if (*end || !(o.gib >= 0.01 && o.gib <= 1024)) {
-          fprintf(stderr, "bench_e2e: --gib wants a number in [0.01, 1024], not '%s'\n", optarg);
-          return 2;
-        }
-        break;
-      case 'q': o.gib = 0.25; break;
-      case 'd': o.parent = optarg; break;
-      case 's': o.shardd = optarg; break;
-      case 'r': o.rank_bin = optarg; break;
-      case 'p': o.phases = optarg; break;
-      case 'm': o.max_shard_size = strtoull(optarg, &end, 10); if (*end) { usage(stderr); return 2; } break;
-      case 'k': o.keep = 1; break;
-      case 'R': {
-        unsigned long v = strtoul(optarg, &end, 10);
-        if (*end || v < 1 || v > 64) {
-          fprintf(stderr, "bench_e2e: --raw-buf-mib wants 1 to 64, not '%s'\n", optarg);
-          return 2;
-        }
-        o.raw_buf_mib = (unsigned)v;
-        break;
-      }
-      case 't':
-        o.timeout_s = strtod(optarg, &end);
-        if (*end || !(o.timeout_s > 0)) {
-          fprintf(stderr, "bench_e2e: --timeout wants a positive number of seconds, not '%s'\n", optarg);
-          return 2;
-        }
-        break;
-      case 'h': usage(stdout); return 0;
-      default: usage(stderr); return 2;
-    }
-  }
-  if (optind != argc) {
-    usage(stderr);
-    return 2;
-  }
-  char b1[PATH_MAX], b2[PATH_MAX];
-  if (!o.shardd) o.shardd = getenv("SHARDD_BIN");
-  if (!o.shardd) o.shardd = exe_sibling("../../daemon/shardd", b1, sizeof b1);
-  if (!o.rank_bin) o.rank_bin = getenv("SHARDD_EXAMPLE_RANK");
-  if (!o.rank_bin) o.rank_bin = exe_sibling("../../client/shardd-example-rank", b2, sizeof b2);
+  int rc = sd_e2e_parse_opts(&o, argc, argv, "bench_e2e", usage);
+  if (rc >= 0) return rc;
   int do_a = strchr(o.phases, 'a') != NULL, do_b = strchr(o.phases, 'b') != NULL,
       do_c = strchr(o.phases, 'c') != NULL, do_s = strchr(o.phases, 's') != NULL,
       do_z = strchr(o.phases, 'z') != NULL;

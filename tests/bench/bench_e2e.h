@@ -2,8 +2,10 @@
 #ifndef SD_BENCH_E2E_H
 #define SD_BENCH_E2E_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "sd_format.h"
@@ -76,6 +78,26 @@ void sd_e2e_rmtree(const char *path);
  * synthetic content. msg says what was checked or the first problem.
  * ------------------------------------------------------------------------ */
 int sd_e2e_verify(const char *dir, const sd_e2e_model *m, char *msg, size_t len);
+
+/* ------------------------------------------------------------------------ *
+ * Options bench_e2e and bench_multi share (e2e_opts.c); each has its own usage text
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  double gib;
+  const char *parent, *shardd, *rank_bin, *phases;
+  uint64_t max_shard_size;  /* 0: about a quarter of the model, so several files */
+  double timeout_s;         /* ranks still running after this are killed: a hang guard */
+  int keep;
+  unsigned raw_buf_mib;     /* bench_e2e's (a) write size; bench_multi takes it and ignores it */
+  char shardd_buf[PATH_MAX], rank_bin_buf[PATH_MAX]; /* the binaries found beside this one */
+} sd_e2e_opts;
+
+/* Parses argv into o, whose defaults the caller set: --gib, --quick, --dir, --shardd, --rank-bin,
+ * --phases, --max-shard-size, --timeout, --keep, --raw-buf-mib, --help. Then --shardd and --rank-bin
+ * default to $SHARDD_BIN and $SHARDD_EXAMPLE_RANK, else to the binaries of this build tree (NULL when
+ * none). Messages start with prog. Returns -1 to go on, or the exit status: 0 after --help (usage to
+ * stdout), 2 on a bad option (usage or the reason to stderr). */
+int sd_e2e_parse_opts(sd_e2e_opts *o, int argc, char **argv, const char *prog, void (*usage)(FILE *f));
 
 /* ------------------------------------------------------------------------ *
  * Phases and what they measured (bench_e2e.c runs them, e2e_report.c prints)

@@ -2,7 +2,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
@@ -26,12 +25,7 @@ extern char **environ;
 #define MAXD 2
 #define CKPT_DIR "bench-ckpt"
 
-typedef struct {
-  double gib, timeout_s;
-  const char *parent, *shardd, *rank_bin, *phases;
-  uint64_t max_shard_size;
-  int keep;
-} options;
+typedef sd_e2e_opts options;
 
 /* One save: how fast, at what CPU, and how the daemons wrote it. */
 typedef struct {
@@ -377,36 +371,8 @@ static void row(const run *r, double rawg) {
 
 int main(int argc, char **argv) {
   options o = {.gib = 4, .parent = "/var/tmp", .phases = "acCzZmkfF", .timeout_s = 3600};
-  static const struct option lo[] = {
-      {"gib", required_argument, 0, 'g'},      {"quick", no_argument, 0, 'q'},
-      {"dir", required_argument, 0, 'd'},      {"shardd", required_argument, 0, 's'},
-      {"rank-bin", required_argument, 0, 'r'}, {"phases", required_argument, 0, 'p'},
-      {"max-shard-size", required_argument, 0, 'm'}, {"keep", no_argument, 0, 'k'},
-      {"timeout", required_argument, 0, 't'},  {"help", no_argument, 0, 'h'},
-      {"raw-buf-mib", required_argument, 0, 'R'}, {0, 0, 0, 0}}; /* R: bench_e2e's, taken and ignored */
-  int ch;
-  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    switch (ch) {
-      case 'g': o.gib = strtod(optarg, NULL); break;
-      case 'q': o.gib = 0.25; break;
-      case 'd': o.parent = optarg; break;
-      case 's': o.shardd = optarg; break;
-      case 'r': o.rank_bin = optarg; break;
-      case 'p': o.phases = optarg; break;
-      case 'm': o.max_shard_size = strtoull(optarg, NULL, 10); break;
-      case 'k': o.keep = 1; break;
-      case 't': o.timeout_s = strtod(optarg, NULL); break;
-      case 'h': usage(stdout); return 0;
-      case 'R': break;
-      default: usage(stderr); return 2;
-    }
-  }
-  if (optind != argc || !(o.gib >= 0.01 && o.gib <= 1024) || !(o.timeout_s > 0)) {
-    usage(stderr);
-    return 2;
-  }
-  if (!o.shardd) o.shardd = getenv("SHARDD_BIN");
-  if (!o.rank_bin) o.rank_bin = getenv("SHARDD_EXAMPLE_RANK");
+  int rc = sd_e2e_parse_opts(&o, argc, argv, "bench_multi", usage);
+  if (rc >= 0) return rc;
   if (!o.shardd || !o.rank_bin) {
     fprintf(stderr, "bench_multi: need --shardd and --rank-bin (or SHARDD_BIN, SHARDD_EXAMPLE_RANK)\n");
     return 2;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "filejob.h"
+#include "fixture_ckpt.h"
 #include "fixture_root.h"
 #include "pathsafe.h"
 #include "publish.h"
@@ -28,121 +29,15 @@ static void make_writer(unsigned threads, uint64_t staging, uint32_t chunk) {
   cr_assert_eq(sd_writer_init_opts(&FR.w, &FR.loop, &o, &err), 0, "%s", err.msg);
 }
 
-/* ------------------------------------------------------------------------ *
- * A checkpoint made by hand: files of a 4096-byte header and data, the data
- * written by ops from one source buffer (private, or a shared segment)
- * ------------------------------------------------------------------------ */
-typedef struct {
-  sd_plan plan;
-  uint8_t **want;          /* each file's bytes */
-  sd_write_op *ops;
-  size_t nops, cap;
-} ckpt;
-
-static void add_op(ckpt *c, uint32_t f, uint64_t off, uint64_t len, const uint8_t *src, uint32_t flags) {
-  if (c->nops == c->cap) {
-    c->cap = c->cap ? 2 * c->cap : 256;
-    c->ops = realloc(c->ops, c->cap * sizeof *c->ops);
-    cr_assert_not_null(c->ops);
-  }
-  c->ops[c->nops++] = (sd_write_op){f, off, src, len, flags, 0};
-}
-
-/* nfiles files of size bytes of data each, filled into src (nfiles * size
- * bytes) and cut into pieces of 1..max_piece bytes, shuffled. */
-static void ckpt_init(ckpt *c, size_t nfiles, uint64_t size, uint64_t max_piece, uint8_t *src, uint32_t flags) {
-  memset(c, 0, sizeof *c);
-  sd_plan *p = &c->plan;
-  p->nfiles = nfiles;
-  p->files = calloc(nfiles, sizeof *p->files);
-  c->want = calloc(nfiles, sizeof *c->want);
-  cr_assert(p->files && c->want);
-  for (size_t i = 0; i < nfiles; i++) {
-    sd_plan_file *pf = &p->files[i];
-    char name[64];
-    snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, nfiles);
-    pf->name = strdup(name);
-    pf->header_size = 4096;
-    pf->data_size = size;
-    pf->file_size = pf->header_size + size;
-    pf->header = malloc(pf->header_size);
-    c->want[i] = malloc(pf->file_size);
-    cr_assert(pf->header && c->want[i]);
-    for (uint64_t b = 0; b < pf->header_size; b++) pf->header[b] = (char)('a' + (b * 5 + i) % 26);
-    memcpy(c->want[i], pf->header, pf->header_size);
-    uint8_t *at = src + i * size;
-    for (uint64_t b = 0; b < size; b++) at[b] = c->want[i][pf->header_size + b] = (uint8_t)(fr_rnd() | 1);
-    for (uint64_t off = 0; off < size;) {
-      uint64_t len = 1 + fr_rnd() % max_piece;
-      if (len > size - off) len = size - off;
-      add_op(c, (uint32_t)i, pf->header_size + off, len, at + off, flags);
-      off += len;
-    }
-  }
-  fr_shuffle_ops(c->ops, c->nops);
-  p->needs_index = nfiles > 1;
-  p->index_name = strdup("model.safetensors.index.json");
-}
-
-static void ckpt_free(ckpt *c) {
-  for (size_t i = 0; i < c->plan.nfiles; i++) {
-    free(c->plan.files[i].name);
-    free(c->plan.files[i].header);
-    free(c->want[i]);
-  }
-  free(c->plan.files);
-  free(c->plan.index_name);
-  free(c->want);
-  free(c->ops);
-}
-
-static const char index_json[] = "{\"metadata\": {}}\n";
-
-static sd_publish_req req_for(ckpt *c, const char *rel, fr_outcome *o) {
-  return (sd_publish_req){
-      .root_fd = FR.root_fd,
-      .root_path = FR.root,
-      .rel_dir = rel,
-      .plan = &c->plan,
-      .ops = c->ops,
-      .nops = c->nops,
-      .index_json = c->plan.needs_index ? index_json : NULL,
-      .index_len = c->plan.needs_index ? strlen(index_json) : 0,
-      .tag = rel,
-      .on_released = fr_on_released,
-      .on_done = fr_on_done,
-      .ud = o,
-  };
-}
-
-static void expect_ckpt(const char *rel, const ckpt *c) {
-  char path[PATH_MAX];
-  for (size_t i = 0; i < c->plan.nfiles; i++) {
-    snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, c->plan.files[i].name);
-    fr_expect_file(path, c->plan.files[i].name, c->want[i], c->plan.files[i].file_size);
-  }
-  if (c->plan.needs_index) {
-    snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, c->plan.index_name);
-    fr_expect_file(path, c->plan.index_name, (const uint8_t *)index_json, strlen(index_json));
-  }
-}
-
-static fr_outcome publish_ok(ckpt *c, const char *rel, const sd_shm_span *span) {
+/* Publishes c into rel and expects it whole on disk (checkpoints made by hand: fixture_ckpt.c). */
+static fr_outcome publish_ok(fc_ckpt *c, const char *rel, const sd_shm_span *span) {
   fr_outcome o = {0};
-  sd_publish_req r = req_for(c, rel, &o);
-  if (span) {
-    r.spans = span;
-    r.nspans = 1;
-  }
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(c, rel, &o, span);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1, "released once");
   cr_expect_eq(o.written, o.total, "bytes written %llu of %llu", (unsigned long long)o.written,
                (unsigned long long)o.total);
-  expect_ckpt(rel, c);
+  fc_expect(rel, c);
   return o;
 }
 
@@ -168,11 +63,11 @@ static void private_sources(unsigned threads) {
   enum { F = 3, SIZE = (2 << 20) + 777 };
   uint8_t *src = malloc((size_t)F * SIZE);
   cr_assert_not_null(src);
-  ckpt c;
-  ckpt_init(&c, F, SIZE, 50000, src, 0);
+  fc_ckpt c;
+  fc_init_even(&c, F, SIZE, 50000, src, 0);
   publish_ok(&c, "private", NULL);
   expect_trips(threads);
-  ckpt_free(&c);
+  fc_free(&c);
   free(src);
 }
 
@@ -185,38 +80,23 @@ Test(copies, private_sources_four_trips, .init = setup, .fini = fr_teardown, .ti
  * read through the segment's descriptor, and a segment with no span copied
  * through the mapping, with several trips filling at once
  * ------------------------------------------------------------------------ */
-static uint8_t *shared_segment(size_t len, int *fd) {
-  *fd = memfd_create("sd-copies-test", MFD_CLOEXEC);
-  cr_assert_geq(*fd, 0);
-  cr_assert_eq(ftruncate(*fd, (off_t)len), 0);
-  uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-  cr_assert_neq(m, MAP_FAILED);
-  return m;
-}
-
 static void interleaved_rows(unsigned threads, int with_span) {
   make_writer(threads, 1 << 20, 32 << 10);
   enum { R = 8000, W = 96 };
   size_t seg = 2 * (size_t)R * W;
   int fd;
-  uint8_t *m = shared_segment(seg, &fd);
-  ckpt c;
-  ckpt_init(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
+  uint8_t *m = fc_shared_segment(seg, &fd);
+  fc_ckpt c;
+  fc_init_even(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
   uint8_t *bytes = malloc(seg);
   cr_assert_not_null(bytes);
   for (size_t i = 0; i < seg; i++) m[i] = bytes[i] = (uint8_t)(fr_rnd() | 1);
-  c.nops = 0;
-  for (uint64_t r = 0; r < R; r++)
-    for (uint64_t k = 0; k < 2; k++) {
-      uint64_t at = 4096 + r * 2 * W + k * W;
-      add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
-      memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
-    }
+  fc_split_rows(&c, R, W, m, bytes);
   sd_shm_span span = {m, seg, fd, 0};
   publish_ok(&c, "rows", with_span ? &span : NULL);
   expect_trips(threads);
   cr_expect(!memcmp(m, bytes, seg), "the segment's bytes changed");
-  ckpt_free(&c);
+  fc_free(&c);
   free(bytes);
   munmap(m, seg);
   close(fd);
@@ -242,8 +122,8 @@ static void sealed_rows(unsigned threads, int seal) {
   cr_assert_eq(ftruncate(fd, (off_t)seg), 0);
   uint8_t *m = mmap(NULL, seg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   cr_assert_neq(m, MAP_FAILED);
-  ckpt c;
-  ckpt_init(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
+  fc_ckpt c;
+  fc_init_even(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
   sd_region *reg = NULL;
   sd_shm_span span = {m, seg, fd, 0};
   if (seal) {
@@ -255,20 +135,14 @@ static void sealed_rows(unsigned threads, int seal) {
     span = (sd_shm_span){reg->base, reg->size, reg->fd, reg->sealed};
     cr_expect_neq(ftruncate(fd, (off_t)seg / 2), 0, "the seal refuses a shrink");
   }
-  c.nops = 0;
-  for (uint64_t r = 0; r < R; r++)
-    for (uint64_t k = 0; k < 2; k++) {
-      uint64_t at = 4096 + r * 2 * W + k * W;
-      add_op(&c, 0, at, W, span.base + k * R * W + r * W, SD_WOP_SHARED);
-      memcpy(c.want[0] + at, m + k * R * W + r * W, W);
-    }
+  fc_split_rows(&c, R, W, span.base, m);
   fr_outcome o = publish_ok(&c, seal ? "sealed" : "unsealed", &span);
   cr_expect_eq(o.direct, 0, "an inner-dimension split is staged");
   cr_expect_eq(o.sealed, seal ? seg : 0, "%llu bytes copied from sealed spans, of %zu",
                (unsigned long long)o.sealed, seg);
   expect_trips(threads);
   sd_region_unref(reg);
-  ckpt_free(&c);
+  fc_free(&c);
   munmap(m, seg);
   close(fd);
 }
@@ -291,17 +165,17 @@ Test(copies, unsealed_rows_still_read_through_the_descriptor, .init = setup, .fi
 Test(copies, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_teardown, .timeout = 120) {
   make_writer(4, 32 << 10, 16 << 10);
   enum { N = 5, SIZE = 150001 };
-  ckpt c[N];
+  fc_ckpt c[N];
   fr_outcome o[N];
   char rel[N][16];
   uint8_t *src[N];
   for (int i = 0; i < N; i++) {
     src[i] = malloc(2 * (size_t)SIZE);
     cr_assert_not_null(src[i]);
-    ckpt_init(&c[i], 2, SIZE, 3000, src[i], 0);
+    fc_init_even(&c[i], 2, SIZE, 3000, src[i], 0);
     memset(&o[i], 0, sizeof o[i]);
     snprintf(rel[i], sizeof rel[i], "s%d", i);
-    sd_publish_req r = req_for(&c[i], rel[i], &o[i]);
+    sd_publish_req r = fc_req(&c[i], rel[i], &o[i], NULL);
     sd_publish *p;
     sd_error err;
     cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
@@ -320,8 +194,8 @@ Test(copies, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_teard
                (unsigned long long)st.copy_trips_peak);
   for (int i = 0; i < N; i++) {
     cr_expect_eq(o[i].code, 0, "%s", o[i].msg);
-    expect_ckpt(rel[i], &c[i]);
-    ckpt_free(&c[i]);
+    fc_expect(rel[i], &c[i]);
+    fc_free(&c[i]);
     free(src[i]);
   }
 }
@@ -333,16 +207,12 @@ Test(copies, a_shrunken_segment_under_parallel_trips, .init = setup, .fini = fr_
   make_writer(4, 1 << 20, 64 << 10);
   size_t len = 8u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
-  ckpt c;
-  ckpt_init(&c, 2, len / 2, 200000, m, SD_WOP_SHARED);
+  uint8_t *m = fc_shared_segment(len, &fd);
+  fc_ckpt c;
+  fc_init_even(&c, 2, len / 2, 200000, m, SD_WOP_SHARED);
   cr_assert_eq(ftruncate(fd, (off_t)(len / 8)), 0);
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "shrunk", &o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "shrunk", &o, NULL);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "SIGBUS"), "%s", o.msg);
   struct stat st;
@@ -353,13 +223,13 @@ Test(copies, a_shrunken_segment_under_parallel_trips, .init = setup, .fini = fr_
   enum { SIZE = 3 << 20 };
   uint8_t *src = malloc(2 * (size_t)SIZE);
   cr_assert_not_null(src);
-  ckpt ok;
-  ckpt_init(&ok, 2, SIZE, 100000, src, 0);
+  fc_ckpt ok;
+  fc_init_even(&ok, 2, SIZE, 100000, src, 0);
   publish_ok(&ok, "after", NULL);
   expect_trips(4);
-  ckpt_free(&ok);
+  fc_free(&ok);
   free(src);
-  ckpt_free(&c);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
@@ -381,7 +251,7 @@ static void fj_done(void *ud, const sd_error *err) {
 }
 
 /* Starts a file job writing c's files (created in FR.root) and runs the loop until it reports. */
-static void run_filejob(ckpt *c, const sd_shm_span *span, const int *stop, int stop_now, fj_outcome *o, int *fds) {
+static void run_filejob(fc_ckpt *c, const sd_shm_span *span, const int *stop, int stop_now, fj_outcome *o, int *fds) {
   size_t n = c->plan.nfiles;
   sd_fill_file *ff = calloc(n, sizeof *ff);
   const char **names = calloc(n, sizeof *names);
@@ -414,7 +284,7 @@ static void run_filejob(ckpt *c, const sd_shm_span *span, const int *stop, int s
   free(names);
 }
 
-static void expect_files(const ckpt *c) {
+static void expect_files(const fc_ckpt *c) {
   char path[PATH_MAX];
   for (size_t i = 0; i < c->plan.nfiles; i++) {
     snprintf(path, sizeof path, "%s/%s", FR.root, c->plan.files[i].name);
@@ -427,8 +297,8 @@ Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = 
   enum { F = 2, SIZE = (3 << 20) + 4093 }; /* an unaligned tail: padded, then cut back */
   uint8_t *src = malloc((size_t)F * SIZE);
   cr_assert_not_null(src);
-  ckpt c;
-  ckpt_init(&c, F, SIZE, 70000, src, 0);
+  fc_ckpt c;
+  fc_init_even(&c, F, SIZE, 70000, src, 0);
   fj_outcome o = {0};
   int fds[F];
   run_filejob(&c, NULL, NULL, 0, &o, fds);
@@ -438,13 +308,11 @@ Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = 
   sd_writer_get_stats(FR.w, &st);
   cr_expect_geq(st.copy_trips, 1);
   cr_expect_geq(st.bytes_direct + st.bytes_buffered, (uint64_t)F * SIZE, "the writer's counters took the bytes");
-  int probe = openat(FR.root_fd, ".probe", O_CREAT | O_WRONLY | O_DIRECT, 0600);
-  if (probe >= 0) {
-    close(probe);
+  if (fc_takes_direct(FR.root)) {
     cr_expect_eq(st.writes_buffered, 0, "this file system takes O_DIRECT: %llu buffered writes",
                  (unsigned long long)st.writes_buffered);
   }
-  ckpt_free(&c);
+  fc_free(&c);
   free(src);
 }
 
@@ -455,8 +323,8 @@ Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeo
   enum { SIZE = 8 << 20 };
   uint8_t *src = malloc(SIZE);
   cr_assert_not_null(src);
-  ckpt c;
-  ckpt_init(&c, 1, SIZE, 100000, src, 0);
+  fc_ckpt c;
+  fc_init_even(&c, 1, SIZE, 100000, src, 0);
   fj_outcome o = {0};
   int stop = 0, fds[1];
   run_filejob(&c, NULL, &stop, 1, &o, fds);
@@ -466,7 +334,7 @@ Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeo
   run_filejob(&c, NULL, &stop, 0, &again, fds);
   cr_assert_eq(again.code, 0, "%s", again.msg);
   expect_files(&c);
-  ckpt_free(&c);
+  fc_free(&c);
   free(src);
 }
 
@@ -477,9 +345,9 @@ Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
   size_t len = 4u << 20;
   for (int with_span = 0; with_span < 2; with_span++) {
     int fd;
-    uint8_t *m = shared_segment(len, &fd);
-    ckpt c;
-    ckpt_init(&c, 1, len, 150000, m, SD_WOP_SHARED);
+    uint8_t *m = fc_shared_segment(len, &fd);
+    fc_ckpt c;
+    fc_init_even(&c, 1, len, 150000, m, SD_WOP_SHARED);
     cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
     sd_shm_span span = {m, len, fd, 0};
     fj_outcome o = {0};
@@ -488,7 +356,7 @@ Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
     cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
     cr_expect_not_null(strstr(o.msg, c.plan.files[0].name), "%s", o.msg);
     cr_expect_not_null(strstr(o.msg, with_span ? "came up short" : "SIGBUS"), "%s", o.msg);
-    ckpt_free(&c);
+    fc_free(&c);
     munmap(m, len);
     close(fd);
   }
@@ -501,8 +369,8 @@ Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini =
   enum { SIZE = 300001 };
   uint8_t *src = malloc(2 * (size_t)SIZE);
   cr_assert_not_null(src);
-  ckpt c;
-  ckpt_init(&c, 2, SIZE, 999, src, 0);
+  fc_ckpt c;
+  fc_init_even(&c, 2, SIZE, 999, src, 0);
   fj_outcome o = {0};
   int fds[2];
   run_filejob(&c, NULL, NULL, 0, &o, fds);
@@ -512,6 +380,6 @@ Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini =
   sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_direct, 0);
   cr_expect_gt(st.writes_buffered, 0);
-  ckpt_free(&c);
+  fc_free(&c);
   free(src);
 }

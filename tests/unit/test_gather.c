@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixture_ckpt.h"
 #include "fixture_root.h"
 #include "publish.h"
 
@@ -203,15 +204,6 @@ Test(gather, a_gathered_write_waits_for_all_its_writes) {
 /* ------------------------------------------------------------------------ *
  * Publishing (real io_uring, O_DIRECT, shared memory)
  * ------------------------------------------------------------------------ */
-static uint8_t *shared_segment(size_t len, int *fd) {
-  *fd = memfd_create("sd-gather-test", MFD_CLOEXEC);
-  cr_assert_geq(*fd, 0);
-  cr_assert_eq(ftruncate(*fd, (off_t)len), 0);
-  uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-  cr_assert_neq(m, MAP_FAILED);
-  return m;
-}
-
 /* The device's direct-I/O alignment under the root, or 0 when it tells none. */
 static uint32_t dio_align(void) {
   char p[PATH_MAX];
@@ -230,17 +222,13 @@ static uint32_t dio_align(void) {
  * split of W-byte fragments (gathered when W is a multiple of the
  * alignment), a split of 100-byte fragments (copied). */
 typedef struct {
-  sd_plan plan;
-  sd_plan_file file;
-  uint8_t *want;
-  sd_write_op ops[4000];
-  size_t nops;
+  fc_ckpt c;
   uint64_t direct, gathered;   /* what should go which way */
 } gckpt;
 
 static void put(gckpt *g, uint64_t at, uint8_t *src, uint64_t len) {
-  for (uint64_t b = 0; b < len; b++) src[b] = g->want[at + b];
-  g->ops[g->nops++] = (sd_write_op){0, at, src, len, SD_WOP_SHARED, 0};
+  memcpy(src, g->c.want[0] + at, len);
+  fc_add_op(&g->c, 0, at, len, src, SD_WOP_SHARED);
 }
 
 static uint64_t split(gckpt *g, uint64_t at, uint8_t *m, uint64_t *seg, uint64_t rows, uint64_t w) {
@@ -253,15 +241,8 @@ static void gckpt_init(gckpt *g, uint8_t *m, uint64_t w) {
   enum { A = 600064, R = 301, SR = 1000 }; /* A ends 512- not 4096-aligned; the first split ends 4096-aligned */
   memset(g, 0, sizeof *g);
   uint64_t data = A + 2 * R * w + 2 * SR * 100;
-  g->file = (sd_plan_file){.name = (char *)"model.safetensors", .header_size = 4096, .data_size = data};
-  g->file.file_size = 4096 + data;
-  g->file.header = malloc(4096);
-  g->want = malloc(g->file.file_size);
-  cr_assert(g->file.header && g->want);
-  for (uint64_t b = 0; b < g->file.file_size; b++) g->want[b] = (uint8_t)(fr_rnd() | 1);
-  memcpy(g->file.header, g->want, 4096);
-  g->plan.nfiles = 1;
-  g->plan.files = &g->file;
+  fc_init(&g->c, 1, &data, 0, NULL, 0); /* the file's bytes; the ops are replaced below */
+  g->c.nops = 0;
   uint64_t at = 4096;
   put(g, at, m + 4096, A); /* congruent */
   g->direct = ((at + A) & ~4095ull) - at;
@@ -273,27 +254,7 @@ static void gckpt_init(gckpt *g, uint8_t *m, uint64_t w) {
   if (w % 512 == 0) g->gathered = (at & ~4095ull) - (split_at & ~4095ull);
   uint64_t seg2[2] = {640 << 10, 832 << 10}; /* below the first split's rows: a shrink leaves them */
   at = split(g, at, m, seg2, SR, 100);
-  fr_shuffle_ops(g->ops, g->nops);
-}
-
-static sd_publish_req req_of(gckpt *g, const char *rel, fr_outcome *o) {
-  return (sd_publish_req){.root_fd = FR.root_fd, .root_path = FR.root, .rel_dir = rel, .plan = &g->plan,
-                          .ops = g->ops, .nops = g->nops, .tag = rel, .on_released = fr_on_released,
-                          .on_done = fr_on_done, .ud = o};
-}
-
-static void run(gckpt *g, const char *rel, fr_outcome *o) {
-  sd_publish_req r = req_of(g, rel, o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(o);
-}
-
-static void expect_on_disk(gckpt *g, const char *rel) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, g->file.name);
-  fr_expect_file(path, g->file.name, g->want, g->file.file_size);
+  fr_shuffle_ops(g->c.ops, g->c.nops);
 }
 
 static void mixed(uint64_t w, const char *rel) {
@@ -302,22 +263,21 @@ static void mixed(uint64_t w, const char *rel) {
   if (!a || a > 4096) cr_skip_test("the file system under /var/tmp tells no direct-I/O alignment of 4096 or less");
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
-  static gckpt g;
+  uint8_t *m = fc_shared_segment(len, &fd);
+  gckpt g;
   gckpt_init(&g, m, w);
   fr_outcome o = {0};
-  run(&g, rel, &o);
+  fc_publish(&g.c, rel, &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.written, o.total);
-  expect_on_disk(&g, rel);
+  fc_expect(rel, &g.c);
   cr_expect_eq(o.direct, g.direct, "zero-copy %llu, want %llu", (unsigned long long)o.direct,
                (unsigned long long)g.direct);
   uint64_t want = w % a == 0 ? g.gathered : 0;
   cr_expect_eq(o.gathered, want, "gathered %llu, want %llu", (unsigned long long)o.gathered,
                (unsigned long long)want);
   cr_expect_lt(o.direct + o.gathered, o.written, "the 100-byte split and the unaligned edges were copied");
-  free(g.file.header);
-  free(g.want);
+  fc_free(&g.c);
   munmap(m, len);
   close(fd);
 }
@@ -338,20 +298,19 @@ Test(gather, a_gathered_write_from_a_shrunken_segment_fails_the_save, .init = se
   if (!a || a > 1024) cr_skip_test("no direct-I/O alignment of 1024 or less under /var/tmp");
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
-  static gckpt g;
+  uint8_t *m = fc_shared_segment(len, &fd);
+  gckpt g;
   gckpt_init(&g, m, 1024);
   cr_assert_eq(ftruncate(fd, (off_t)(3u << 19)), 0); /* rank 1's rows of the first split are gone */
   fr_outcome o = {0};
-  run(&g, "shrunk", &o);
+  fc_publish(&g.c, "shrunk", &o, NULL);
   cr_expect_neq(o.code, 0, "the save fails");
   cr_expect_not_null(strstr(o.msg, strerror(EFAULT)), "%s", o.msg);
   char dir[PATH_MAX];
   struct stat st;
   snprintf(dir, sizeof dir, "%s/shrunk", FR.root);
   cr_expect_neq(stat(dir, &st), 0, "nothing published");
-  free(g.file.header);
-  free(g.want);
+  fc_free(&g.c);
   munmap(m, len);
   close(fd);
 }
@@ -362,16 +321,15 @@ Test(gather, nothing_gathered_where_direct_io_is_refused, .init = setup, .fini =
   make_writer();
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
-  static gckpt g;
+  uint8_t *m = fc_shared_segment(len, &fd);
+  gckpt g;
   gckpt_init(&g, m, 1024);
   fr_outcome o = {0};
-  run(&g, "ram", &o);
+  fc_publish(&g.c, "ram", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
-  expect_on_disk(&g, "ram");
+  fc_expect("ram", &g.c);
   cr_expect_eq(o.gathered, 0);
-  free(g.file.header);
-  free(g.want);
+  fc_free(&g.c);
   munmap(m, len);
   close(fd);
 }

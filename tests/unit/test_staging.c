@@ -13,12 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixture_ckpt.h"
 #include "fixture_root.h"
 #include "pathsafe.h"
 #include "publish.h"
 
 /* ------------------------------------------------------------------------ *
- * Fixture: a root in a fresh folder, a loop (fixture_root.c), a writer made by each test
+ * Fixture: a root in a fresh folder, a loop (fixture_root.c), a writer made by each test,
+ * checkpoints made by hand (fixture_ckpt.c)
  * ------------------------------------------------------------------------ */
 static void setup(void) {
   fr_setup("/var/tmp/sd-staging-XXXXXX");
@@ -32,141 +34,16 @@ static void make_writer(uint64_t staging, uint32_t chunk, int buffered) {
   cr_assert_eq(sd_writer_init_opts(&FR.w, &FR.loop, &o, &err), 0, "%s", err.msg);
 }
 
-/* ------------------------------------------------------------------------ *
- * A checkpoint made by hand: files with a header and data written by ops
- * ------------------------------------------------------------------------ */
-typedef struct {
-  sd_plan plan;
-  uint8_t **want;          /* each file's bytes */
-  uint8_t *src;            /* where the ops read from (one buffer for all) */
-  sd_write_op *ops;
-  size_t nops, cap;
-} ckpt;
-
-static void add_op(ckpt *c, uint32_t f, uint64_t off, uint64_t len, const uint8_t *src,
-                   uint32_t flags) {
-  if (c->nops == c->cap) {
-    c->cap = c->cap ? 2 * c->cap : 256;
-    c->ops = realloc(c->ops, c->cap * sizeof *c->ops);
-    cr_assert_not_null(c->ops);
-  }
-  c->ops[c->nops++] = (sd_write_op){f, off, src, len, flags, 0};
-}
-
-/* Files of 4096-byte headers plus data_sizes[i] bytes. When src is NULL,
- * a private buffer holds the data; otherwise src (at least the sum of the
- * data sizes) does, and is filled here. Data is cut into pieces of
- * 1..max_piece bytes (whole when 0) and the ops are shuffled. */
-static void ckpt_init(ckpt *c, size_t nfiles, const uint64_t *data_sizes, uint64_t max_piece,
-                      uint8_t *src, uint32_t flags) {
-  memset(c, 0, sizeof *c);
-  uint64_t total = 0;
-  for (size_t i = 0; i < nfiles; i++) total += data_sizes[i];
-  c->src = src ? src : malloc(total + 1);
-  cr_assert_not_null(c->src);
-  sd_plan *p = &c->plan;
-  p->nfiles = nfiles;
-  p->files = calloc(nfiles, sizeof *p->files);
-  c->want = calloc(nfiles, sizeof *c->want);
-  uint64_t at = 0;
-  for (size_t i = 0; i < nfiles; i++) {
-    sd_plan_file *pf = &p->files[i];
-    char name[64];
-    snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, nfiles);
-    pf->name = strdup(name);
-    pf->header_size = 4096;
-    pf->data_size = data_sizes[i];
-    pf->file_size = pf->header_size + pf->data_size;
-    pf->header = malloc(pf->header_size);
-    for (uint64_t b = 0; b < pf->header_size; b++) pf->header[b] = (char)('A' + (b * 7 + i) % 26);
-    c->want[i] = malloc(pf->file_size + 1);
-    memcpy(c->want[i], pf->header, pf->header_size);
-    for (uint64_t b = 0; b < pf->data_size; b++) {
-      uint8_t v = (uint8_t)(fr_rnd() | 1); /* never 0: a byte left unwritten shows */
-      c->want[i][pf->header_size + b] = v;
-      c->src[at + b] = v;
-    }
-    for (uint64_t off = 0; off < pf->data_size;) {
-      uint64_t len = max_piece ? 1 + fr_rnd() % max_piece : pf->data_size;
-      if (len > pf->data_size - off) len = pf->data_size - off;
-      add_op(c, (uint32_t)i, pf->header_size + off, len, c->src + at + off, flags);
-      off += len;
-    }
-    at += pf->data_size;
-  }
-  fr_shuffle_ops(c->ops, c->nops);
-  p->needs_index = nfiles > 1;
-  p->index_name = strdup("model.safetensors.index.json");
-}
-
-static void ckpt_free(ckpt *c, int own_src) {
-  for (size_t i = 0; i < c->plan.nfiles; i++) {
-    free(c->plan.files[i].name);
-    free(c->plan.files[i].header);
-    free(c->want[i]);
-  }
-  free(c->plan.files);
-  free(c->plan.index_name);
-  free(c->want);
-  free(c->ops);
-  if (own_src) free(c->src);
-}
-
-static const char index_json[] = "{\"metadata\": {}}\n";
-
-static sd_publish_req req_for(ckpt *c, const char *rel, fr_outcome *o) {
-  return (sd_publish_req){
-      .root_fd = FR.root_fd,
-      .root_path = FR.root,
-      .rel_dir = rel,
-      .plan = &c->plan,
-      .ops = c->ops,
-      .nops = c->nops,
-      .index_json = c->plan.needs_index ? index_json : NULL,
-      .index_len = c->plan.needs_index ? strlen(index_json) : 0,
-      .tag = rel,
-      .on_released = fr_on_released,
-      .on_done = fr_on_done,
-      .ud = o,
-  };
-}
-
-static void expect_bytes(const char *rel, const char *name, const uint8_t *want, uint64_t len) {
-  char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s/%s/%s", FR.root, rel, name);
-  fr_expect_file(path, name, want, len);
-}
-
-static void expect_ckpt(const char *rel, const ckpt *c) {
-  for (size_t i = 0; i < c->plan.nfiles; i++)
-    expect_bytes(rel, c->plan.files[i].name, c->want[i], c->plan.files[i].file_size);
-  if (c->plan.needs_index)
-    expect_bytes(rel, c->plan.index_name, (const uint8_t *)index_json, strlen(index_json));
-}
-
-static void publish_ok(ckpt *c, const char *rel) {
+/* Publishes c into rel and expects it whole on disk. */
+static void publish_ok(fc_ckpt *c, const char *rel) {
   fr_outcome o = {0};
-  sd_publish_req r = req_for(c, rel, &o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(c, rel, &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1, "released once");
   cr_expect_eq(o.released_after_done, 0, "released before the end");
   cr_expect_eq(o.written, o.total, "bytes written %llu of %llu", (unsigned long long)o.written,
                (unsigned long long)o.total);
-  expect_ckpt(rel, c);
-}
-
-/* Whether this file system takes O_DIRECT at all. */
-static int fs_takes_direct(const char *dir) {
-  char p[PATH_MAX];
-  snprintf(p, sizeof p, "%s/.probe", dir);
-  int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
-  if (fd >= 0) close(fd);
-  unlink(p);
-  return fd >= 0;
+  fc_expect(rel, c);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -271,25 +148,25 @@ Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = fr_te
   uint64_t sizes[] = {1, 4095, 4096, 4097, (64 << 10) - 4096, (64 << 10) - 4095, (64 << 10) + 1,
                       3 * (64 << 10) + 777, 12345};
   size_t n = sizeof sizes / sizeof *sizes;
-  ckpt c;
-  ckpt_init(&c, n, sizes, 5000, NULL, 0);
+  fc_ckpt c;
+  fc_init(&c, n, sizes, 5000, NULL, 0);
   publish_ok(&c, "odd");
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
-  if (fs_takes_direct(FR.base)) {
+  if (fc_takes_direct(FR.base)) {
     cr_expect_gt(st.writes_direct, 0, "O_DIRECT was used");
     cr_expect_eq(st.writes_buffered, 0, "and nothing fell back: %llu",
                  (unsigned long long)st.writes_buffered);
   }
   cr_expect_leq(st.staging_peak, 256 << 10, "staging stayed within its size");
-  ckpt_free(&c, 1);
+  fc_free(&c);
 }
 
 Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(1 << 20, 256 << 10, 0);
   uint64_t sizes[] = {100000, 7, 50001};
-  ckpt c;
-  ckpt_init(&c, 3, sizes, 16, NULL, 0); /* ~17,000 writes of 1..16 bytes */
+  fc_ckpt c;
+  fc_init(&c, 3, sizes, 16, NULL, 0); /* ~17,000 writes of 1..16 bytes */
   cr_assert_gt(c.nops, 10000);
   publish_ok(&c, "tiny");
   sd_writer_stats st;
@@ -297,36 +174,36 @@ Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = fr_teardown
   /* one write per file (each fits a chunk) plus the index */
   cr_expect_eq(st.writes_direct + st.writes_buffered, 4, "%llu data writes",
                (unsigned long long)(st.writes_direct + st.writes_buffered));
-  ckpt_free(&c, 1);
+  fc_free(&c);
 }
 
 Test(staging, a_tensor_larger_than_the_staging, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(128 << 10, 32 << 10, 0); /* 4 chunks of 32 KiB */
   uint64_t sizes[] = {(3u << 20) + 13};
-  ckpt c;
-  ckpt_init(&c, 1, sizes, 0, NULL, 0); /* one write of 3 MiB */
+  fc_ckpt c;
+  fc_init(&c, 1, sizes, 0, NULL, 0); /* one write of 3 MiB */
   cr_assert_eq(c.nops, 1);
   publish_ok(&c, "big");
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   cr_expect_leq(st.staging_peak, 128 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
   cr_expect_geq(st.writes_direct + st.writes_buffered, (3u << 20) / (32 << 10));
-  ckpt_free(&c, 1);
+  fc_free(&c);
 }
 
 Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_teardown, .timeout = 120) {
   make_writer(32 << 10, 16 << 10, 0); /* two chunks of 16 KiB for everyone */
   enum { N = 5 };
-  ckpt c[N];
+  fc_ckpt c[N];
   fr_outcome o[N];
   char rel[N][16];
   sd_publish *p[N];
   for (int i = 0; i < N; i++) {
     uint64_t sizes[] = {200000 + 1000 * (uint64_t)i, 77777};
-    ckpt_init(&c[i], 2, sizes, 3000, NULL, 0);
+    fc_init(&c[i], 2, sizes, 3000, NULL, 0);
     memset(&o[i], 0, sizeof o[i]);
     snprintf(rel[i], sizeof rel[i], "s%d", i);
-    sd_publish_req r = req_for(&c[i], rel[i], &o[i]);
+    sd_publish_req r = fc_req(&c[i], rel[i], &o[i], NULL);
     sd_error err;
     cr_assert_eq(sd_publish_start(FR.w, &r, &p[i], &err), 0, "%s", err.msg);
   }
@@ -351,25 +228,25 @@ Test(staging, several_saves_share_a_tiny_staging, .init = setup, .fini = fr_tear
   cr_expect_leq(st.staging_peak, 32 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
   for (int i = 0; i < N; i++) {
     cr_expect_eq(o[i].code, 0, "%s", o[i].msg);
-    expect_ckpt(rel[i], &c[i]);
-    ckpt_free(&c[i], 1);
+    fc_expect(rel[i], &c[i]);
+    fc_free(&c[i]);
   }
 }
 
 Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
   fr_open_ramfs_root();
-  cr_assert_eq(fs_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
+  cr_assert_eq(fc_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
   make_writer(256 << 10, 64 << 10, 0);
   uint64_t sizes[] = {4097, 200001};
-  ckpt c;
-  ckpt_init(&c, 2, sizes, 999, NULL, 0);
+  fc_ckpt c;
+  fc_init(&c, 2, sizes, 999, NULL, 0);
   publish_ok(&c, "ram");
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_direct, 0);
   cr_expect_gt(st.writes_buffered, 0);
-  ckpt_free(&c, 1);
+  fc_free(&c);
 }
 
 Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = fr_teardown, .timeout = 60) {
@@ -384,8 +261,8 @@ Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = fr_teardown, .ti
   snprintf(r, sizeof r, "%s/root", FR.mnt);
   fr_open_root(r);
   uint64_t sizes[] = {1, 300000 + 5};
-  ckpt c;
-  ckpt_init(&c, 2, sizes, 40000, NULL, 0);
+  fc_ckpt c;
+  fc_init(&c, 2, sizes, 40000, NULL, 0);
   make_writer(256 << 10, 64 << 10, 0);
   publish_ok(&c, "tmp"); /* direct or not, whatever this kernel's tmpfs says */
   int closed = 0;
@@ -396,21 +273,12 @@ Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = fr_teardown, .ti
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_direct, 0, "told never to use O_DIRECT");
-  ckpt_free(&c, 1);
+  fc_free(&c);
 }
 
 /* ------------------------------------------------------------------------ *
  * Shared memory
  * ------------------------------------------------------------------------ */
-static uint8_t *shared_segment(size_t len, int *fd) {
-  *fd = memfd_create("sd-staging-test", MFD_CLOEXEC);
-  cr_assert_geq(*fd, 0);
-  cr_assert_eq(ftruncate(*fd, (off_t)len), 0);
-  uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-  cr_assert_neq(m, MAP_FAILED);
-  return m;
-}
-
 /* Resident kB of the mapping that starts at addr (/proc/self/smaps). */
 static long mapping_rss_kb(const void *addr) {
   FILE *f = fopen("/proc/self/smaps", "r");
@@ -434,10 +302,10 @@ Test(staging, shared_pages_are_dropped_once_copied, .init = setup, .fini = fr_te
   make_writer(1 << 20, 256 << 10, 0);
   size_t len = 16u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
+  uint8_t *m = fc_shared_segment(len, &fd);
   uint64_t sizes[] = {len / 2, len / 2};
-  ckpt c;
-  ckpt_init(&c, 2, sizes, 100000, m, SD_WOP_SHARED);
+  fc_ckpt c;
+  fc_init(&c, 2, sizes, 100000, m, SD_WOP_SHARED);
   cr_assert_gt(mapping_rss_kb(m), 8000, "the test filled the segment through the mapping");
   publish_ok(&c, "shm");
   long kb = mapping_rss_kb(m);
@@ -446,7 +314,7 @@ Test(staging, shared_pages_are_dropped_once_copied, .init = setup, .fini = fr_te
   /* dropping the mapping's pages never loses the data */
   for (size_t i = 0; i < c.plan.nfiles; i++)
     cr_expect(!memcmp(m + i * (len / 2), c.want[i] + 4096, len / 2));
-  ckpt_free(&c, 0);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
@@ -456,19 +324,15 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
   make_writer(512 << 10, 128 << 10, 0);
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
+  uint8_t *m = fc_shared_segment(len, &fd);
   uint64_t sizes[] = {len};
-  ckpt c;
+  fc_ckpt c;
   /* pieces too small for a zero-copy middle: every one is copied under the guard */
-  ckpt_init(&c, 1, sizes, 60000, m, SD_WOP_SHARED);
+  fc_init(&c, 1, sizes, 60000, m, SD_WOP_SHARED);
   /* the client shrinks its segment after attach: the tail is gone */
   cr_assert_eq(ftruncate(fd, (off_t)(len / 2)), 0);
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "shrunk", &o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "shrunk", &o, NULL);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "shrunk/model-00001-of-00001.safetensors"), "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "SIGBUS"), "%s", o.msg);
@@ -479,10 +343,10 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
 
   /* the guard is disarmed again: the same writer carries on */
   uint64_t small[] = {5000};
-  ckpt ok;
-  ckpt_init(&ok, 1, small, 100, NULL, 0);
+  fc_ckpt ok;
+  fc_init(&ok, 1, small, 100, NULL, 0);
   publish_ok(&ok, "after");
-  ckpt_free(&ok, 1);
+  fc_free(&ok);
 
   /* and a fault outside a guarded copy still kills, as it should */
   pid_t pid = fork();
@@ -498,7 +362,7 @@ Test(staging, a_shrunken_segment_fails_the_save_not_the_process, .init = setup, 
   cr_expect(WIFSIGNALED(status) ? WTERMSIG(status) == SIGBUS || WTERMSIG(status) == SIGABRT
                                 : WIFEXITED(status) && WEXITSTATUS(status) != 0,
             "status %#x", status);
-  ckpt_free(&c, 0);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
@@ -519,30 +383,18 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
   const uint8_t *m = mmap(NULL, seg, PROT_READ, MAP_SHARED, fd, 0);
   cr_assert_neq(m, MAP_FAILED);
 
-  ckpt c;
+  fc_ckpt c;
   uint64_t sizes[] = {seg};
-  ckpt_init(&c, 1, sizes, 0, NULL, 0);
-  c.nops = 0;
-  for (uint64_t r = 0; r < R; r++)
-    for (uint64_t k = 0; k < 2; k++) {
-      uint64_t at = 4096 + r * 2 * W + k * W;
-      add_op(&c, 0, at, W, m + k * R * W + r * W, SD_WOP_SHARED);
-      memcpy(c.want[0] + at, bytes + k * R * W + r * W, W);
-    }
+  fc_init(&c, 1, sizes, 0, NULL, 0);
+  fc_split_rows(&c, R, W, m, bytes);
   sd_shm_span span = {m, seg, fd, 0};
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "rows", &o);
-  r.spans = &span;
-  r.nspans = 1;
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "rows", &o, &span);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1);
-  expect_ckpt("rows", &c);
+  fc_expect("rows", &c);
   cr_expect_eq(mapping_rss_kb(m), 0, "no page of the segment was mapped by the writer");
-  ckpt_free(&c, 1);
+  fc_free(&c);
   free(bytes);
   munmap((void *)m, seg);
   close(fd);
@@ -552,20 +404,14 @@ Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = fr_teardown
   make_writer(512 << 10, 128 << 10, 0);
   size_t len = 2u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
+  uint8_t *m = fc_shared_segment(len, &fd);
   uint64_t sizes[] = {len};
-  ckpt c;
-  ckpt_init(&c, 1, sizes, 50000, m, SD_WOP_SHARED);
+  fc_ckpt c;
+  fc_init(&c, 1, sizes, 50000, m, SD_WOP_SHARED);
   cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
   sd_shm_span span = {m, len, fd, 0};
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "short", &o);
-  r.spans = &span;
-  r.nspans = 1;
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "short", &o, &span);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "short/model-00001-of-00001.safetensors"), "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, "came up short"), "%s", o.msg);
@@ -573,7 +419,7 @@ Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = fr_teardown
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s/short", FR.root);
   cr_expect_neq(stat(dir, &st), 0, "nothing published");
-  ckpt_free(&c, 0);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
@@ -645,31 +491,31 @@ Test(staging, zero_copy_pieces_wait_for_their_write) {
 /* One file holding a whole tensor placed congruently (zero-copy middle),
  * one placed off by 8 bytes, an inner-dimension split (rows) and a tiny
  * tensor: mixed zero-copy and staged writes, every byte compared. */
-static void mixed_ckpt(ckpt *c, uint8_t *m, uint64_t *direct_want) {
+static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *direct_want) {
   enum { A = 1000000, B = 300000, R = 200, W = 300, T = 7 };
   uint64_t data = A + B + 2 * R * W + T;
-  ckpt_init(c, 1, &data, 0, NULL, 0);
+  fc_init(c, 1, &data, 0, NULL, 0);
   c->nops = 0;
   uint64_t at = 4096, seg = 0;
   /* A at file 4096: placed at segment offset 4096 + 4096*k, congruent */
   seg = 8192;
-  add_op(c, 0, at, A, m + seg, SD_WOP_SHARED);
+  fc_add_op(c, 0, at, A, m + seg, SD_WOP_SHARED);
   memcpy(m + seg, c->want[0] + at, A);
   *direct_want = ((at + A) & ~4095ull) - at;
   at += A;
   seg += A + 4096 + 8; /* off by 8: staged */
-  add_op(c, 0, at, B, m + seg, SD_WOP_SHARED);
+  fc_add_op(c, 0, at, B, m + seg, SD_WOP_SHARED);
   memcpy(m + seg, c->want[0] + at, B);
   at += B;
   seg += B;
   for (uint64_t r = 0; r < R; r++)
     for (uint64_t k = 0; k < 2; k++) {
       const uint8_t *src = m + seg + k * R * W + r * W;
-      add_op(c, 0, at + r * 2 * W + k * W, W, src, SD_WOP_SHARED);
+      fc_add_op(c, 0, at + r * 2 * W + k * W, W, src, SD_WOP_SHARED);
       memcpy((uint8_t *)src, c->want[0] + at + r * 2 * W + k * W, W);
     }
   at += 2 * R * W;
-  add_op(c, 0, at, T, c->want[0] + at, 0);
+  fc_add_op(c, 0, at, T, c->want[0] + at, 0);
   fr_shuffle_ops(c->ops, c->nops);
 }
 
@@ -677,24 +523,20 @@ Test(staging, mixed_zero_copy_and_staged_writes_in_one_file, .init = setup, .fin
   make_writer(256 << 10, 64 << 10, 0);
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
-  ckpt c;
+  uint8_t *m = fc_shared_segment(len, &fd);
+  fc_ckpt c;
   uint64_t direct_want;
   mixed_ckpt(&c, m, &direct_want);
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "mixed", &o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "mixed", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1);
   cr_expect_eq(o.written, o.total);
-  expect_ckpt("mixed", &c);
+  fc_expect("mixed", &c);
   cr_expect_eq(o.direct, direct_want, "zero-copy bytes %llu, want %llu", (unsigned long long)o.direct,
                (unsigned long long)direct_want);
   cr_expect_lt(mapping_rss_kb(m), 1024, "pages written zero-copy are dropped too");
-  ckpt_free(&c, 1);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
@@ -706,17 +548,13 @@ Test(staging, a_zero_copy_write_from_a_shrunken_segment_fails_the_save, .init = 
   make_writer(512 << 10, 128 << 10, 0);
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
+  uint8_t *m = fc_shared_segment(len, &fd);
   uint64_t sizes[] = {len - 4096};
-  ckpt c;
-  ckpt_init(&c, 1, sizes, 0, m + 4096, SD_WOP_SHARED); /* one write, congruent: all but nothing zero-copy */
+  fc_ckpt c;
+  fc_init(&c, 1, sizes, 0, m + 4096, SD_WOP_SHARED); /* one write, congruent: all but nothing zero-copy */
   cr_assert_eq(ftruncate(fd, (off_t)(len / 2)), 0);
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "zshrunk", &o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "zshrunk", &o, NULL);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
   cr_expect_not_null(strstr(o.msg, strerror(EFAULT)), "%s", o.msg);
   struct stat st;
@@ -724,11 +562,11 @@ Test(staging, a_zero_copy_write_from_a_shrunken_segment_fails_the_save, .init = 
   snprintf(dir, sizeof dir, "%s/zshrunk", FR.root);
   cr_expect_neq(stat(dir, &st), 0, "nothing published");
   uint64_t small[] = {5000};
-  ckpt ok;
-  ckpt_init(&ok, 1, small, 100, NULL, 0);
+  fc_ckpt ok;
+  fc_init(&ok, 1, small, 100, NULL, 0);
   publish_ok(&ok, "after");
-  ckpt_free(&ok, 1);
-  ckpt_free(&c, 0);
+  fc_free(&ok);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
@@ -737,27 +575,23 @@ Test(staging, a_zero_copy_write_from_a_shrunken_segment_fails_the_save, .init = 
  * cache from the segment, and the bytes are still right. */
 Test(staging, zero_copy_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
   fr_open_ramfs_root();
-  cr_assert_eq(fs_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
+  cr_assert_eq(fc_takes_direct(FR.root), 0, "ramfs refuses O_DIRECT");
   make_writer(256 << 10, 64 << 10, 0);
   size_t len = 4u << 20;
   int fd;
-  uint8_t *m = shared_segment(len, &fd);
-  ckpt c;
+  uint8_t *m = fc_shared_segment(len, &fd);
+  fc_ckpt c;
   uint64_t direct_want;
   mixed_ckpt(&c, m, &direct_want);
   fr_outcome o = {0};
-  sd_publish_req r = req_for(&c, "ram", &o);
-  sd_publish *p;
-  sd_error err;
-  cr_assert_eq(sd_publish_start(FR.w, &r, &p, &err), 0, "%s", err.msg);
-  fr_run_until(&o);
+  fc_publish(&c, "ram", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
-  expect_ckpt("ram", &c);
+  fc_expect("ram", &c);
   cr_expect_eq(o.direct, direct_want);
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_direct, 0);
-  ckpt_free(&c, 1);
+  fc_free(&c);
   munmap(m, len);
   close(fd);
 }
