@@ -52,9 +52,8 @@ int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io
                        int *to_buffered) {
   unsigned k = (unsigned)(pc - d->pieces);
   uint32_t done = res >= 0 ? pc->len : io->done;
-  /* The segment's pages stay mapped after the write: they are the rank's shared pages (RssShmem, no
-   * private memory), and a trainer saves the same arena every N steps, so its next save pins them on
-   * the fast path instead of faulting each page in again (bench_multi (F) against (f)). */
+  if (done && !pc->niov) sd_shared_drop(pc->src, done);
+  for (int i = 0; i < io->iovcnt && res >= 0; i++) sd_shared_drop(io->iov[i].iov_base, io->iov[i].iov_len);
   *wrote = done;
   *to_buffered = 0;
   if (res == -EINVAL && can_buffer) {
