@@ -14,7 +14,16 @@
  *   4c splice, 8 MiB pipe     refused: EPERM (over fs/pipe-max-size 1 MiB, no CAP_SYS_RESOURCE)
  *   5 preadv+pwrite (staged)  0.204  1.20     0.280  1.72     0.325  0.63
  * Result: nothing beats (1) by half; splice costs about what the mapping path costs (the pinning of
- * the mapping's pages is not where the daemon's ~0.5 s/GiB goes: this path alone is ~0.11-0.14). */
+ * the mapping's pages is not where the daemon's ~0.5 s/GiB goes: this path alone is ~0.11-0.14).
+ * Added 2026-12-03 ~22:25 UTC, machine quiet (load 0.8-1.1), 1 GiB, /var/tmp (ext4, virtio):
+ *   6 kept map, uring write   0.076-0.112 (16385 minflt)   6b same mapping, 2nd pass  0.022-0.062 (0 minflt)
+ *   7 fixed bufs (registered) 0.142-0.195 (262147 minflt: io_uring pins for writing, so the mapping must be
+ *     writable and every page takes a write fault)            7b registered, 2nd pass    0.036-0.043
+ *   (1) again 0.096-0.101, (4) 0.088-0.099, (5) 0.141-0.220.
+ * A second pass over pages still mapped is cheap here, but in the daemon keeping the zero-copy pages
+ * mapped between saves did not pay (bench_multi (F) 0.067-0.082 kept vs 0.054-0.062 dropped), and after
+ * a pause of 11 s a second save costs what the first does ((F) 0.106 against (f) 0.108): this VM's kernel
+ * ages idle pages (DAMON runs here), and the first read of a page pays its LRU activation again. */
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
