@@ -25,12 +25,13 @@ typedef struct {
   const char *dtype, *save, *dir;
   int kill_rank; /* -1: none */
   int stream;    /* --stream: deferred puts, declared, ready */
+  int repeat;    /* --repeat: saves over one connection and arena (0: the option is not given) */
 } model;
 
 static pid_t spawn_rank(const model *m, int rank, const char *out) {
   const char *bin = getenv("SHARDD_EXAMPLE_RANK");
   cr_assert(bin && *bin, "SHARDD_EXAMPLE_RANK is not set");
-  char a[10][32];
+  char a[11][32];
   snprintf(a[0], 32, "%d", rank);
   snprintf(a[1], 32, "%d", m->world);
   snprintf(a[2], 32, "%d", m->tp);
@@ -48,6 +49,11 @@ static pid_t spawn_rank(const model *m, int rank, const char *out) {
   while (argv[k]) k++;
   if (rank == m->kill_rank) argv[k++] = "--kill-before-seal";
   if (m->stream) argv[k++] = "--stream";
+  if (m->repeat) {
+    snprintf(a[10], 32, "%d", m->repeat);
+    argv[k++] = "--repeat";
+    argv[k++] = a[10];
+  }
   argv[k] = NULL;
   fflush(NULL);
   pid_t pid = fork();
@@ -269,5 +275,30 @@ Test(example, a_rank_dying_before_seal_fails_the_others_with_client_lost) {
   }
   json_decref(lines[3]);
   h_expect_unpublished("dies");
+  h_expect_serving();
+}
+
+/* A trainer saving every N steps keeps its connection and arena: three saves over the same ones,
+ * each checkpoint whole and byte-exact (the arena is written again between saves), the earlier
+ * ones under DIR.wK as the example rank names them. */
+Test(example, three_saves_over_one_connection_and_arena) {
+  model m = {.hidden = 64, .layers = 2, .vocab = 101, .inter = 173, .max_shard_size = 40000, .seed = 9,
+             .world = 4, .tp = 2, .dtype = "BF16", .save = "every", .dir = "every", .kill_rank = -1, .repeat = 3};
+  json_t *lines[H_MAX_RANKS];
+  int status[H_MAX_RANKS];
+  run_model(&m, lines, status);
+  for (int r = 0; r < m.world; r++) {
+    cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d exited 0x%x", r, status[r]);
+    cr_assert_str_eq(json_string_value(json_object_get(lines[r], "state")), "committed", "rank %d", r);
+    json_decref(lines[r]);
+  }
+  check_model(&m);
+  const char *earlier[] = {"every.w1", "every.w2"};
+  for (int k = 0; k < 2; k++) {
+    model e = m;
+    e.dir = earlier[k];
+    check_model(&e);
+  }
+  cr_assert_eq(h_tmp_count(), 0);
   h_expect_serving();
 }
