@@ -127,6 +127,41 @@ static void mount_of(const char *path, char *fstype, char *source, size_t len) {
   fclose(f);
 }
 
+/* What moves the daemon's per-page costs here: transparent huge pages (the staging asks for them; shmem
+ * arenas get them only as shmem_enabled allows) and a DAMON daemon ageing idle pages, which makes a
+ * save after a pause pay each page's first touch again. */
+static void mm_line(char *out, size_t len) {
+  char thp[64] = "?", shm[64] = "?", damon[64] = "off";
+  const char *files[] = {"/sys/kernel/mm/transparent_hugepage/enabled", "/sys/kernel/mm/transparent_hugepage/shmem_enabled"};
+  char *dst[] = {thp, shm};
+  for (int i = 0; i < 2; i++) {
+    char line[256];
+    FILE *f = fopen(files[i], "r");
+    if (f && fgets(line, sizeof line, f)) {
+      char *a = strchr(line, '['), *b = a ? strchr(a, ']') : NULL;
+      if (a && b) sd_e2e_fmt(dst[i], 64, "%.*s", (int)(b - a - 1), a + 1);
+    }
+    if (f) fclose(f);
+  }
+  for (int k = 0; k < 8; k++) {
+    char p[128], st[32] = "", act[32] = "";
+    sd_e2e_fmt(p, sizeof p, "/sys/kernel/mm/damon/admin/kdamonds/%d/state", k);
+    FILE *f = fopen(p, "r");
+    if (!f) break;
+    if (!fgets(st, sizeof st, f)) st[0] = '\0';
+    fclose(f);
+    st[strcspn(st, "\n")] = '\0';
+    sd_e2e_fmt(p, sizeof p, "/sys/kernel/mm/damon/admin/kdamonds/%d/contexts/0/schemes/0/action", k);
+    if ((f = fopen(p, "r"))) {
+      if (!fgets(act, sizeof act, f)) act[0] = '\0';
+      fclose(f);
+      act[strcspn(act, "\n")] = '\0';
+    }
+    if (strcmp(st, "on") == 0) sd_e2e_fmt(damon, sizeof damon, "on (kdamond %d%s%s)", k, act[0] ? ", " : "", act);
+  }
+  sd_e2e_fmt(out, len, "mm       THP %s, shmem THP %s, DAMON %s\n", thp, shm, damon);
+}
+
 void sd_e2e_machine(const char *dir, char *out, size_t len) {
   char cpu[256] = "?", line[512];
   FILE *f = fopen("/proc/cpuinfo", "r");
@@ -151,6 +186,8 @@ void sd_e2e_machine(const char *dir, char *out, size_t len) {
            "dir      %s (%s on %s)\n",
            sysconf(_SC_NPROCESSORS_ONLN), cpu, (double)pages * (double)psz / 1073741824.0,
            (double)sd_e2e_mem_available() / 1073741824.0, u.release, dir, fstype, source);
+  size_t used = strlen(out);
+  if (used < len) mm_line(out + used, len - used);
 }
 
 /* ------------------------------------------------------------------------ *
