@@ -43,6 +43,7 @@
 #define ALIGN 4096u
 
 static size_t total = 1ull << 30;
+static unsigned pause_s; /* --pause: between the passes of (6b)/(7b), as between a trainer's saves */
 static const char *dir = ".";
 static char path[4096];
 
@@ -120,6 +121,7 @@ static int m_kept(int mfd, int out, int fixed, int warm, struct rusage *a, doubl
   if (io_uring_queue_init(32, &ring, 0) != 0) die("io_uring_queue_init");
   size_t nb = total / PIECE;
   for (int pass = 0; pass <= warm; pass++) {
+    if (pass == warm && warm && pause_s) sleep(pause_s);
     if (pass == warm) getrusage(RUSAGE_SELF, a), *t0 = now();
     if (fixed && pass == 0) {
       struct iovec *iov = calloc(nb, sizeof *iov);
@@ -299,8 +301,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--from") && i + 1 < argc) only = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--pause") && i + 1 < argc) pause_s = (unsigned)atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_zc [--gib N] [--dir D] [--reps R] [--from METHOD-INDEX]\n");
+      fprintf(stderr, "usage: bench_zc [--gib N] [--dir D] [--reps R] [--from METHOD-INDEX] [--pause S]\n");
       return 2;
     }
   }
