@@ -669,7 +669,7 @@ static int collect_spans(sd_csave *cs, sd_xstaged *xs) {
       if (!ns) return -1;
       xs->spans = ns;
     }
-    xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed};
+    xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
   }
   if (xs->nspans) qsort(xs->spans, xs->nspans, sizeof *xs->spans, span_cmp);
   size_t u = 0; /* one span per segment */

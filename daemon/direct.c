@@ -48,11 +48,26 @@ sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f) {
   return &d->pieces[d->pfree[--d->npfree]];
 }
 
+int sd_direct_buf_index(const sd_fill *f, const sd_fill_piece *pc) {
+  if (pc->niov || !f->nspans) return -1;
+  size_t lo = 0, hi = f->nspans; /* the last span whose base <= src */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (f->spans[mid].base <= pc->src) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return -1;
+  const sd_shm_span *sp = &f->spans[lo - 1];
+  if ((uint64_t)(pc->src - sp->base) + pc->len > sp->len) return -1;
+  return sd_pin_slot(sp->pin, sp->base, pc->src, pc->len);
+}
+
 int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
                        int *to_buffered) {
   unsigned k = (unsigned)(pc - d->pieces);
   uint32_t done = res >= 0 ? pc->len : io->done;
-  if (done && !pc->niov) sd_shared_drop(pc->src, done);
+  /* A fixed-buffer write never mapped the pages: nothing to drop. */
+  if (done && !pc->niov && io->buf_index < 0) sd_shared_drop(pc->src, done);
   for (int i = 0; i < io->iovcnt && res >= 0; i++) sd_shared_drop(io->iov[i].iov_base, io->iov[i].iov_len);
   *wrote = done;
   *to_buffered = 0;

@@ -35,6 +35,9 @@ sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f);
  * means the file system refused a direct write: then *to_buffered is set,
  * the caller turns the file buffered, and the rest of pc (if any) goes again
  * first. Returns 1 when pc goes again, 0 when it ended well, else -errno. */
+/* The registered buffer slot pc's write can go from (its segment pinned at
+ * attach, sd_writer_pin), or -1: a plain write that pins its pages itself. */
+int sd_direct_buf_index(const sd_fill *f, const sd_fill_piece *pc);
 int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
                        int *to_buffered);
 

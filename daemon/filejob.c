@@ -100,6 +100,7 @@ static int direct_next(sd_filejob *j, sd_io *io) {
   io->off = ff->base + pc->off;
   io->src = pc->src;
   io->len = pc->len;
+  io->buf_index = sd_direct_buf_index(&j->fill, pc);
   io->req = pc;
   return 1;
 }

@@ -50,6 +50,7 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "writes_buffered", u64(ws.writes_buffered));
   json_object_set_new(o, "writes_registered", u64(ws.writes_fixed_buf));
   json_object_set_new(o, "writes_zero_copy", u64(ws.writes_zero_copy));
+  json_object_set_new(o, "pinned_bytes", u64(ws.pinned_bytes));
   json_object_set_new(o, "write_bytes_direct", u64(ws.bytes_direct));
   json_object_set_new(o, "write_bytes_buffered", u64(ws.bytes_buffered));
   json_object_set_new(o, "staging_bytes", u64(ws.staging_bytes));

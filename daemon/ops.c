@@ -81,6 +81,8 @@ static int attach_fd(sd_session *s, json_t *req, sd_region **r, sd_error *err) {
   return sd_region_adopt(fd, r, err);
 }
 
+static void unpin_region(void *writer, int pin, uint64_t len) { sd_writer_unpin(writer, pin, len); }
+
 static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   const char *name = NULL;
@@ -105,6 +107,12 @@ static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
   sd_region_peer peer = {.uid = s->uid, .gid = s->gid, .groups = s->groups, .ngroups = s->ngroups,
                          .trusted_gid = s->d->cfg->trusted_gid};
   if ((by_fd ? attach_fd(s, req, &r, &err) : sd_region_open(name, &peer, &r, &err)) != 0) return fail(id, &err);
+  if (r->sealed && s->d->writer && !r->pin) {
+    /* Once per attach, not per save: a trainer saves the same arena every N steps. */
+    r->pin = sd_writer_pin(s->d->writer, (uint8_t *)r->base, r->size);
+    r->unpin = unpin_region;
+    r->unpin_ctx = s->d->writer;
+  }
   uint32_t rid = 0;
   if (sd_region_table_add(&s->regions, r, &rid, &err) != 0) {
     sd_region_unref(r);

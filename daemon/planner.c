@@ -76,7 +76,7 @@ static int add_span(sd_planned *p, const sd_region *r, size_t *cap) {
     p->spans = n;
     *cap = ncap;
   }
-  p->spans[p->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed};
+  p->spans[p->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
   return 0;
 }
 

@@ -37,6 +37,7 @@ typedef struct {
   uint64_t len;
   int fd;
   int sealed;              /* sd_region.sealed: it can never be shorter than len */
+  int pin;                 /* sd_region.pin: registered with the ring (0: not) */
 } sd_shm_span;
 
 /* ------------------------------------------------------------------------ *

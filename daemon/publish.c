@@ -254,6 +254,7 @@ static int direct_next(sd_publish *p, sd_io *io) {
   io->off = pc->off;
   io->src = pc->src;
   io->len = pc->len;
+  io->buf_index = sd_direct_buf_index(&p->fill, pc);
   io->iov = pc->niov ? pc->iov : NULL;
   io->iovcnt = pc->niov;
   io->req = pc;

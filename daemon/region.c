@@ -174,6 +174,7 @@ void sd_region_ref(sd_region *r) { r->refs++; }
 
 void sd_region_unref(sd_region *r) {
   if (!r || --r->refs > 0) return;
+  if (r->pin && r->unpin) r->unpin(r->unpin_ctx, r->pin, r->size);
   munmap((void *)r->base, (size_t)r->size);
   if (r->fd >= 0) close(r->fd);
   live--;

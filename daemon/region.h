@@ -17,6 +17,9 @@ typedef struct sd_region {
   int fd;                  /* kept open, so a shrink after attach can be detected */
   int sealed;              /* a (tmpfs) memfd sealed with F_SEAL_SHRINK: its size can never drop,
                             * so its mapping is read with no shrink check, preadv or SIGBUS guard */
+  int pin;                 /* 1 + its first buffer slot on the writer's ring (sealed only), 0: none */
+  void (*unpin)(void *ctx, int pin, uint64_t len); /* called on the last reference */
+  void *unpin_ctx;
   char name[SD_SHM_NAME_MAX + 1];
 } sd_region;
 

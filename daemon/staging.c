@@ -36,7 +36,9 @@ int sd_staging_init(sd_staging *s, struct io_uring *ring, uint64_t bytes, uint32
   for (unsigned i = 0; i < s->max; i++) s->chunks[i].buf_index = -1;
   /* Sparse tables let buffers and files come and go with the load; a
    * kernel without them still gets plain writes through plain fds. */
-  s->sparse = io_uring_register_buffers_sparse(ring, s->max) == 0;
+  s->sparse = io_uring_register_buffers_sparse(ring, s->max + SD_PIN_SLOTS) == 0;
+  if (s->sparse) s->pin_used = calloc(SD_PIN_SLOTS, 1);
+  else s->sparse = io_uring_register_buffers_sparse(ring, s->max) == 0;
   if (io_uring_register_files_sparse(ring, SD_FILE_SLOTS) == 0) {
     s->nslots = SD_FILE_SLOTS;
     for (unsigned i = 0; i < SD_FILE_SLOTS; i++) s->slot_free[i] = SD_FILE_SLOTS - 1 - i;
@@ -51,8 +53,10 @@ static int chunk_alloc(sd_staging *s, sd_chunk *c, unsigned idx) {
   void *p = mmap(NULL, s->chunk_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return -1;
   /* Huge pages where the system allows them: a chunk is faulted in, zeroed and pinned for the ring
-   * 512 pages at a time, which is most of what a trimmed staging costs a save to get back. */
-  madvise(p, s->chunk_bytes, MADV_HUGEPAGE);
+   * 512 pages at a time, which is most of what a trimmed staging costs a save to get back. Not while
+   * clients' segments are pinned: registering a huge page makes the kernel compare it with every page
+   * of every registered buffer (io_uring's memlock accounting), which measured far dearer. */
+  if (!s->pinned) madvise(p, s->chunk_bytes, MADV_HUGEPAGE);
   c->buf = p;
   c->cap = s->chunk_bytes;
   c->buf_index = -1;
@@ -126,6 +130,7 @@ void sd_staging_free(sd_staging *s) {
     if (s->chunks[i].buf) chunk_release(s, &s->chunks[i], i);
   free(s->chunks);
   free(s->slot_free);
+  free(s->pin_used);
   memset(s, 0, sizeof *s);
 }
 
@@ -192,6 +197,60 @@ void sd_bus_guard_install(void) {
   sigemptyset(&set);
   sigaddset(&set, SIGBUS);
   pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Pinned segments
+ * ------------------------------------------------------------------------ */
+int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len) {
+  if (!s->pin_used || len == 0 || s->reg_failed) return 0;
+  unsigned n = (unsigned)((len + SD_PIN_PIECE - 1) / SD_PIN_PIECE), first = 0, run = 0;
+  for (unsigned i = 0; i < SD_PIN_SLOTS && run < n; i++) {
+    run = s->pin_used[i] ? 0 : run + 1;
+    if (run == 1) first = i;
+  }
+  if (run < n) return 0;
+  uint64_t span = (len + 4095) & ~(uint64_t)4095;
+  if (mprotect(base, span, PROT_READ | PROT_WRITE) != 0) return 0;
+  struct iovec iov[64];
+  int rc = 0;
+  unsigned done = 0;
+  while (done < n && rc >= 0) {
+    unsigned k = 0;
+    for (; k < 64 && done + k < n; k++) {
+      uint64_t at = (uint64_t)(done + k) * SD_PIN_PIECE;
+      iov[k] = (struct iovec){base + at, (size_t)(len - at < SD_PIN_PIECE ? len - at : SD_PIN_PIECE)};
+    }
+    rc = io_uring_register_buffers_update_tag(s->ring, s->max + first + done, iov, NULL, k);
+    if (rc >= 0) done += k;
+  }
+  mprotect(base, span, PROT_READ); /* pinned pages stay registered: nothing writes through the mapping */
+  if (rc < 0) {
+    struct iovec none[64] = {{0}};
+    for (unsigned i = 0; i < done; i += 64)
+      io_uring_register_buffers_update_tag(s->ring, s->max + first + i, none, NULL, done - i < 64 ? done - i : 64);
+    if (!s->pin_failed)
+      sd_log_info("writer: cannot pin a %llu-byte client segment for fixed-buffer writes (%s; raise "
+                  "LimitMEMLOCK/ulimit -l): its zero-copy writes pin their pages one write at a time",
+                  (unsigned long long)len, strerror(-rc));
+    s->pin_failed = 1;
+    return 0;
+  }
+  memset(s->pin_used + first, 1, n);
+  s->pinned += len;
+  sd_log_debug("writer: pinned a %llu-byte client segment in buffer slots %u..%u", (unsigned long long)len,
+               s->max + first, s->max + first + n - 1);
+  return (int)(s->max + first) + 1;
+}
+
+void sd_staging_unpin(sd_staging *s, int pin, uint64_t len) {
+  if (!pin || !s->pin_used) return;
+  unsigned first = (unsigned)(pin - 1) - s->max, n = (unsigned)((len + SD_PIN_PIECE - 1) / SD_PIN_PIECE);
+  struct iovec none[64] = {{0}};
+  for (unsigned i = 0; i < n; i += 64)
+    io_uring_register_buffers_update_tag(s->ring, s->max + first + i, none, NULL, n - i < 64 ? n - i : 64);
+  memset(s->pin_used + first, 0, n);
+  s->pinned -= len;
 }
 
 void sd_shared_drop(const uint8_t *p, uint64_t len) {

@@ -53,6 +53,9 @@ typedef struct {
   int reg_failed;          /* registering failed once (RLIMIT_MEMLOCK): plain writes */
   unsigned *slot_free;     /* fixed-file slots */
   unsigned nslots, nslot_free;
+  uint8_t *pin_used;       /* SD_PIN_SLOTS buffer slots after the chunks' (sd_staging_pin), NULL: none */
+  uint64_t pinned;         /* bytes of clients' segments registered now */
+  int pin_failed;          /* the kernel refused a pin once (RLIMIT_MEMLOCK): said once in the log */
 } sd_staging;
 
 /* Up to `bytes` of staging in chunks of chunk_bytes (at least two chunks),
@@ -69,6 +72,29 @@ void sd_staging_trim(sd_staging *s);
 void sd_staging_free(sd_staging *s);
 /* Bytes of staging allocated now. */
 uint64_t sd_staging_bytes(const sd_staging *s);
+
+/* ------------------------------------------------------------------------ *
+ * Pinned segments. A client's sealed memfd (it can never shrink) is
+ * registered with the ring once, at attach, in pieces of SD_PIN_PIECE: its
+ * zero-copy writes then go as fixed-buffer writes, with no pinning, page
+ * faults or page-table work per write and save. io_uring pins for writing,
+ * so the mapping is writable only while the kernel pins it.
+ * ------------------------------------------------------------------------ */
+#define SD_PIN_SLOTS 4096u
+#define SD_PIN_PIECE (1ull << 30) /* io_uring's largest registered buffer */
+
+/* Registers the page-aligned mapping [base, base + len) of fd; returns 1 +
+ * its first buffer slot (its pieces take consecutive slots), or 0 when it
+ * stays unpinned (no table, no room, RLIMIT_MEMLOCK): that costs only speed. */
+int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len);
+void sd_staging_unpin(sd_staging *s, int pin, uint64_t len);
+/* The buffer slot holding [src, src + len) of a segment pinned as `pin` at
+ * base, or -1 when the range crosses a piece boundary (written unfixed). */
+static inline int sd_pin_slot(int pin, const uint8_t *base, const uint8_t *src, uint64_t len) {
+  uint64_t at = (uint64_t)(src - base);
+  if (!pin || at / SD_PIN_PIECE != (at + len - 1) / SD_PIN_PIECE) return -1;
+  return pin - 1 + (int)(at / SD_PIN_PIECE);
+}
 
 /* A fixed-file slot holding fd, or -1 when none is free (use fd itself). */
 int sd_staging_file_slot(sd_staging *s, int fd);

@@ -57,9 +57,17 @@ typedef struct {
   uint64_t bytes_direct;     /* bytes the kernel took through O_DIRECT (with last-block padding) */
   uint64_t bytes_buffered;   /* ... through the page cache */
   int registered;            /* staging buffers are registered with the ring (0: plain writes) */
+  uint64_t pinned_bytes;     /* clients' segments registered with the ring now (sd_writer_pin) */
 } sd_writer_stats;
 
 void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
+
+/* Registers a client's sealed segment mapped at base (len bytes) with the
+ * ring, so its zero-copy writes go as fixed-buffer writes (sd_staging_pin):
+ * returns its pin (0: left unpinned). Unpinning a closing writer does
+ * nothing: the ring's end releases every buffer. */
+int sd_writer_pin(sd_writer *w, uint8_t *base, uint64_t len);
+void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 
 /* ------------------------------------------------------------------------ *
  * Writer jobs (writer.c): a job hands the ring one request at a time and
