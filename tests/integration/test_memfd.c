@@ -98,6 +98,16 @@ static json_int_t copied_sealed(x_conn *c) {
   return n;
 }
 
+/* A figure of status: metrics.KEY, or totals.KEY when totals. */
+static json_int_t status_num(x_conn *c, const char *obj, const char *key) {
+  json_t *r = x_call(c, "{\"op\":\"status\",\"metrics\":true}");
+  json_t *v = json_object_get(json_object_get(r, obj), key);
+  cr_assert(json_is_integer(v), "status has no %s.%s", obj, key);
+  json_int_t n = json_integer_value(v);
+  json_decref(r);
+  return n;
+}
+
 /* ------------------------------------------------------------------------ *
  * libshardd's own arenas are sealed memfds: several ranks, bytes on disk
  * ------------------------------------------------------------------------ */
@@ -140,6 +150,41 @@ Test(memfd, a_sealed_memfd_is_attached_and_saved) {
   save_from_region(c, rid, "raw", size, 9);
   /* too small for a zero-copy middle: every byte was staged, by plain memcpy */
   cr_assert_eq(copied_sealed(c), (json_int_t)size, "bytes staged from the sealed memfd without preadv or guard");
+  x_close(c);
+  x_serving();
+}
+
+/* A sealed arena is pinned with the ring at attach: its zero-copy writes are
+ * fixed-buffer writes of the pages the client writes, so a second save after
+ * the client rewrote them has the new bytes; detach unpins it. */
+Test(memfd, a_sealed_arena_is_pinned_and_saved_twice_with_fixed_buffers) {
+  x_start(NULL);
+  x_conn *c = x_connect();
+  size_t size = (4u << 20) + 4096;
+  int fd = memfd_create("pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  cr_assert(fd >= 0 && ftruncate(fd, (off_t)size) == 0);
+  uint8_t *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  cr_assert(m != MAP_FAILED);
+  for (size_t i = 0; i < size; i++) m[i] = (uint8_t)((i * 7 + 1) & 0xff);
+  cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
+  int64_t rid = region_of(call_fd(c, "{\"op\":\"attach\",\"fd\":true}", fd), "attach fd");
+  close(fd);
+  cr_assert_eq(status_num(c, "metrics", "pinned_bytes"), (json_int_t)size, "the sealed arena is pinned at attach");
+  json_int_t fixed0 = status_num(c, "metrics", "writes_registered");
+  save_from_region(c, rid, "pin1", size, 1);
+  json_int_t direct1 = status_num(c, "totals", "bytes_direct"), fixed1 = status_num(c, "metrics", "writes_registered");
+  cr_assert_gt(direct1, (json_int_t)(4u << 20) - 8192, "the tensor went zero-copy (%lld bytes)", (long long)direct1);
+  cr_assert_gt(fixed1, fixed0, "zero-copy writes of a pinned arena are fixed-buffer writes");
+  for (size_t i = 0; i < size; i++) m[i] = (uint8_t)((i * 7 + 2) & 0xff); /* the next step's weights */
+  save_from_region(c, rid, "pin2", size, 2);
+  cr_assert_gt(status_num(c, "totals", "bytes_direct"), direct1);
+  uint8_t *want = malloc(size);
+  for (size_t i = 0; i < size; i++) want[i] = (uint8_t)((i * 7 + 1) & 0xff);
+  h_check_bytes("pin1", "w", want, size); /* the first checkpoint is untouched */
+  free(want);
+  x_ok(x_callf(c, "{\"op\":\"detach\",\"region\":%lld}", (long long)rid), "detach");
+  cr_assert_eq(status_num(c, "metrics", "pinned_bytes"), 0, "detach unpins");
+  munmap(m, size);
   x_close(c);
   x_serving();
 }
