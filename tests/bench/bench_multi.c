@@ -35,8 +35,10 @@ typedef struct {
   double seconds, cpu_s, load_before, load_after;
   double blocked, memcpy_s;     /* the slowest rank's */
   uint64_t direct, buffered, fwd, trips_peak, peak_anon;
+  double attach_cpu;             /* the daemons' CPU from up to every rank ready: connects, attaches, pinning */
+  uint64_t pinned;               /* the daemons' pinned_bytes then */
   uint64_t zc, gathered, copied; /* the daemons' totals: bytes written zero-copy from one rank's segment, gathered from several, copied */
-  char note[512];
+  char note[768];
 } run;
 
 static double pct(uint64_t part, const run *r) {
@@ -191,6 +193,8 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     }
   }
 
+  double cpu_up = 0; /* the daemons' CPU once up, before any rank connects */
+  for (int d = 0; d < nd && rc == 0; d++) cpu_up += sd_e2e_proc_cpu(dp[d]);
   char nums[7][32], rk[NRANKS][16], nr[NRANKS][8];
   sd_e2e_fmt(nums[0], 32, "%" PRIu64, m->hidden);
   sd_e2e_fmt(nums[1], 32, "%" PRIu64, m->intermediate);
@@ -239,6 +243,15 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     char line[64];
     for (int k = 0; k < NRANKS && rc == 0; k++)
       if (read_line(out[k], line, sizeof line, deadline) != 0 || strcmp(line, "ready") != 0) rc = -1;
+    if (rc == 0 && round == 0) {
+      for (int d = 0; d < nd; d++) {
+        r->attach_cpu += sd_e2e_proc_cpu(dp[d]);
+        json_t *st = status_of(sock[d]);
+        r->pinned += num(st, "metrics", "pinned_bytes");
+        json_decref(st);
+      }
+      r->attach_cpu -= cpu_up;
+    }
     if (rc == 0 && round == rounds - 1) {
       /* A trainer's saves are minutes apart: by then the daemon has given its idle staging back
        * (writer.c SD_TRIM_MS, 10 s), so the measured save pays for it again, as it would. */
@@ -331,9 +344,9 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
       if (stat(p, &sb) == 0 && S_ISREG(sb.st_mode)) r->bytes += (uint64_t)sb.st_size;
     }
     if (dir) closedir(dir);
-    sd_e2e_fmt(r->note, sizeof r->note, "%sverify: %s; zero-copy %.1f MiB, gathered %.1f MiB, copied %.1f MiB (%.1f%% direct, %.1f%% gathered)",
+    sd_e2e_fmt(r->note, sizeof r->note, "%sverify: %s; zero-copy %.1f MiB, gathered %.1f MiB, copied %.1f MiB (%.1f%% direct, %.1f%% gathered); before the save: %.2f GiB of arenas pinned, attach CPU %.3f s",
                rc ? "FAILED: " : "", msg, (double)r->zc / 1048576.0, (double)r->gathered / 1048576.0,
-               (double)r->copied / 1048576.0, pct(r->zc, r), pct(r->gathered, r));
+               (double)r->copied / 1048576.0, pct(r->zc, r), pct(r->gathered, r), (double)r->pinned / GIB, r->attach_cpu);
   }
   r->ok = rc == 0;
   if (rc == 0 && !o->keep) sd_e2e_rmtree(ckpt);
