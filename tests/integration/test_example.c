@@ -193,6 +193,19 @@ static void check_model(const model *m) {
   h_verify_ok(m->dir);
 }
 
+/* Runs every rank, each exiting 0 with its save committed, then checks the checkpoint. */
+static void run_committed(const model *m) {
+  json_t *lines[H_MAX_RANKS];
+  int status[H_MAX_RANKS];
+  run_model(m, lines, status);
+  for (int r = 0; r < m->world; r++) {
+    cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d exited 0x%x", r, status[r]);
+    cr_assert_str_eq(json_string_value(json_object_get(lines[r], "state")), "committed", "rank %d", r);
+    json_decref(lines[r]);
+  }
+  check_model(m);
+}
+
 /* ------------------------------------------------------------------------ *
  * Tests
  * ------------------------------------------------------------------------ */
@@ -224,15 +237,7 @@ Test(example, four_ranks_tp2_dp2_small_llama) {
 Test(example, three_way_tp_with_uneven_splits_in_f32) {
   model m = {.hidden = 50, .layers = 1, .vocab = 97, .inter = 130, .max_shard_size = 30000, .seed = 6,
              .world = 3, .tp = 3, .dtype = "F32", .save = "tp3", .dir = "tp3", .kill_rank = -1};
-  json_t *lines[H_MAX_RANKS];
-  int status[H_MAX_RANKS];
-  run_model(&m, lines, status);
-  for (int r = 0; r < m.world; r++) {
-    cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d exited 0x%x", r, status[r]);
-    cr_assert_str_eq(json_string_value(json_object_get(lines[r], "state")), "committed", "rank %d", r);
-    json_decref(lines[r]);
-  }
-  check_model(&m);
+  run_committed(&m);
 }
 
 /* TP finer than the model's dimensions (hidden 3, intermediate 2 over
@@ -284,15 +289,7 @@ Test(example, a_rank_dying_before_seal_fails_the_others_with_client_lost) {
 Test(example, three_saves_over_one_connection_and_arena) {
   model m = {.hidden = 64, .layers = 2, .vocab = 101, .inter = 173, .max_shard_size = 40000, .seed = 9,
              .world = 4, .tp = 2, .dtype = "BF16", .save = "every", .dir = "every", .kill_rank = -1, .repeat = 3};
-  json_t *lines[H_MAX_RANKS];
-  int status[H_MAX_RANKS];
-  run_model(&m, lines, status);
-  for (int r = 0; r < m.world; r++) {
-    cr_assert(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0, "rank %d exited 0x%x", r, status[r]);
-    cr_assert_str_eq(json_string_value(json_object_get(lines[r], "state")), "committed", "rank %d", r);
-    json_decref(lines[r]);
-  }
-  check_model(&m);
+  run_committed(&m);
   const char *earlier[] = {"every.w1", "every.w2"};
   for (int k = 0; k < 2; k++) {
     model e = m;
