@@ -89,6 +89,16 @@ static void chunk_release(sd_staging *s, sd_chunk *c, unsigned idx) {
   s->live--;
 }
 
+void sd_staging_prefill(sd_staging *s) {
+  for (unsigned i = 0; i < s->max; i++) {
+    sd_chunk *c = &s->chunks[i];
+    if (c->buf || chunk_alloc(s, c, i) != 0) continue;
+    if (c->buf_index < 0) memset(c->buf, 0, c->cap); /* registering faulted the pages in; fault them here otherwise */
+    c->next = s->free;
+    s->free = c;
+  }
+}
+
 sd_chunk *sd_staging_get(sd_staging *s) {
   sd_chunk *c = s->free;
   if (c) {

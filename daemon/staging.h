@@ -67,6 +67,9 @@ int sd_staging_init(sd_staging *s, struct io_uring *ring, uint64_t bytes, uint32
  * live; NULL when every chunk is busy or memory is short. */
 sd_chunk *sd_staging_get(sd_staging *s);
 void sd_staging_put(sd_staging *s, sd_chunk *c);
+/* Allocates (and registers) every chunk not yet live, idle: a save about to
+ * come then finds its staging ready. */
+void sd_staging_prefill(sd_staging *s);
 /* Frees every idle chunk (the daemon went quiet). */
 void sd_staging_trim(sd_staging *s);
 void sd_staging_free(sd_staging *s);
