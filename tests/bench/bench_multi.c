@@ -57,7 +57,7 @@ static void usage(FILE *f) {
           "on dim 0 and placed (FSDP-like: all zero-copy but the header), (z) (c) with placed ranks.\n"
           "(C), (Z), (F): the ranks of (c), (z), (f) save twice over the same connections and arenas, as a\n"
           "trainer saving every N steps does; only the second save, 11 s after the first (past the daemon's\n"
-          "10 s staging trim), is measured: the steady state.\n"
+          "10 s idle staging trim when no arena is pinned), is measured: the steady state.\n"
           "Never fails on a time; exits 1 when a checkpoint is wrong.\n"
           "  --gib N  --quick (0.25)  --dir PARENT  --shardd PATH  --rank-bin PATH  --max-shard-size N\n"
           "  --phases LIST (any of a c C z Z m k f F; default acCzZmkfF)  --timeout S (default 3600)  --keep\n");
@@ -253,8 +253,8 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
       r->attach_cpu -= cpu_up;
     }
     if (rc == 0 && round == rounds - 1) {
-      /* A trainer's saves are minutes apart: by then the daemon has given its idle staging back
-       * (writer.c SD_TRIM_MS, 10 s), so the measured save pays for it again, as it would. */
+      /* A trainer's saves are minutes apart: the pause lets the machine age the ranks' idle pages
+       * and, were no arena pinned, the daemon give its staging back (writer.c SD_TRIM_MS, 10 s). */
       if (repeat > 1) sleep(WARM_PAUSE_S);
       sync();
       r->load_before = sd_e2e_load1();
