@@ -467,19 +467,6 @@ static int span_cmp(const void *a, const void *b) {
   return x->base < y->base ? -1 : x->base > y->base;
 }
 
-/* The segment src lies in, or NULL for inline (heap) bytes. */
-static const sd_shm_span *span_find(const sd_xstaged *xs, const uint8_t *src) {
-  size_t lo = 0, hi = xs->nspans;
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (xs->spans[mid].base <= src) lo = mid + 1;
-    else hi = mid;
-  }
-  if (lo == 0) return NULL;
-  const sd_shm_span *sp = &xs->spans[lo - 1];
-  return (uint64_t)(src - sp->base) < sp->len ? sp : NULL;
-}
-
 static void on_staged(void *ud, const sd_error *err) {
   sd_xstaged *xs = ud;
   sd_csave *cs = xs->cs;
@@ -565,7 +552,7 @@ static int add_op(sd_xstaged *xs, uint32_t region, uint64_t off, const uint8_t *
     xs->ops = n;
     xs->opcap = nc;
   }
-  uint32_t flags = span_find(xs, src) ? SD_WOP_SHARED : 0;
+  uint32_t flags = sd_span_find(xs->spans, xs->nspans, src) ? SD_WOP_SHARED : 0;
   xs->ops[xs->nops++] = (sd_write_op){region, off, src, len, flags, 0};
   xs->data += len;
   return 0;

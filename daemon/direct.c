@@ -48,18 +48,18 @@ sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f) {
   return &d->pieces[d->pfree[--d->npfree]];
 }
 
-int sd_direct_buf_index(const sd_fill *f, const sd_fill_piece *pc) {
-  if (pc->niov || !f->nspans) return -1;
-  size_t lo = 0, hi = f->nspans; /* the last span whose base <= src */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (f->spans[mid].base <= pc->src) lo = mid + 1;
-    else hi = mid;
-  }
-  if (lo == 0) return -1;
-  const sd_shm_span *sp = &f->spans[lo - 1];
-  if ((uint64_t)(pc->src - sp->base) + pc->len > sp->len) return -1;
-  return sd_pin_slot(sp->pin, sp->base, pc->src, pc->len);
+void sd_direct_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io) {
+  io->kind = SD_IO_WRITE;
+  io->tag = pc->file;
+  io->src = pc->src;
+  io->len = pc->len;
+  io->iov = pc->niov ? pc->iov : NULL;
+  io->iovcnt = pc->niov;
+  io->req = pc;
+  const sd_shm_span *sp = pc->niov ? NULL : sd_span_find(f->spans, f->nspans, pc->src);
+  io->buf_index = sp && pc->len <= sp->len - (uint64_t)(pc->src - sp->base)
+                      ? sd_pin_slot(sp->pin, sp->base, pc->src, pc->len)
+                      : -1;
 }
 
 int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,

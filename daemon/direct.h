@@ -28,6 +28,11 @@ void sd_direct_free(sd_direct *d);
 /* The next zero-copy write: one to resubmit first, then the next ready
  * stretch of f; NULL when none is (or all slots are on the ring). */
 sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f);
+/* Fills io with pc's write (the caller sets fd and off): its bytes, its
+ * iovecs when gathered, and the registered buffer slot it goes from when its
+ * segment was pinned at attach (sd_writer_pin; else -1, a plain write that
+ * pins its pages itself). */
+void sd_direct_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io);
 /* pc's write (io) ended with res (-errno, or its length; io->done bytes went
  * out before a failure). *wrote: bytes of it now in the file (their pages leave
  * the daemon's page tables). A segment the client shrank fails with -EFAULT.
@@ -35,9 +40,6 @@ sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f);
  * means the file system refused a direct write: then *to_buffered is set,
  * the caller turns the file buffered, and the rest of pc (if any) goes again
  * first. Returns 1 when pc goes again, 0 when it ended well, else -errno. */
-/* The registered buffer slot pc's write can go from (its segment pinned at
- * attach, sd_writer_pin), or -1: a plain write that pins its pages itself. */
-int sd_direct_buf_index(const sd_fill *f, const sd_fill_piece *pc);
 int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
                        int *to_buffered);
 

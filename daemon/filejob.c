@@ -94,14 +94,9 @@ static int direct_next(sd_filejob *j, sd_io *io) {
   if (!pc) return 0;
   fj_file *ff = &j->f[pc->file];
   sd_writer_count_write(j->job.w, ff->direct);
-  io->kind = SD_IO_WRITE;
+  sd_direct_io(&j->fill, pc, io);
   io->fd = ff->fd;
-  io->tag = pc->file;
   io->off = ff->base + pc->off;
-  io->src = pc->src;
-  io->len = pc->len;
-  io->buf_index = sd_direct_buf_index(&j->fill, pc);
-  io->req = pc;
   return 1;
 }
 

@@ -363,18 +363,22 @@ typedef struct {
   uint64_t err_off;        /* the file offset it was reading for */
 } copy_state;
 
+const sd_shm_span *sd_span_find(const sd_shm_span *spans, size_t n, const uint8_t *src) {
+  size_t lo = 0, hi = n; /* the last span whose base <= src */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (spans[mid].base <= src) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  const sd_shm_span *sp = &spans[lo - 1];
+  return (uint64_t)(src - sp->base) < sp->len ? sp : NULL;
+}
+
 static const sd_shm_span *span_of(const sd_fill *f, copy_state *st, const uint8_t *src, uint64_t len) {
   const sd_shm_span *sp = st->span;
   if (!sp || src < sp->base || (uint64_t)(src - sp->base) >= sp->len) {
-    size_t lo = 0, hi = f->nspans; /* the last span whose base <= src */
-    while (lo < hi) {
-      size_t mid = lo + (hi - lo) / 2;
-      if (f->spans[mid].base <= src) lo = mid + 1;
-      else hi = mid;
-    }
-    if (lo == 0) return NULL;
-    sp = &f->spans[lo - 1];
-    if ((uint64_t)(src - sp->base) >= sp->len) return NULL;
+    if (!(sp = sd_span_find(f->spans, f->nspans, src))) return NULL;
     st->span = sp;
   }
   return len <= sp->len - (uint64_t)(src - sp->base) ? sp : NULL;

@@ -40,6 +40,10 @@ typedef struct {
   int pin;                 /* sd_region.pin: registered with the ring (0: not) */
 } sd_shm_span;
 
+/* Pure: the span of spans (n of them, sorted by base, none overlapping) that
+ * src lies in, or NULL (heap memory, or outside every segment). */
+const sd_shm_span *sd_span_find(const sd_shm_span *spans, size_t n, const uint8_t *src);
+
 /* ------------------------------------------------------------------------ *
  * A publish's bytes (pubfill.c): every file is a head (header, artifact or
  * index bytes, at offset 0) followed by the data writes that land in it;

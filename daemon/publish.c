@@ -248,16 +248,9 @@ static int direct_next(sd_publish *p, sd_io *io) {
   if (!pc) return 0;
   pub_file *pf = &p->files[pc->file];
   sd_writer_count_write(p->job.w, pf->direct);
-  io->kind = SD_IO_WRITE;
+  sd_direct_io(&p->fill, pc, io);
   io->fd = file_fd(p, pf, &io->fixed);
-  io->tag = pc->file;
   io->off = pc->off;
-  io->src = pc->src;
-  io->len = pc->len;
-  io->buf_index = sd_direct_buf_index(&p->fill, pc);
-  io->iov = pc->niov ? pc->iov : NULL;
-  io->iovcnt = pc->niov;
-  io->req = pc;
   return 1;
 }
 

@@ -212,6 +212,13 @@ void sd_bus_guard_install(void) {
 /* ------------------------------------------------------------------------ *
  * Pinned segments
  * ------------------------------------------------------------------------ */
+/* Empties the n pin slots from `first` on (pin slots count after the chunks' slots). */
+static void unregister_slots(sd_staging *s, unsigned first, unsigned n) {
+  struct iovec none[64] = {{0}};
+  for (unsigned i = 0; i < n; i += 64)
+    io_uring_register_buffers_update_tag(s->ring, s->max + first + i, none, NULL, n - i < 64 ? n - i : 64);
+}
+
 int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len) {
   if (!s->pin_used || len == 0 || s->reg_failed) return 0;
   unsigned n = (unsigned)((len + SD_PIN_PIECE - 1) / SD_PIN_PIECE), first = 0, run = 0;
@@ -220,7 +227,7 @@ int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len) {
     if (run == 1) first = i;
   }
   if (run < n) return 0;
-  uint64_t span = (len + 4095) & ~(uint64_t)4095;
+  uint64_t span = sd_align_up(len); /* the mapping's whole pages */
   if (mprotect(base, span, PROT_READ | PROT_WRITE) != 0) return 0;
   struct iovec iov[64];
   int rc = 0;
@@ -236,9 +243,7 @@ int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len) {
   }
   mprotect(base, span, PROT_READ); /* pinned pages stay registered: nothing writes through the mapping */
   if (rc < 0) {
-    struct iovec none[64] = {{0}};
-    for (unsigned i = 0; i < done; i += 64)
-      io_uring_register_buffers_update_tag(s->ring, s->max + first + i, none, NULL, done - i < 64 ? done - i : 64);
+    unregister_slots(s, first, done);
     if (!s->pin_failed)
       sd_log_info("writer: cannot pin a %llu-byte client segment for fixed-buffer writes (%s; raise "
                   "LimitMEMLOCK/ulimit -l): its zero-copy writes pin their pages one write at a time",
@@ -256,9 +261,7 @@ int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len) {
 void sd_staging_unpin(sd_staging *s, int pin, uint64_t len) {
   if (!pin || !s->pin_used) return;
   unsigned first = (unsigned)(pin - 1) - s->max, n = (unsigned)((len + SD_PIN_PIECE - 1) / SD_PIN_PIECE);
-  struct iovec none[64] = {{0}};
-  for (unsigned i = 0; i < n; i += 64)
-    io_uring_register_buffers_update_tag(s->ring, s->max + first + i, none, NULL, n - i < 64 ? n - i : 64);
+  unregister_slots(s, first, n);
   memset(s->pin_used + first, 0, n);
   s->pinned -= len;
 }

@@ -21,18 +21,20 @@ void fr_open_root(const char *path) {
   cr_assert_eq(sd_root_open(FR.root, &FR.root_fd, &err), 0, "%s", err.msg);
 }
 
-void fr_open_ramfs_root(void) {
-  snprintf(FR.mnt, sizeof FR.mnt, "%s/ramfs", FR.base);
+void fr_open_mounted_root(const char *fstype, const char *opts) {
+  snprintf(FR.mnt, sizeof FR.mnt, "%s/%s", FR.base, fstype);
   cr_assert_eq(mkdir(FR.mnt, 0755), 0);
-  if (mount("ramfs", FR.mnt, "ramfs", 0, NULL) < 0) {
+  if (mount(fstype, FR.mnt, fstype, 0, opts) < 0) {
     int e = errno;
     FR.mnt[0] = '\0';
-    cr_skip_test("cannot mount a ramfs (%s): needs root", strerror(e));
+    cr_skip_test("cannot mount a %s (%s): needs root", fstype, strerror(e));
   }
   char r[512];
   snprintf(r, sizeof r, "%s/root", FR.mnt);
   fr_open_root(r);
 }
+
+void fr_open_ramfs_root(void) { fr_open_mounted_root("ramfs", NULL); }
 
 void fr_setup(const char *tmpl) {
   snprintf(FR.base, sizeof FR.base, "%s", tmpl);

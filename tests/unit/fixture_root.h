@@ -32,8 +32,11 @@ void fr_teardown(void);
 void fr_closed_cb(void *ud);
 /* Makes path the root (FR.root, FR.root_fd), closing the previous one. */
 void fr_open_root(const char *path);
-/* A ramfs mounted at FR.mnt (unmounted by fr_teardown) with the root in it:
- * a file system that refuses O_DIRECT. Skips the test when it cannot mount. */
+/* A fresh file system of type fstype (mount options opts, may be NULL)
+ * mounted at FR.base/fstype as FR.mnt (unmounted by fr_teardown), with the
+ * root in it. Skips the test when it cannot mount (needs root). */
+void fr_open_mounted_root(const char *fstype, const char *opts);
+/* fr_open_mounted_root("ramfs"): a file system that refuses O_DIRECT. */
 void fr_open_ramfs_root(void);
 
 /* What a publish reported through its callbacks (ud of fr_on_released/fr_on_done). */

@@ -250,16 +250,7 @@ Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .f
 }
 
 Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = fr_teardown, .timeout = 60) {
-  snprintf(FR.mnt, sizeof FR.mnt, "%s/tmpfs", FR.base);
-  cr_assert_eq(mkdir(FR.mnt, 0755), 0);
-  if (mount("tmpfs", FR.mnt, "tmpfs", 0, "size=16m") < 0) {
-    int e = errno;
-    FR.mnt[0] = '\0';
-    cr_skip_test("cannot mount a tmpfs (%s): needs root", strerror(e));
-  }
-  char r[512];
-  snprintf(r, sizeof r, "%s/root", FR.mnt);
-  fr_open_root(r);
+  fr_open_mounted_root("tmpfs", "size=16m");
   uint64_t sizes[] = {1, 300000 + 5};
   fc_ckpt c;
   fc_init(&c, 2, sizes, 40000, NULL, 0);
