@@ -301,6 +301,120 @@ static int place_slices(slices *ss, const opts *o, int dt, unsigned esize, uint6
   return rc;
 }
 
+/* One save's times (the JSON line's), and its result once committed. */
+typedef struct {
+  double blocked, begin_s, puts_s, seal_s, wait_s;
+  shardd_result res;
+  const char *state;
+} save_times;
+
+/* One save of the arena's slices as save_id into save_dir, timed from begin
+ * to seal (blocked) and to the commit (wait). Returns 0, or -1 with *status
+ * set by fail(). */
+static int save_once(const opts *o, const char *save_id, const char *save_dir, int dt, unsigned esize,
+                     const slices *ss, uint8_t *model, size_t total, shardd_client *c, shardd_arena *a,
+                     save_times *tm, int *status) {
+  double t0 = now_s();
+  char ws[16], tps[16];
+  snprintf(ws, sizeof ws, "%d", o->world_size);
+  snprintf(tps, sizeof tps, "%d", o->tp);
+  const char *md[] = {"shardd_example", "rank_writer", "tp", tps, "world_size", ws};
+  shardd_save_opts so = {.save = save_id, .dir = save_dir, .rank = o->rank, .world_size = o->world_size,
+                         .max_shard_size = o->max_shard_size, .metadata = md, .nmetadata = 3,
+                         .nnodes = o->nnodes, .node_rank = o->node_rank, .leader = o->leader};
+  int rc = shardd_begin(c, &so);
+  if (rc) {
+    *status = fail(o, "begin", rc, c, a);
+    return -1;
+  }
+  tm->begin_s = now_s() - t0;
+  double t_puts = now_s();
+  /* Copy everything (unless streaming), then put it all in one batch: one
+   * round trip's wait rather than one per slice. */
+  uint8_t *arena = shardd_arena_data(a);
+  shardd_tensor_desc *descs = calloc(ss->n ? ss->n : 1, sizeof *descs);
+  uint64_t *offs = calloc(ss->n ? ss->n : 1, sizeof *offs);
+  if (!descs || !offs) {
+    free(descs);
+    free(offs);
+    *status = fail(o, "put", SHARDD_E_NO_MEMORY, c, a);
+    return -1;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < ss->n; i++) {
+    slice *t = &ss->v[i];
+    int whole = t->nbytes == esize * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+    descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
+                                    .shape = t->shape, .start = whole ? NULL : t->start,
+                                    .count = whole ? NULL : t->count, .index = t->index};
+    offs[k++] = t->aoff;
+    if (!o->stream) memcpy(arena + t->aoff, model + t->offset, (size_t)t->nbytes);
+  }
+  size_t refused = 0;
+  rc = shardd_put_many(c, save_id, descs, offs, k, a, o->stream, &refused);
+  free(descs);
+  free(offs);
+  if (rc) {
+    *status = fail(o, "put", rc, c, a);
+    return -1;
+  }
+  if (o->stream) {
+    /* The file goes first: nothing may be added once declared. */
+    if (o->file && o->rank == 0 && send_config(o, save_id, dt, c, a, status) != 0) return -1;
+    rc = shardd_declared(c, save_id);
+    if (rc) {
+      *status = fail(o, "declared", rc, c, a);
+      return -1;
+    }
+    /* Slices sit in the arena in put order: copy front to back, saying how
+     * far the bytes are ready every STREAM_STEP. */
+    uint8_t *dst = shardd_arena_data(a);
+    uint64_t said = 0;
+    for (size_t i = 0; i < ss->n; i++) {
+      slice *t = &ss->v[i];
+      memcpy(dst + t->aoff, model + t->offset, (size_t)t->nbytes);
+      uint64_t end = t->aoff + t->nbytes;
+      if (end - said >= STREAM_STEP) {
+        rc = shardd_ready(c, save_id, a, end);
+        if (rc) {
+          *status = fail(o, "ready", rc, c, a);
+          return -1;
+        }
+        said = end;
+      }
+    }
+  }
+  if (!o->stream && o->file && o->rank == 0 && send_config(o, save_id, dt, c, a, status) != 0) return -1;
+  if (o->kill_before_seal) {
+    /* Die as a crashed trainer would, without leaking the segment. */
+    shm_unlink(shardd_arena_name(a));
+    munmap(model, total);
+    free(ss->v);
+    exit(3);
+  }
+  tm->puts_s = now_s() - t_puts;
+  double t_seal = now_s();
+  rc = shardd_seal(c, save_id);
+  if (rc) {
+    *status = fail(o, "seal", rc, c, a);
+    return -1;
+  }
+  tm->seal_s = now_s() - t_seal;
+  tm->blocked = now_s() - t0;
+
+  if (!o->no_wait) {
+    double tw = now_s();
+    rc = shardd_wait(c, save_id, -1, &tm->res);
+    if (rc) {
+      *status = fail(o, "wait", rc, c, a);
+      return -1;
+    }
+    tm->wait_s = now_s() - tw;
+    tm->state = "committed";
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   opts o = {.save = "example", .dir = "example", .dtype = "BF16", .world_size = 1, .tp = 1,
             .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688, .repeat = 1};
@@ -430,14 +544,10 @@ int main(int argc, char **argv) {
   /* --repeat: the same connection and arena save again, as a trainer saves
    * every N steps; every save but the last goes to DIR.wK (id SAVE.wK), and
    * only the last one's times are printed. */
-  double blocked = 0, begin_s = 0, puts_s = 0, seal_s = 0, wait_s = 0, t0;
-  shardd_result res = {.files = 0};
-  const char *state = "sealed";
+  save_times tm = {.state = "sealed"};
   char save_id[512], save_dir[4096];
   for (int rep = 1; rep <= o.repeat; rep++) {
     if (o.start_barrier && wait_for_go() != 0) goto no_go;
-
-    t0 = now_s();
     if (rep < o.repeat) {
       snprintf(save_id, sizeof save_id, "%s.w%d", o.save, rep);
       snprintf(save_dir, sizeof save_dir, "%s.w%d", o.dir, rep);
@@ -445,103 +555,7 @@ int main(int argc, char **argv) {
       snprintf(save_id, sizeof save_id, "%s", o.save);
       snprintf(save_dir, sizeof save_dir, "%s", o.dir);
     }
-    char ws[16], tps[16];
-    snprintf(ws, sizeof ws, "%d", o.world_size);
-    snprintf(tps, sizeof tps, "%d", o.tp);
-    const char *md[] = {"shardd_example", "rank_writer", "tp", tps, "world_size", ws};
-    shardd_save_opts so = {.save = save_id, .dir = save_dir, .rank = o.rank, .world_size = o.world_size,
-                           .max_shard_size = o.max_shard_size, .metadata = md, .nmetadata = 3,
-                           .nnodes = o.nnodes, .node_rank = o.node_rank, .leader = o.leader};
-    rc = shardd_begin(c, &so);
-    if (rc) {
-      status = fail(&o, "begin", rc, c, a);
-      goto done;
-    }
-    begin_s = now_s() - t0;
-    double t_puts = now_s();
-    /* Copy everything (unless streaming), then put it all in one batch: one
-     * round trip's wait rather than one per slice. */
-    uint8_t *arena = shardd_arena_data(a);
-    shardd_tensor_desc *descs = calloc(nput ? nput : 1, sizeof *descs);
-    uint64_t *offs = calloc(nput ? nput : 1, sizeof *offs);
-    if (!descs || !offs) {
-      free(descs);
-      free(offs);
-      status = fail(&o, "put", SHARDD_E_NO_MEMORY, c, a);
-      goto done;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < ss.n; i++) {
-      slice *t = &ss.v[i];
-      int whole = t->nbytes == esize * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
-      descs[k] = (shardd_tensor_desc){.name = t->name, .dtype = dtypes[dt].name, .ndim = t->ndim,
-                                      .shape = t->shape, .start = whole ? NULL : t->start,
-                                      .count = whole ? NULL : t->count, .index = t->index};
-      offs[k++] = t->aoff;
-      if (!o.stream) memcpy(arena + t->aoff, model + t->offset, (size_t)t->nbytes);
-    }
-    size_t refused = 0;
-    rc = shardd_put_many(c, save_id, descs, offs, k, a, o.stream, &refused);
-    free(descs);
-    free(offs);
-    if (rc) {
-      status = fail(&o, "put", rc, c, a);
-      goto done;
-    }
-    if (o.stream) {
-      /* The file goes first: nothing may be added once declared. */
-      if (o.file && o.rank == 0 && send_config(&o, save_id, dt, c, a, &status) != 0) goto done;
-      rc = shardd_declared(c, save_id);
-      if (rc) {
-        status = fail(&o, "declared", rc, c, a);
-        goto done;
-      }
-      /* Slices sit in the arena in put order: copy front to back, saying how
-       * far the bytes are ready every STREAM_STEP. */
-      uint8_t *dst = shardd_arena_data(a);
-      uint64_t said = 0;
-      for (size_t i = 0; i < ss.n; i++) {
-        slice *t = &ss.v[i];
-        memcpy(dst + t->aoff, model + t->offset, (size_t)t->nbytes);
-        uint64_t end = t->aoff + t->nbytes;
-        if (end - said >= STREAM_STEP) {
-          rc = shardd_ready(c, save_id, a, end);
-          if (rc) {
-            status = fail(&o, "ready", rc, c, a);
-            goto done;
-          }
-          said = end;
-        }
-      }
-    }
-    if (!o.stream && o.file && o.rank == 0 && send_config(&o, save_id, dt, c, a, &status) != 0) goto done;
-    if (o.kill_before_seal) {
-      /* Die as a crashed trainer would, without leaking the segment. */
-      shm_unlink(shardd_arena_name(a));
-      munmap(model, total);
-      free(ss.v);
-      exit(3);
-    }
-    puts_s = now_s() - t_puts;
-    double t_seal = now_s();
-    rc = shardd_seal(c, save_id);
-    if (rc) {
-      status = fail(&o, "seal", rc, c, a);
-      goto done;
-    }
-    seal_s = now_s() - t_seal;
-    blocked = now_s() - t0;
-
-    if (!o.no_wait) {
-      double tw = now_s();
-      rc = shardd_wait(c, save_id, -1, &res);
-      if (rc) {
-        status = fail(&o, "wait", rc, c, a);
-        goto done;
-      }
-      wait_s = now_s() - tw;
-      state = "committed";
-    }
+    if (save_once(&o, save_id, save_dir, dt, esize, &ss, model, total, c, a, &tm, &status) != 0) goto done;
   }
   rc = shardd_arena_destroy(a);
   if (rc) {
@@ -554,9 +568,9 @@ int main(int argc, char **argv) {
          ",\"model_bytes\":%" PRIu64 ",\"blocked_s\":%.6f,\"memcpy_s\":%.6f,\"setup_s\":%.6f"
          ",\"begin_s\":%.6f,\"puts_s\":%.6f,\"seal_s\":%.6f,\"wait_s\":%.6f,\"state\":\"%s\""
          ",\"files\":%" PRIu64 ",\"dir\":",
-         o.rank, tp_rank, dp_rank, nput, bytes, ss.model_bytes, blocked, memcpy_s, setup_s, begin_s,
-         puts_s, seal_s, wait_s, state, res.files);
-  json_str(stdout, res.dir);
+         o.rank, tp_rank, dp_rank, nput, bytes, ss.model_bytes, tm.blocked, memcpy_s, setup_s, tm.begin_s,
+         tm.puts_s, tm.seal_s, tm.wait_s, tm.state, tm.res.files);
+  json_str(stdout, tm.res.dir);
   printf("}\n");
   goto done;
 no_go:
