@@ -6,7 +6,7 @@ shardd_packages=(
   libuv1-dev liburing-dev libjansson-dev libssl-dev
   libmicrohttpd-dev                                          # metrics_listen: GET /metrics
   libcriterion-dev
-  ncat python3 python3-numpy python3-torch
+  ncat python3 python3-numpy
   python3-venv python3-pip python3-setuptools python3-wheel   # the pip-install test (tests/python)
   valgrind
   clang libclang-rt-14-dev
@@ -36,4 +36,33 @@ shardd_build() {
     meson setup "$dir" "$@"
   fi
   ninja -C "$dir"
+}
+
+# The one Python environment of the binding's torch tests, benchmarks and examples: torch first,
+# so that nothing installed after it swaps in another build. Idempotent: a stamp in the venv
+# records what it holds, and a venv that holds exactly that is left alone.
+SHARDD_VENV=${SHARDD_VENV:-$PWD/.venv}
+shardd_venv_torch="torch==2.13.0"
+shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest)
+
+shardd_venv() {
+  local stamp="$SHARDD_VENV/.shardd-packages" want="$shardd_venv_torch ${shardd_venv_rest[*]}"
+  if [ -x "$SHARDD_VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    echo "venv: $SHARDD_VENV holds $want"
+    return 0
+  fi
+  # Debian's python3 makes the venv; torch 2.13.0's CPU build for it comes from the local wheel
+  # directory pip is configured with, else from PyTorch's CPU index (never PyPI's CUDA build).
+  local py=/usr/bin/python3 pip
+  echo "venv: making $SHARDD_VENV with $($py --version)"
+  $py -m venv "$SHARDD_VENV"
+  pip=("$SHARDD_VENV/bin/python" -m pip install -q --disable-pip-version-check)
+  if ! "${pip[@]}" --only-binary=:all: "$shardd_venv_torch" 2>/dev/null ||
+     ! "$SHARDD_VENV/bin/python" -c 'import torch, sys; sys.exit("+cpu" not in torch.__version__ and torch.version.cuda is not None)'; then
+    "${pip[@]}" --index-url https://download.pytorch.org/whl/cpu "$shardd_venv_torch"
+  fi
+  "${pip[@]}" "${shardd_venv_rest[@]}"
+  "$SHARDD_VENV/bin/python" -c 'import torch, transformers, safetensors, huggingface_hub, numpy, pytest
+print("venv: torch", torch.__version__, "transformers", transformers.__version__)'
+  echo "$want" > "$stamp"
 }

@@ -60,6 +60,12 @@ def _error(code, raw):
     return ShardError(code, name, msg)
 
 
+def refusal(name, message):
+    """A ShardError raised by the binding itself, with the code libshardd gives the wire name `name`."""
+    codes = {n: c for c, n in error_names().items()}
+    return ShardError(codes[name], name, message)
+
+
 def _bytes(s, what):
     if isinstance(s, bytes):
         return s

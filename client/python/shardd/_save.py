@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 from . import _lib
 from ._client import Arena, Client, ShardError, _error, parse_size, place
 from ._lib import SaveOpts
-from ._tensors import check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
+from ._tensors import Slice, check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
 
 # progress(bytes_written, bytes_total), called from the waiting thread.
 Progress = Callable[[int, int], None]
@@ -249,9 +249,9 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
-    torch tensor (the whole tensor; any device, any strides) or a Slice of a
-    global tensor. Every rank of the save calls this with the same dir,
-    save_id and world_size. The bytes are copied into `arena` (grown as needed; a temporary one when
+    torch tensor (the whole tensor; any device, any strides), a Slice of a
+    global tensor, or a list of Slices (several boxes of one tensor). Every
+    rank of the save calls this with the same dir, save_id and world_size. The bytes are copied into `arena` (grown as needed; a temporary one when
     None), put with index = position in the dict (ordered=False: natural name
     order instead, for ranks whose dicts hold different names), then sealed.
     Once save() returns (wait=False included) the arrays may change.
@@ -297,13 +297,16 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     # Everything that can be refused locally is refused before the daemon hears of the save.
     # Offsets by the placement rule, so whole tensors and dim-0 pieces are written
     # straight from the arena (no copy in the daemon); the rest is packed.
-    prepared = [(name,) + tuple(prepare(name, value)) for name, value in tensors.items()]
+    # A list of Slices is several boxes of one tensor (a strided DTensor shard); all share its index.
+    prepared = [(name,) + tuple(prepare(name, part)) + (position,)
+                for position, (name, value) in enumerate(tensors.items())
+                for part in (value if _boxes(value) else [value])]
     offsets, end = place([(name, dt, shape, start, None if start is None else count,
-                           i if ordered else None)
-                          for i, (name, dt, shape, start, count, _src) in enumerate(prepared)],
+                           position if ordered else None)
+                          for name, dt, shape, start, count, _src, position in prepared],
                          max_shard_size)
-    items = [(name, dt, shape, start, count, src, offsets[i], i if ordered else None)
-             for i, (name, dt, shape, start, count, src) in enumerate(prepared)]
+    items = [(name, dt, shape, start, count, src, offsets[i], position if ordered else None)
+             for i, (name, dt, shape, start, count, src, position) in enumerate(prepared)]
     check_shared_memory([(item[0], item[5]) for item in items])
 
     owns_client = client is None and arena is None
@@ -345,6 +348,10 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
             temp_arena.close()
         if owns_client:
             client.close()
+
+
+def _boxes(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, Slice) for v in value)
 
 
 def _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,

@@ -142,11 +142,13 @@ def check_shared_memory(named_srcs):
     """
     import numpy as np
 
+    # numpy 2 moved byte_bounds out of the top-level namespace.
+    byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
     spans = []
     for name, src in named_srcs:
         mem = _memory(src)
         if mem is not None:
-            lo, hi = np.byte_bounds(mem[1])
+            lo, hi = byte_bounds(mem[1])
             spans.append((mem[0], lo, hi, name, mem[1]))
     spans.sort(key=lambda s: (s[0], s[1]))
     # A sweep: only spans that overlap as address ranges are compared element by element.

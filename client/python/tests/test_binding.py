@@ -42,7 +42,8 @@ ST_DTYPES = {
     "I32": "<i4", "U32": "<u4", "F32": "<f4", "I64": "<i8", "U64": "<u8", "F64": "<f8",
     "C64": "<c8",
     # No numpy type: compared as raw little-endian bit patterns.
-    "BF16": "<u2", "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
+    "BF16": "<u2", "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E4M3FNUZ": np.uint8,
+    "F8_E5M2FNUZ": np.uint8, "F8_E8M0": np.uint8,
 }
 
 

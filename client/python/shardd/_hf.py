@@ -1,0 +1,127 @@
+# save_pretrained through shardd: the names, files, index and configs transformers writes, from every rank's shards.
+"""shardd.torch.save_pretrained: what `model.save_pretrained(dir)` writes for
+an unsharded copy of the model, written by the node daemons from each
+rank's own shards, with no gather.
+
+The decisions are transformers' own, taken on a stand-in state dict (one
+one-element tensor per distinct parameter, shared by the names that are one
+tensor), so that which tied name is dropped, which keys are ignored and how
+names are converted back follow the installed transformers exactly; the
+shard files follow from the daemon's planner, which splits in state-dict
+order as huggingface_hub does.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Dict, List, Tuple
+
+__all__ = ["save_pretrained", "saved_names"]
+
+
+def _owner(model, name: str):
+    """The parameter or buffer object `name` resolves to: tied names resolve to one object."""
+    for getter in ("get_parameter", "get_buffer"):
+        try:
+            return getattr(model, getter)(name)
+        except (AttributeError, KeyError):
+            continue
+    return None
+
+
+def _stand_ins(model, state_dict) -> Dict[str, Any]:
+    """{name: tiny CPU tensor}, one tensor per distinct parameter: names that are one tensor share it."""
+    import torch
+
+    from ._dtensor import is_dtensor
+
+    by_key: Dict[Any, Any] = {}
+    out = {}
+    for name, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            out[name] = value
+            continue
+        owner = _owner(model, name)
+        if owner is not None:
+            key = ("object", id(owner))
+        elif not is_dtensor(value) and value.untyped_storage().data_ptr():
+            key = ("storage", str(value.device), value.untyped_storage().data_ptr(),
+                   value.storage_offset(), tuple(value.shape))
+        else:
+            key = ("name", name)
+        if key not in by_key:
+            by_key[key] = torch.empty(1, dtype=value.dtype)
+        out[name] = by_key[key]
+    return out
+
+
+def saved_names(model, state_dict) -> List[Tuple[str, str]]:
+    """[(name in the checkpoint, key in state_dict), ...] in the order save_pretrained writes them."""
+    from transformers import modeling_utils
+
+    stand_in = _stand_ins(model, state_dict)
+    for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        stand_in.pop(key, None)
+    kept = modeling_utils.remove_tied_weights_from_state_dict(dict(stand_in), model)
+    source = {id(t): name for name, t in kept.items()}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: no conversions on save
+        reverted = kept
+    else:
+        reverted = revert_weight_conversion(model, kept)
+    out = []
+    for name, t in reverted.items():
+        if id(t) not in source:
+            raise NotImplementedError(
+                "%s converts weights when it saves (%r is computed from other tensors): "
+                "shardd.torch.save_pretrained writes only tensors the ranks hold; save with "
+                "save_state_dict, or with model.save_pretrained(save_original_format=False)"
+                % (type(model).__name__, name))
+        out.append((name, source[id(t)]))
+    return out
+
+
+def config_files(model) -> Dict[str, bytes]:
+    """config.json and, for a model that generates, generation_config.json, as save_pretrained writes them."""
+    model.config.dtype = str(model.dtype).split(".")[1]
+    # FSDP2 wraps in place, renaming the class: save_pretrained strips the prefix the same way.
+    model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    with tempfile.TemporaryDirectory(prefix="shardd-config-") as d:
+        model.config.save_pretrained(d)
+        if model.can_generate():
+            model.generation_config.save_pretrained(d)
+        out = {}
+        for name in sorted(os.listdir(d)):
+            with open(os.path.join(d, name), "rb") as f:
+                out[name] = f.read()
+        return out
+
+
+def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=None, **kwargs):
+    """What model.save_pretrained(dir, max_shard_size=...) writes for an unsharded copy of the model,
+    saved from every rank's own shards in one atomic save. Every rank calls it.
+
+    model: a transformers PreTrainedModel, whole or wrapped by FSDP2
+    (fully_shard) and/or TP (parallelize_module) in place. Written: the same
+    tensor names (tied and shared parameters dropped as save_pretrained drops
+    them, _keys_to_ignore_on_save left out), the same shard files holding the
+    same tensors, an index equal to save_pretrained's, config.json and,
+    where the model generates, generation_config.json. max_shard_size
+    defaults to save_pretrained's "50GB". state_dict: what the model's
+    state_dict() would give, if the caller already has it. files: more
+    {name: bytes} beside them. Every other option goes to shardd.save
+    (wait=False, timeout, overwrite, keep_last, socket, ...).
+    """
+    from .torch import save_state_dict
+
+    if getattr(model, "_hf_peft_config_loaded", False) or getattr(model, "hf_quantizer", None):
+        raise NotImplementedError("adapter (PEFT) and quantized models are saved by transformers' "
+                                  "own save_pretrained only")
+    if state_dict is None:
+        state_dict = model.state_dict()
+    names = saved_names(model, state_dict)
+    tensors = {saved: state_dict[key] for saved, key in names}
+    all_files = config_files(model)
+    all_files.update(files or {})
+    return save_state_dict(tensors, dir, max_shard_size=max_shard_size, files=all_files, **kwargs)
