@@ -18,7 +18,7 @@ import unittest
 try:
     import torch
 except ImportError:
-    print("torch is not installed (Debian: python3-torch, for /usr/bin/python3): skipping")
+    print("torch is not installed (scripts/deps.sh shardd_venv makes the venv that has it): skipping")
     sys.exit(77)
 
 import shardd
