@@ -324,7 +324,7 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
     f->fd = sd_openat_beneath(cs->tmp_fd, name, O_WRONLY, 0);
     if (f->fd < 0) {
       snprintf(why, wn, "cannot open %s/%s: %s", save->dir, name, strerror(-f->fd));
-      return f->fd == -ENOENT ? GONE : -f->fd == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+      return f->fd == -ENOENT ? GONE : sd_err_from_errno(-f->fd);
     }
     hoff += f->hdr_len;
   }

@@ -65,7 +65,7 @@ static void on_io(void *ud, int res) {
   cs->io--;
   if (res < 0 && !cs->failing) {
     const sd_cfile *f = &cs->files[c->lf];
-    int code = res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+    int code = sd_err_from_errno(-res);
     const char *what = c->kind == IO_SYNC ? "fsync" : "write";
     if (c->rb) rbuf_put(cs, c->rb, 0);
     int kind = c->kind;

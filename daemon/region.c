@@ -50,7 +50,7 @@ int sd_region_check(const sd_region *r, sd_error *err) {
 static int map_fd(int fd, uint64_t size, const char *name, int sealed, sd_region **out, sd_error *err) {
   void *base = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED)
-    return sd_fail(err, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "cannot map %s%s%s: %s",
+    return sd_fail(err, sd_err_from_errno(errno), "cannot map %s%s%s: %s",
                    sealed ? "" : "shm '", name, sealed ? "" : "'", strerror(errno));
   sd_region *r = calloc(1, sizeof *r);
   if (!r) {
@@ -77,9 +77,7 @@ int sd_region_open(const char *name, const sd_region_peer *peer, sd_region **out
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "no shm segment '%s'", name);
-    if (e == EACCES || e == EPERM)
-      return sd_fail(err, SHARDD_E_PERMISSION, "cannot open shm '%s': %s", name, strerror(e));
-    return sd_fail(err, SHARDD_E_IO, "cannot open shm '%s': %s", name, strerror(e));
+    return sd_fail(err, sd_err_from_errno(e), "cannot open shm '%s': %s", name, strerror(e));
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
