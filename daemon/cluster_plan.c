@@ -1,9 +1,9 @@
 /* The leader's planning for a multi-node save: merged manifests, coverage, shard plan, file owners, who writes what. Pure. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cluster_plan.h"
+#include "sd_layout.h"
 
 /* ------------------------------------------------------------------------ *
  * Manifest: tensors hashed by name, order of first description kept
@@ -27,13 +27,6 @@ static int add(sd_cmanifest *m, sd_ctensor *t) {
   if (sd_nameidx_insert(&m->names, t->name, (uint32_t)m->ntensors, tensor_name, m) != 0) return -1;
   m->tensors[m->ntensors++] = t;
   return 0;
-}
-
-static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *shape) {
-  size_t k = (size_t)snprintf(buf, n, "[");
-  for (uint32_t i = 0; i < ndim && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
-  if (k < n) snprintf(buf + k, n - k, "]");
 }
 
 int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
@@ -60,11 +53,10 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (t) {
     if (t->dtype != dtype || t->ndim != ndim || memcmp(t->shape, shape, ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
-      shape_str(was, sizeof was, t->ndim, t->shape);
-      shape_str(now, sizeof now, ndim, shape);
       return sd_fail(err, SHARDD_E_MISMATCH,
                      "tensor '%s': rank %u (node %u) declares %s %s, rank %u (node %u) declared %s %s", name, rank,
-                     node, sd_dtype_name(dtype), now, t->first_rank, t->first_node, sd_dtype_name(t->dtype), was);
+                     node, sd_dtype_name(dtype), sd_fmt_dims(now, sizeof now, ndim, shape), t->first_rank,
+                     t->first_node, sd_dtype_name(t->dtype), sd_fmt_dims(was, sizeof was, t->ndim, t->shape));
     }
     if (index >= 0 && t->index >= 0 && index != t->index)
       return sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u (node %u) gives index %lld, another gave %lld",

@@ -9,6 +9,7 @@
 #include "save_guard.h"
 #include "planner.h"
 #include "save_int.h"
+#include "sd_layout.h"
 #include "sd_msg.h"
 
 /* ------------------------------------------------------------------------ *
@@ -194,13 +195,6 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
 /* ------------------------------------------------------------------------ *
  * put, file, seal
  * ------------------------------------------------------------------------ */
-static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *shape) {
-  size_t k = (size_t)snprintf(buf, n, "[");
-  for (uint32_t i = 0; i < ndim && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
-  if (k < n) snprintf(buf + k, n - k, "]");
-}
-
 static int rank_hold_region(sd_rank *rk, sd_region *r) {
   for (size_t i = 0; i < rk->nregions; i++)
     if (rk->regions[i] == r) return 0;
@@ -244,10 +238,9 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     if (t->dtype != a->dtype || t->ndim != a->ndim ||
         memcmp(t->shape, a->shape, a->ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
-      shape_str(was, sizeof was, t->ndim, t->shape);
-      shape_str(now, sizeof now, a->ndim, a->shape);
       sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u declares %s %s, rank %u declared %s %s", a->name,
-              rank, sd_dtype_name(a->dtype), now, t->first_rank, sd_dtype_name(t->dtype), was);
+              rank, sd_dtype_name(a->dtype), sd_fmt_dims(now, sizeof now, a->ndim, a->shape), t->first_rank,
+              sd_dtype_name(t->dtype), sd_fmt_dims(was, sizeof was, t->ndim, t->shape));
       sd_save_fail_err(save, err);
       return err->code;
     }
