@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cluster_plan.h"
+#include "sd_grow.h"
 #include "sd_layout.h"
 
 /* ------------------------------------------------------------------------ *
@@ -17,13 +18,7 @@ static sd_ctensor *find(const sd_cmanifest *m, const char *name) {
 
 /* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
 static int add(sd_cmanifest *m, sd_ctensor *t) {
-  if (m->ntensors + 1 > m->tcap) {
-    size_t ncap = m->tcap ? m->tcap * 2 : 64;
-    sd_ctensor **nt = realloc(m->tensors, ncap * sizeof *nt);
-    if (!nt) return -1;
-    m->tensors = nt;
-    m->tcap = ncap;
-  }
+  if (SD_GROW(m->tensors, m->tcap, m->ntensors + 1, 64)) return -1;
   if (sd_nameidx_insert(&m->names, t->name, (uint32_t)m->ntensors, tensor_name, m) != 0) return -1;
   m->tensors[m->ntensors++] = t;
   return 0;
@@ -80,15 +75,9 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
     t->first_rank = rank;
     t->first_node = node;
   }
-  if (t->nslices == t->cap) {
-    size_t ncap = t->cap ? t->cap * 2 : 2;
-    sd_cslice **ns = realloc(t->slices, ncap * sizeof *ns);
-    if (!ns) {
-      free(sl);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
-    }
-    t->slices = ns;
-    t->cap = ncap;
+  if (SD_GROW(t->slices, t->cap, t->nslices + 1, 2)) {
+    free(sl);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
   }
   if (index >= 0) t->index = index;
   sl->node = node;
@@ -112,13 +101,8 @@ int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, si
     return sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name,
                    rank, f->rank);
   }
-  if (m->nfiles == m->fcap) {
-    size_t ncap = m->fcap ? m->fcap * 2 : 4;
-    sd_cartifact *nf = realloc(m->files, ncap * sizeof *nf);
-    if (!nf) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
-    m->files = nf;
-    m->fcap = ncap;
-  }
+  if (SD_GROW(m->files, m->fcap, m->nfiles + 1, 4))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   char *n = strdup(name);
   uint8_t *d = malloc(len ? len : 1);
   if (!n || !d) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "region.h"
+#include "sd_grow.h"
 
 static uint64_t live;
 
@@ -183,13 +184,8 @@ void sd_region_unref(sd_region *r) {
  * Per-connection table
  * ------------------------------------------------------------------------ */
 int sd_region_table_add(sd_region_table *t, sd_region *r, uint32_t *id, sd_error *err) {
-  if (t->n == t->cap) {
-    size_t ncap = t->cap ? t->cap * 2 : 8;
-    sd_region_slot *nv = realloc(t->v, ncap * sizeof *nv);
-    if (!nv) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", r->name);
-    t->v = nv;
-    t->cap = ncap;
-  }
+  if (SD_GROW(t->v, t->cap, t->n + 1, 8))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", r->name);
   if (t->next_id == UINT32_MAX)
     return sd_fail(err, SHARDD_E_LIMIT, "this connection has used up its region ids");
   *id = ++t->next_id;

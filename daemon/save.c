@@ -9,6 +9,7 @@
 #include "save_guard.h"
 #include "planner.h"
 #include "save_int.h"
+#include "sd_grow.h"
 #include "sd_layout.h"
 #include "sd_msg.h"
 
@@ -24,13 +25,7 @@ static sd_save_tensor *tensor_find(const sd_save *save, const char *name) {
 
 /* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
 static int tensor_table_add(sd_save *save, sd_save_tensor *t) {
-  if (save->ntensors + 1 > save->tcap) {
-    size_t ncap = save->tcap ? save->tcap * 2 : 64;
-    sd_save_tensor **nt = realloc(save->tensors, ncap * sizeof *nt);
-    if (!nt) return -1;
-    save->tensors = nt;
-    save->tcap = ncap;
-  }
+  if (SD_GROW(save->tensors, save->tcap, save->ntensors + 1, 64)) return -1;
   if (sd_nameidx_insert(&save->names, t->name, (uint32_t)save->ntensors, tensor_name, save) != 0) return -1;
   save->tensors[save->ntensors++] = t;
   return 0;
@@ -198,13 +193,7 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
 static int rank_hold_region(sd_rank *rk, sd_region *r) {
   for (size_t i = 0; i < rk->nregions; i++)
     if (rk->regions[i] == r) return 0;
-  if (rk->nregions == rk->cap) {
-    size_t ncap = rk->cap ? rk->cap * 2 : 4;
-    sd_region **nr = realloc(rk->regions, ncap * sizeof *nr);
-    if (!nr) return -1;
-    rk->regions = nr;
-    rk->cap = ncap;
-  }
+  if (SD_GROW(rk->regions, rk->cap, rk->nregions + 1, 4)) return -1;
   sd_region_ref(r);
   rk->regions[rk->nregions++] = r;
   return 0;
@@ -212,13 +201,7 @@ static int rank_hold_region(sd_rank *rk, sd_region *r) {
 
 /* Room for one more deferred put, made before anything is recorded. */
 static int rank_reserve_pending(sd_rank *rk) {
-  if (rk->npending < rk->pcap) return 0;
-  size_t ncap = rk->pcap ? rk->pcap * 2 : 16;
-  sd_slice **np = realloc(rk->pending, ncap * sizeof *np);
-  if (!np) return -1;
-  rk->pending = np;
-  rk->pcap = ncap;
-  return 0;
+  return SD_GROW(rk->pending, rk->pcap, rk->npending + 1, 16);
 }
 
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
@@ -274,15 +257,9 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     t->index = -1;
     t->first_rank = rank;
   }
-  if (t->nslices == t->cap) {
-    size_t ncap = t->cap ? t->cap * 2 : 2;
-    sd_slice **ns = realloc(t->slices, ncap * sizeof *ns);
-    if (!ns) {
-      free(sl);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
-    }
-    t->slices = ns;
-    t->cap = ncap;
+  if (SD_GROW(t->slices, t->cap, t->nslices + 1, 2)) {
+    free(sl);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
   }
   if (a->index >= 0) t->index = a->index;
   sl->rank = rank;
@@ -331,15 +308,9 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     free(data);
     return err->code;
   }
-  if (save->nfiles == save->fcap) {
-    size_t ncap = save->fcap ? save->fcap * 2 : 4;
-    sd_save_artifact *nf = realloc(save->files, ncap * sizeof *nf);
-    if (!nf) {
-      free(data);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
-    }
-    save->files = nf;
-    save->fcap = ncap;
+  if (SD_GROW(save->files, save->fcap, save->nfiles + 1, 4)) {
+    free(data);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   }
   char *copy = strdup(name);
   if (!copy) {
