@@ -9,20 +9,7 @@
 /* ------------------------------------------------------------------------ *
  * Manifest: tensors hashed by name, order of first description kept
  * ------------------------------------------------------------------------ */
-static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_cmanifest *)ctx)->tensors[i]->name; }
-
-static sd_ctensor *find(const sd_cmanifest *m, const char *name) {
-  uint32_t i = sd_nameidx_find(&m->names, name, tensor_name, m);
-  return i == SD_NAMEIDX_NONE ? NULL : m->tensors[i];
-}
-
-/* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
-static int add(sd_cmanifest *m, sd_ctensor *t) {
-  if (SD_GROW(m->tensors, m->tcap, m->ntensors + 1, 64)) return -1;
-  if (sd_nameidx_insert(&m->names, t->name, (uint32_t)m->ntensors, tensor_name, m) != 0) return -1;
-  m->tensors[m->ntensors++] = t;
-  return 0;
-}
+SD_NAMED_TABLE(tensor, sd_cmanifest, sd_ctensor, tensors, ntensors, tcap, names, 64)
 
 int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
                        const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
@@ -44,7 +31,7 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (numel > UINT64_MAX / esize)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", name);
 
-  sd_ctensor *t = find(m, name);
+  sd_ctensor *t = tensor_find(m, name);
   if (t) {
     if (t->dtype != dtype || t->ndim != ndim || memcmp(t->shape, shape, ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
@@ -62,7 +49,7 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (!t) {
     t = calloc(1, sizeof *t);
     if (t) t->name = strdup(name);
-    if (!t || !t->name || add(m, t) != 0) {
+    if (!t || !t->name || tensor_add(m, t) != 0) {
       if (t) free(t->name);
       free(t);
       free(sl);

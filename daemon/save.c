@@ -16,20 +16,7 @@
 /* ------------------------------------------------------------------------ *
  * Tensor table: names hashed, order of first put kept
  * ------------------------------------------------------------------------ */
-static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_save *)ctx)->tensors[i]->name; }
-
-static sd_save_tensor *tensor_find(const sd_save *save, const char *name) {
-  uint32_t i = sd_nameidx_find(&save->names, name, tensor_name, save);
-  return i == SD_NAMEIDX_NONE ? NULL : save->tensors[i];
-}
-
-/* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
-static int tensor_table_add(sd_save *save, sd_save_tensor *t) {
-  if (SD_GROW(save->tensors, save->tcap, save->ntensors + 1, 64)) return -1;
-  if (sd_nameidx_insert(&save->names, t->name, (uint32_t)save->ntensors, tensor_name, save) != 0) return -1;
-  save->tensors[save->ntensors++] = t;
-  return 0;
-}
+SD_NAMED_TABLE(tensor, sd_save, sd_save_tensor, tensors, ntensors, tcap, names, 64)
 
 /* ------------------------------------------------------------------------ *
  * begin
@@ -245,7 +232,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   if (!t) {
     t = calloc(1, sizeof *t);
     if (t) t->name = strdup(a->name);
-    if (!t || !t->name || tensor_table_add(save, t) != 0) {
+    if (!t || !t->name || tensor_add(save, t) != 0) {
       if (t) free(t->name);
       free(t);
       free(sl);
