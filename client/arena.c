@@ -35,8 +35,9 @@ static int size_fd(shardd_client *c, int fd, size_t size, const char *what) {
   while (ftruncate(fd, (off_t)size) < 0) {
     if (errno == EINTR) continue;
     int e = errno;
-    return sd_client_fail(c, e == ENOSPC || e == EFBIG ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
-                          "cannot size %s to %zu bytes: %s", what, size, strerror(e));
+    /* A memfd past RLIMIT_FSIZE is out of room as much as a full tmpfs is. */
+    return sd_client_fail(c, e == EFBIG ? SHARDD_E_NO_SPACE : sd_err_from_errno(e), "cannot size %s to %zu bytes: %s",
+                          what, size, strerror(e));
   }
   return 0;
 }
@@ -53,7 +54,7 @@ static int make_memfd(shardd_client *c, shardd_arena *a, size_t size, int *rc) {
   snprintf(a->name, sizeof a->name, "memfd:%s", mname);
   int fd = memfd_create(mname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
-    *rc = sd_client_fail(c, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "memfd_create %s: %s", mname,
+    *rc = sd_client_fail(c, sd_err_from_errno(errno), "memfd_create %s: %s", mname,
                          strerror(errno));
     return -1;
   }
@@ -114,7 +115,7 @@ static int arena_create(shardd_client *c, size_t size, shardd_arena **out, int m
   if (a->base == MAP_FAILED) {
     close(fd);
     if (!a->memfd) shm_unlink(a->name);
-    rc = sd_client_fail(c, e == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "mmap %s (%zu bytes): %s",
+    rc = sd_client_fail(c, sd_err_from_errno(e), "mmap %s (%zu bytes): %s",
                a->name, size, strerror(e));
     free(a);
     return rc;

@@ -15,14 +15,12 @@
 /* ------------------------------------------------------------------------ *
  * The file system, in the thread pool so heartbeats never wait on a disk
  * ------------------------------------------------------------------------ */
-static int errno_code(int e) { return e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO; }
-
 static int write_file(int dirfd, const char *name, const uint8_t *data, size_t len, unsigned mode, sd_error *err,
                       const char *dir) {
   int fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, mode);
   if (fd < 0) {
     if (errno == EEXIST) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", name, dir);
-    return sd_fail(err, errno_code(errno), "cannot create %s/%s: %s", dir, name, strerror(errno));
+    return sd_fail(err, sd_err_from_errno(errno), "cannot create %s/%s: %s", dir, name, strerror(errno));
   }
   fchmod(fd, mode);
   size_t at = 0;
@@ -32,14 +30,14 @@ static int write_file(int dirfd, const char *name, const uint8_t *data, size_t l
     if (w <= 0) {
       int e = w < 0 ? errno : EIO;
       close(fd);
-      return sd_fail(err, errno_code(e), "%s/%s: write at offset %zu: %s", dir, name, at, strerror(e));
+      return sd_fail(err, sd_err_from_errno(e), "%s/%s: write at offset %zu: %s", dir, name, at, strerror(e));
     }
     at += (size_t)w;
   }
   if (fsync(fd) < 0) {
     int e = errno;
     close(fd);
-    return sd_fail(err, errno_code(e), "%s/%s: fsync: %s", dir, name, strerror(e));
+    return sd_fail(err, sd_err_from_errno(e), "%s/%s: fsync: %s", dir, name, strerror(e));
   }
   close(fd);
   return 0;
@@ -66,7 +64,7 @@ static int job_prepare(fsjob *j) {
     return sd_fail(err, SHARDD_E_BAD_PATH, "'%s' is a symlink", L->dir);
   }
   if (mkdirat(L->parent_fd, L->tmp, L->dir_mode) < 0)
-    return sd_fail(err, errno_code(errno), "cannot create a temporary folder beside '%s': %s", L->dir,
+    return sd_fail(err, sd_err_from_errno(errno), "cannot create a temporary folder beside '%s': %s", L->dir,
                    strerror(errno));
   L->tmp_made = 1;
   int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
@@ -76,12 +74,12 @@ static int job_prepare(fsjob *j) {
     const sd_plan_file *pf = &L->plan.plan.files[i];
     int f = openat(tfd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, L->file_mode);
     if (f < 0) {
-      rc = sd_fail(err, errno_code(errno), "cannot create %s/%s: %s", L->dir, pf->name, strerror(errno));
+      rc = sd_fail(err, sd_err_from_errno(errno), "cannot create %s/%s: %s", L->dir, pf->name, strerror(errno));
       break;
     }
     fchmod(f, L->file_mode);
     if (ftruncate(f, (off_t)pf->file_size) < 0)
-      rc = sd_fail(err, errno_code(errno), "cannot size %s/%s: %s", L->dir, pf->name, strerror(errno));
+      rc = sd_fail(err, sd_err_from_errno(errno), "cannot size %s/%s: %s", L->dir, pf->name, strerror(errno));
     close(f);
   }
   close(tfd);

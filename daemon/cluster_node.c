@@ -12,6 +12,7 @@
 #include "pathsafe.h"
 #include "publish.h"
 #include "sd_base64.h"
+#include "sd_grow.h"
 #include "sd_msg.h"
 
 
@@ -105,15 +106,9 @@ void sd_node_sealed(sd_csave *cs) {
     for (size_t j = 0; j < t->nslices; j++) {
       sd_slice *s = t->slices[j];
       if (!fresh[s->rank]) continue;
-      if (cs->nslices == cs->scap) {
-        size_t ncap = cs->scap ? cs->scap * 2 : 256;
-        sd_cslice_ref *n = realloc(cs->slices, ncap * sizeof *n);
-        if (!n) {
-          oom = 1;
-          break;
-        }
-        cs->slices = n;
-        cs->scap = ncap;
+      if (SD_GROW(cs->slices, cs->scap, cs->nslices + 1, 256)) {
+        oom = 1;
+        break;
       }
       uint64_t id = cs->nslices;
       cs->slices[cs->nslices++] = (sd_cslice_ref){t, s};
@@ -251,15 +246,9 @@ static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
     return 0;
   }
   sd_cdest *d = sd_node_dest(cs, c->dest);
-  if (d->nruns == d->cap) {
-    size_t ncap = d->cap ? d->cap * 2 : 256;
-    sd_fop *n = realloc(d->runs, ncap * sizeof *n);
-    if (!n) {
-      c->oom = 1;
-      return -1;
-    }
-    d->runs = n;
-    d->cap = ncap;
+  if (SD_GROW(d->runs, d->cap, d->nruns + 1, 256)) {
+    c->oom = 1;
+    return -1;
   }
   /* Adjacent runs of one file merge into one. */
   if (d->nruns > 0) {
@@ -324,7 +313,7 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
     f->fd = sd_openat_beneath(cs->tmp_fd, name, O_WRONLY, 0);
     if (f->fd < 0) {
       snprintf(why, wn, "cannot open %s/%s: %s", save->dir, name, strerror(-f->fd));
-      return f->fd == -ENOENT ? GONE : -f->fd == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+      return f->fd == -ENOENT ? GONE : sd_err_from_errno(-f->fd);
     }
     hoff += f->hdr_len;
   }

@@ -1,40 +1,15 @@
 /* The leader's planning for a multi-node save: merged manifests, coverage, shard plan, file owners, who writes what. Pure. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cluster_plan.h"
+#include "sd_grow.h"
+#include "sd_layout.h"
 
 /* ------------------------------------------------------------------------ *
  * Manifest: tensors hashed by name, order of first description kept
  * ------------------------------------------------------------------------ */
-static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_cmanifest *)ctx)->tensors[i]->name; }
-
-static sd_ctensor *find(const sd_cmanifest *m, const char *name) {
-  uint32_t i = sd_nameidx_find(&m->names, name, tensor_name, m);
-  return i == SD_NAMEIDX_NONE ? NULL : m->tensors[i];
-}
-
-/* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
-static int add(sd_cmanifest *m, sd_ctensor *t) {
-  if (m->ntensors + 1 > m->tcap) {
-    size_t ncap = m->tcap ? m->tcap * 2 : 64;
-    sd_ctensor **nt = realloc(m->tensors, ncap * sizeof *nt);
-    if (!nt) return -1;
-    m->tensors = nt;
-    m->tcap = ncap;
-  }
-  if (sd_nameidx_insert(&m->names, t->name, (uint32_t)m->ntensors, tensor_name, m) != 0) return -1;
-  m->tensors[m->ntensors++] = t;
-  return 0;
-}
-
-static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *shape) {
-  size_t k = (size_t)snprintf(buf, n, "[");
-  for (uint32_t i = 0; i < ndim && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
-  if (k < n) snprintf(buf + k, n - k, "]");
-}
+SD_NAMED_TABLE(tensor, sd_cmanifest, sd_ctensor, tensors, ntensors, tcap, names, 64)
 
 int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
                        const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
@@ -56,15 +31,14 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (numel > UINT64_MAX / esize)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", name);
 
-  sd_ctensor *t = find(m, name);
+  sd_ctensor *t = tensor_find(m, name);
   if (t) {
     if (t->dtype != dtype || t->ndim != ndim || memcmp(t->shape, shape, ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
-      shape_str(was, sizeof was, t->ndim, t->shape);
-      shape_str(now, sizeof now, ndim, shape);
       return sd_fail(err, SHARDD_E_MISMATCH,
                      "tensor '%s': rank %u (node %u) declares %s %s, rank %u (node %u) declared %s %s", name, rank,
-                     node, sd_dtype_name(dtype), now, t->first_rank, t->first_node, sd_dtype_name(t->dtype), was);
+                     node, sd_dtype_name(dtype), sd_fmt_dims(now, sizeof now, ndim, shape), t->first_rank,
+                     t->first_node, sd_dtype_name(t->dtype), sd_fmt_dims(was, sizeof was, t->ndim, t->shape));
     }
     if (index >= 0 && t->index >= 0 && index != t->index)
       return sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u (node %u) gives index %lld, another gave %lld",
@@ -75,7 +49,7 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
   if (!t) {
     t = calloc(1, sizeof *t);
     if (t) t->name = strdup(name);
-    if (!t || !t->name || add(m, t) != 0) {
+    if (!t || !t->name || tensor_add(m, t) != 0) {
       if (t) free(t->name);
       free(t);
       free(sl);
@@ -88,15 +62,9 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
     t->first_rank = rank;
     t->first_node = node;
   }
-  if (t->nslices == t->cap) {
-    size_t ncap = t->cap ? t->cap * 2 : 2;
-    sd_cslice **ns = realloc(t->slices, ncap * sizeof *ns);
-    if (!ns) {
-      free(sl);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
-    }
-    t->slices = ns;
-    t->cap = ncap;
+  if (SD_GROW(t->slices, t->cap, t->nslices + 1, 2)) {
+    free(sl);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
   }
   if (index >= 0) t->index = index;
   sl->node = node;
@@ -120,13 +88,8 @@ int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, si
     return sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name,
                    rank, f->rank);
   }
-  if (m->nfiles == m->fcap) {
-    size_t ncap = m->fcap ? m->fcap * 2 : 4;
-    sd_cartifact *nf = realloc(m->files, ncap * sizeof *nf);
-    if (!nf) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
-    m->files = nf;
-    m->fcap = ncap;
-  }
+  if (SD_GROW(m->files, m->fcap, m->nfiles + 1, 4))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   char *n = strdup(name);
   uint8_t *d = malloc(len ? len : 1);
   if (!n || !d) {

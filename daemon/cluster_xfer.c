@@ -11,6 +11,7 @@
 #include "log.h"
 #include "pathsafe.h"
 #include "region.h"
+#include "sd_grow.h"
 
 enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
 
@@ -65,7 +66,7 @@ static void on_io(void *ud, int res) {
   cs->io--;
   if (res < 0 && !cs->failing) {
     const sd_cfile *f = &cs->files[c->lf];
-    int code = res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
+    int code = sd_err_from_errno(-res);
     const char *what = c->kind == IO_SYNC ? "fsync" : "write";
     if (c->rb) rbuf_put(cs, c->rb, 0);
     int kind = c->kind;
@@ -545,13 +546,7 @@ static int add_region(sd_xstaged *xs, uint32_t lf, int fd, const char *name, uin
 }
 
 static int add_op(sd_xstaged *xs, uint32_t region, uint64_t off, const uint8_t *src, uint64_t len) {
-  if (xs->nops == xs->opcap) {
-    size_t nc = xs->opcap ? xs->opcap * 2 : 1024;
-    sd_write_op *n = realloc(xs->ops, nc * sizeof *n);
-    if (!n) return -1;
-    xs->ops = n;
-    xs->opcap = nc;
-  }
+  if (SD_GROW(xs->ops, xs->opcap, xs->nops + 1, 1024)) return -1;
   uint32_t flags = sd_span_find(xs->spans, xs->nspans, src) ? SD_WOP_SHARED : 0;
   xs->ops[xs->nops++] = (sd_write_op){region, off, src, len, flags, 0};
   xs->data += len;
@@ -626,12 +621,7 @@ static int split_ops(sd_csave *cs, sd_xstaged *xs) {
         size_t r = region_of(xs, o.lf, off);
         if (add_op(xs, (uint32_t)r, off - xs->bases[r], o.src + at, end - off)) goto oom;
       } else {
-        if (nkeep == cap) {
-          cap = cap ? cap * 2 : 1024;
-          sd_lop *n = realloc(keep, cap * sizeof *n);
-          if (!n) goto oom;
-          keep = n;
-        }
+        if (SD_GROW(keep, cap, nkeep + 1, 1024)) goto oom;
         keep[nkeep++] = (sd_lop){o.lf, off, o.src + at, end - off};
       }
       at = end - o.off;

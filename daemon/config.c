@@ -485,8 +485,8 @@ static int check_addr(sd_config *c, const unsigned *lines, const char *key, cons
 static int resolve(sd_config *c, const unsigned *lines, sd_error *err) {
   int rc = resolve_group(c, lines, "socket_group", c->socket_group, &c->socket_gid, err);
   if (!rc) rc = resolve_group(c, lines, "trusted_group", c->trusted_group, &c->trusted_gid, err);
-  if (!rc) rc = check_addr(c, lines, "metrics_listen", c->metrics_listen, err);
-  return rc;
+  if (!rc) rc = check_addr(c, lines, "peer_listen", c->peer_listen, err);
+  return rc ? rc : check_addr(c, lines, "metrics_listen", c->metrics_listen, err);
 }
 
 /* Defaults, then the file at path (NULL: none), then the command-line

@@ -127,7 +127,7 @@ static void file_wrote(sd_filejob *j, uint32_t i, uint64_t len) {
   fj_file *ff = &j->f[i];
   if ((ff->left -= len) > 0) return;
   if (ff->trim && ftruncate(ff->fd, (off_t)(ff->base + ff->size)) < 0)
-    fj_fail(j, errno == ENOSPC ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: truncate to its size: %s", j->r.names[i],
+    fj_fail(j, sd_err_from_errno(errno), "%s: truncate to its size: %s", j->r.names[i],
             strerror(errno));
 }
 
@@ -136,7 +136,7 @@ static void write_failed(sd_filejob *j, const char *name, uint64_t off, int res)
     fj_fail(j, SHARDD_E_IO, "%s: a write at offset %llu straight from shared memory faulted: a client's shared memory "
             "is shorter than when it was attached", name, (unsigned long long)off);
   else
-    fj_fail(j, res == -ENOSPC || res == -EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO, "%s: write at offset %llu failed: %s",
+    fj_fail(j, sd_err_from_errno(-res), "%s: write at offset %llu failed: %s",
             name, (unsigned long long)off, strerror(-res));
 }
 

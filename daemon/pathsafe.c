@@ -152,11 +152,7 @@ static int resolve_fail(sd_error *err, int e, const char *rel) {
     return sd_fail(err, SHARDD_E_BAD_PATH, "'%s' goes through a symlink or leaves the root", rel);
   if (e == ENOTDIR)
     return sd_fail(err, SHARDD_E_BAD_PATH, "a part of '%s' is not a folder", rel);
-  if (e == ENOSPC || e == EDQUOT)
-    return sd_fail(err, SHARDD_E_NO_SPACE, "'%s': %s", rel, strerror(e));
-  if (e == EACCES || e == EPERM)
-    return sd_fail(err, SHARDD_E_PERMISSION, "'%s': %s", rel, strerror(e));
-  return sd_fail(err, SHARDD_E_IO, "'%s': %s", rel, strerror(e));
+  return sd_fail(err, sd_err_from_errno(e), "'%s': %s", rel, strerror(e));
 }
 
 int sd_root_open(const char *root, int *fd, sd_error *err) {

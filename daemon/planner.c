@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "planner.h"
+#include "sd_grow.h"
 
 static void box_of(const sd_save_tensor *t, const sd_slice *sl, sd_box *b) {
   memset(b, 0, sizeof *b);
@@ -45,13 +46,7 @@ static int add_run(void *ud, uint64_t dst, uint64_t src, uint64_t len) {
   run_ctx *c = ud;
   sd_planned *p = c->p;
   if (len == 0) return 0;
-  if (p->nops == c->cap) {
-    size_t ncap = c->cap ? c->cap * 2 : 1024;
-    sd_write_op *n = realloc(p->ops, ncap * sizeof *n);
-    if (!n) return SHARDD_E_NO_MEMORY;
-    p->ops = n;
-    c->cap = ncap;
-  }
+  if (SD_GROW(p->ops, c->cap, p->nops + 1, 1024)) return SHARDD_E_NO_MEMORY;
   p->ops[p->nops++] = (sd_write_op){.file = c->file, .file_offset = dst, .src = c->src + src, .len = len,
                                     .flags = c->shared ? SD_WOP_SHARED : 0, .slice = c->slice};
   return 0;
@@ -69,13 +64,7 @@ static int add_span(sd_planned *p, const sd_region *r, size_t *cap) {
   if (p->nspans && p->spans[p->nspans - 1].base == r->base) return 0;
   for (size_t i = 0; i < p->nspans; i++)
     if (p->spans[i].base == r->base) return 0;
-  if (p->nspans == *cap) {
-    size_t ncap = *cap ? *cap * 2 : 8;
-    sd_shm_span *n = realloc(p->spans, ncap * sizeof *n);
-    if (!n) return SHARDD_E_NO_MEMORY;
-    p->spans = n;
-    *cap = ncap;
-  }
+  if (SD_GROW(p->spans, *cap, p->nspans + 1, 8)) return SHARDD_E_NO_MEMORY;
   p->spans[p->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include "pubfill.h"
+#include "sd_grow.h"
 
 static int span_cmp(const void *a, const void *b) {
   const sd_shm_span *x = a, *y = b;
@@ -118,15 +119,10 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
     if (!(op->flags & SD_WOP_SHARED) || ((uintptr_t)op->src - op->file_offset) % SD_DIO_ALIGN) continue;
     uint64_t a = sd_align_up(op->file_offset), b = (op->file_offset + op->len) & ~(uint64_t)(SD_DIO_ALIGN - 1);
     if (b <= a || b - a < min_len) continue;
-    if (*n == cap) {
-      cap = cap ? 2 * cap : 64;
-      sd_fill_direct *nd = realloc(d, cap * sizeof *nd);
-      if (!nd) {
-        free(d);
-        *n = 0;
-        return NULL;
-      }
-      d = nd;
+    if (SD_GROW(d, cap, *n + 1, 64)) {
+      free(d);
+      *n = 0;
+      return NULL;
     }
     d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, 0, i + 1, 0};
   }
@@ -144,15 +140,9 @@ typedef struct {
 
 static void dlist_add(dlist *l, sd_fill_direct d) {
   if (l->oom) return;
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? 2 * l->cap : 64;
-    sd_fill_direct *nv = realloc(l->v, cap * sizeof *nv);
-    if (!nv) {
-      l->oom = 1;
-      return;
-    }
-    l->v = nv;
-    l->cap = cap;
+  if (SD_GROW(l->v, l->cap, l->n + 1, 64)) {
+    l->oom = 1;
+    return;
   }
   l->v[l->n++] = d;
 }

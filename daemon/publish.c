@@ -107,14 +107,14 @@ static void pub_fail(sd_publish *p, int code, const char *fmt, ...) {
 static void fail_errno(sd_publish *p, int e, uint32_t f, const char *what, uint64_t off) {
   const char *name = f == DIR_TAG ? "" : p->files[f].name;
   const char *sep = f == DIR_TAG ? "" : "/";
-  if (e == ENOSPC || e == EDQUOT)
-    pub_fail(p, SHARDD_E_NO_SPACE, "no space left writing %s%s%s: %s", p->rel_dir, sep, name,
-             strerror(e));
+  int code = sd_err_from_errno(e);
+  if (code == SHARDD_E_NO_SPACE)
+    pub_fail(p, code, "no space left writing %s%s%s: %s", p->rel_dir, sep, name, strerror(e));
   else if (!strcmp(what, "write"))
-    pub_fail(p, SHARDD_E_IO, "%s%s%s: write at offset %llu: %s", p->rel_dir, sep, name,
-             (unsigned long long)off, strerror(e));
+    pub_fail(p, code, "%s%s%s: write at offset %llu: %s", p->rel_dir, sep, name, (unsigned long long)off,
+             strerror(e));
   else
-    pub_fail(p, SHARDD_E_IO, "%s%s%s: %s: %s", p->rel_dir, sep, name, what, strerror(e));
+    pub_fail(p, code, "%s%s%s: %s: %s", p->rel_dir, sep, name, what, strerror(e));
 }
 
 /* ------------------------------------------------------------------------ *
@@ -630,7 +630,7 @@ static int make_files(sd_publish *p, sd_error *err) {
     int e = errno;
     free(p->tmp_name);
     p->tmp_name = NULL; /* not ours: never remove it */
-    return sd_fail(err, e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
+    return sd_fail(err, sd_err_from_errno(e),
                    "cannot create a temporary folder beside '%s': %s", p->rel_dir, strerror(e));
   }
   p->tmp_fd = sd_openat_beneath(p->parent_fd, p->tmp_name, O_RDONLY | O_DIRECTORY, 0);
@@ -649,7 +649,7 @@ static int make_files(sd_publish *p, sd_error *err) {
         rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", pf->name,
                      p->rel_dir);
       else
-        rc = sd_fail(err, e == ENOSPC || e == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
+        rc = sd_fail(err, sd_err_from_errno(e),
                      "cannot create %s/%s: %s", p->rel_dir, pf->name, strerror(e));
     } else if (fchmod(pf->fd, p->file_mode) < 0) {
       rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of %s/%s: %s", p->rel_dir, pf->name, strerror(errno));

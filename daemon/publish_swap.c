@@ -53,7 +53,7 @@ int sd_publish_dir(int parent_fd, int tmp_fd, const char *tmp, const char *rel_d
                    const char *tag, int *renamed, sd_error *err) {
   *renamed = 0;
   if (fsync(tmp_fd) < 0)
-    return sd_fail(err, errno == ENOSPC || errno == EDQUOT ? SHARDD_E_NO_SPACE : SHARDD_E_IO,
+    return sd_fail(err, sd_err_from_errno(errno),
                    "%s: fsync of the new folder: %s", rel_dir, strerror(errno));
   const char *slash = strrchr(rel_dir, '/');
   int exchanged = 0;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "region.h"
+#include "sd_grow.h"
 
 static uint64_t live;
 
@@ -50,7 +51,7 @@ int sd_region_check(const sd_region *r, sd_error *err) {
 static int map_fd(int fd, uint64_t size, const char *name, int sealed, sd_region **out, sd_error *err) {
   void *base = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED)
-    return sd_fail(err, errno == ENOMEM ? SHARDD_E_NO_MEMORY : SHARDD_E_IO, "cannot map %s%s%s: %s",
+    return sd_fail(err, sd_err_from_errno(errno), "cannot map %s%s%s: %s",
                    sealed ? "" : "shm '", name, sealed ? "" : "'", strerror(errno));
   sd_region *r = calloc(1, sizeof *r);
   if (!r) {
@@ -77,9 +78,7 @@ int sd_region_open(const char *name, const sd_region_peer *peer, sd_region **out
   if (fd < 0) {
     int e = errno;
     if (e == ENOENT) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "no shm segment '%s'", name);
-    if (e == EACCES || e == EPERM)
-      return sd_fail(err, SHARDD_E_PERMISSION, "cannot open shm '%s': %s", name, strerror(e));
-    return sd_fail(err, SHARDD_E_IO, "cannot open shm '%s': %s", name, strerror(e));
+    return sd_fail(err, sd_err_from_errno(e), "cannot open shm '%s': %s", name, strerror(e));
   }
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -185,13 +184,8 @@ void sd_region_unref(sd_region *r) {
  * Per-connection table
  * ------------------------------------------------------------------------ */
 int sd_region_table_add(sd_region_table *t, sd_region *r, uint32_t *id, sd_error *err) {
-  if (t->n == t->cap) {
-    size_t ncap = t->cap ? t->cap * 2 : 8;
-    sd_region_slot *nv = realloc(t->v, ncap * sizeof *nv);
-    if (!nv) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", r->name);
-    t->v = nv;
-    t->cap = ncap;
-  }
+  if (SD_GROW(t->v, t->cap, t->n + 1, 8))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory attaching '%s'", r->name);
   if (t->next_id == UINT32_MAX)
     return sd_fail(err, SHARDD_E_LIMIT, "this connection has used up its region ids");
   *id = ++t->next_id;

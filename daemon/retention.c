@@ -14,6 +14,7 @@
 #include "owner.h"
 #include "pathsafe.h"
 #include "retention.h"
+#include "sd_grow.h"
 
 static int ends_with(const char *s, const char *suffix) {
   size_t n = strlen(s), k = strlen(suffix);
@@ -259,15 +260,9 @@ static int collect(int pfd, const char *rel, const char *base, uid_t uid, sd_ret
     if (de->d_name[0] == '.' || !strcmp(de->d_name, base) || (busy && busy(ud, srel)) ||
         check_at(pfd, de->d_name, srel, &owner, &st, &ignored) != 0 || owner != uid)
       continue;
-    if (n == cap) {
-      size_t ncap = cap ? cap * 2 : 16;
-      candidate *nc = realloc(c, ncap * sizeof *nc);
-      if (!nc) {
-        rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory listing the folder of '%s'", rel);
-        break;
-      }
-      c = nc;
-      cap = ncap;
+    if (SD_GROW(c, cap, n + 1, 16)) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory listing the folder of '%s'", rel);
+      break;
     }
     c[n].st = st;
     if (!(c[n].name = strdup(de->d_name))) rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");

@@ -9,31 +9,14 @@
 #include "save_guard.h"
 #include "planner.h"
 #include "save_int.h"
+#include "sd_grow.h"
+#include "sd_layout.h"
 #include "sd_msg.h"
 
 /* ------------------------------------------------------------------------ *
  * Tensor table: names hashed, order of first put kept
  * ------------------------------------------------------------------------ */
-static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_save *)ctx)->tensors[i]->name; }
-
-static sd_save_tensor *tensor_find(const sd_save *save, const char *name) {
-  uint32_t i = sd_nameidx_find(&save->names, name, tensor_name, save);
-  return i == SD_NAMEIDX_NONE ? NULL : save->tensors[i];
-}
-
-/* Appends t and indexes its name; on failure (-1) neither the array nor the table holds it. */
-static int tensor_table_add(sd_save *save, sd_save_tensor *t) {
-  if (save->ntensors + 1 > save->tcap) {
-    size_t ncap = save->tcap ? save->tcap * 2 : 64;
-    sd_save_tensor **nt = realloc(save->tensors, ncap * sizeof *nt);
-    if (!nt) return -1;
-    save->tensors = nt;
-    save->tcap = ncap;
-  }
-  if (sd_nameidx_insert(&save->names, t->name, (uint32_t)save->ntensors, tensor_name, save) != 0) return -1;
-  save->tensors[save->ntensors++] = t;
-  return 0;
-}
+SD_NAMED_TABLE(tensor, sd_save, sd_save_tensor, tensors, ntensors, tcap, names, 64)
 
 /* ------------------------------------------------------------------------ *
  * begin
@@ -194,23 +177,10 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
 /* ------------------------------------------------------------------------ *
  * put, file, seal
  * ------------------------------------------------------------------------ */
-static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *shape) {
-  size_t k = (size_t)snprintf(buf, n, "[");
-  for (uint32_t i = 0; i < ndim && k < n; i++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
-  if (k < n) snprintf(buf + k, n - k, "]");
-}
-
 static int rank_hold_region(sd_rank *rk, sd_region *r) {
   for (size_t i = 0; i < rk->nregions; i++)
     if (rk->regions[i] == r) return 0;
-  if (rk->nregions == rk->cap) {
-    size_t ncap = rk->cap ? rk->cap * 2 : 4;
-    sd_region **nr = realloc(rk->regions, ncap * sizeof *nr);
-    if (!nr) return -1;
-    rk->regions = nr;
-    rk->cap = ncap;
-  }
+  if (SD_GROW(rk->regions, rk->cap, rk->nregions + 1, 4)) return -1;
   sd_region_ref(r);
   rk->regions[rk->nregions++] = r;
   return 0;
@@ -218,13 +188,7 @@ static int rank_hold_region(sd_rank *rk, sd_region *r) {
 
 /* Room for one more deferred put, made before anything is recorded. */
 static int rank_reserve_pending(sd_rank *rk) {
-  if (rk->npending < rk->pcap) return 0;
-  size_t ncap = rk->pcap ? rk->pcap * 2 : 16;
-  sd_slice **np = realloc(rk->pending, ncap * sizeof *np);
-  if (!np) return -1;
-  rk->pending = np;
-  rk->pcap = ncap;
-  return 0;
+  return SD_GROW(rk->pending, rk->pcap, rk->npending + 1, 16);
 }
 
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
@@ -244,10 +208,9 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     if (t->dtype != a->dtype || t->ndim != a->ndim ||
         memcmp(t->shape, a->shape, a->ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
-      shape_str(was, sizeof was, t->ndim, t->shape);
-      shape_str(now, sizeof now, a->ndim, a->shape);
       sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u declares %s %s, rank %u declared %s %s", a->name,
-              rank, sd_dtype_name(a->dtype), now, t->first_rank, sd_dtype_name(t->dtype), was);
+              rank, sd_dtype_name(a->dtype), sd_fmt_dims(now, sizeof now, a->ndim, a->shape), t->first_rank,
+              sd_dtype_name(t->dtype), sd_fmt_dims(was, sizeof was, t->ndim, t->shape));
       sd_save_fail_err(save, err);
       return err->code;
     }
@@ -269,7 +232,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   if (!t) {
     t = calloc(1, sizeof *t);
     if (t) t->name = strdup(a->name);
-    if (!t || !t->name || tensor_table_add(save, t) != 0) {
+    if (!t || !t->name || tensor_add(save, t) != 0) {
       if (t) free(t->name);
       free(t);
       free(sl);
@@ -281,15 +244,9 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     t->index = -1;
     t->first_rank = rank;
   }
-  if (t->nslices == t->cap) {
-    size_t ncap = t->cap ? t->cap * 2 : 2;
-    sd_slice **ns = realloc(t->slices, ncap * sizeof *ns);
-    if (!ns) {
-      free(sl);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
-    }
-    t->slices = ns;
-    t->cap = ncap;
+  if (SD_GROW(t->slices, t->cap, t->nslices + 1, 2)) {
+    free(sl);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
   }
   if (a->index >= 0) t->index = a->index;
   sl->rank = rank;
@@ -338,15 +295,9 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     free(data);
     return err->code;
   }
-  if (save->nfiles == save->fcap) {
-    size_t ncap = save->fcap ? save->fcap * 2 : 4;
-    sd_save_artifact *nf = realloc(save->files, ncap * sizeof *nf);
-    if (!nf) {
-      free(data);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
-    }
-    save->files = nf;
-    save->fcap = ncap;
+  if (SD_GROW(save->files, save->fcap, save->nfiles + 1, 4)) {
+    free(data);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   }
   char *copy = strdup(name);
   if (!copy) {

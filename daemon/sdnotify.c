@@ -92,7 +92,7 @@ int sd_sys_notify_send(const char *msg, sd_error *err) {
   int saved = errno;
   close(fd);
   if (w < 0)
-    return sd_fail(err, saved == ENOMEM || saved == ENOBUFS ? SHARDD_E_NO_MEMORY : SHARDD_E_IO,
+    return sd_fail(err, sd_err_from_errno(saved),
                    "notify: sending to NOTIFY_SOCKET=%s: %s", spec, strerror(saved));
   if ((size_t)w != n)
     return sd_fail(err, SHARDD_E_IO, "notify: short datagram to NOTIFY_SOCKET=%s (%zd of %zu bytes)",

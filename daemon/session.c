@@ -10,6 +10,7 @@
 #include "log.h"
 #include "retention.h"
 #include "save.h"
+#include "sd_grow.h"
 #include "sd_msg.h"
 #include "session.h"
 
@@ -127,18 +128,11 @@ void sd_session_send(sd_session *s, json_t *msg) {
     return;
   }
   /* Replies to one batch of requests leave in one write, not one each. */
-  if (s->olen + len > s->ocap) {
-    size_t ncap = s->ocap ? s->ocap : 4096;
-    while (ncap < s->olen + len) ncap *= 2;
-    char *nb = realloc(s->obuf, ncap);
-    if (!nb) {
-      free(buf);
-      sd_log_error("client %llu: out of memory queueing a reply; closing", (unsigned long long)s->id);
-      sd_session_close(s);
-      return;
-    }
-    s->obuf = nb;
-    s->ocap = ncap;
+  if (SD_GROW(s->obuf, s->ocap, s->olen + len, 4096)) {
+    free(buf);
+    sd_log_error("client %llu: out of memory queueing a reply; closing", (unsigned long long)s->id);
+    sd_session_close(s);
+    return;
   }
   memcpy(s->obuf + s->olen, buf, len);
   s->olen += len;
@@ -211,13 +205,7 @@ static int owner_rank_of(const void *owner, const struct sd_save *save) { return
 
 static int owner_joined(void *owner, struct sd_save *save, uint32_t rank) {
   sd_session *s = owner;
-  if (s->nmembers == s->mcap) {
-    size_t ncap = s->mcap ? s->mcap * 2 : 4;
-    sd_member *nm = realloc(s->members, ncap * sizeof *nm);
-    if (!nm) return -1;
-    s->members = nm;
-    s->mcap = ncap;
-  }
+  if (SD_GROW(s->members, s->mcap, s->nmembers + 1, 4)) return -1;
   s->members[s->nmembers].save = save;
   s->members[s->nmembers].rank = rank;
   s->nmembers++;

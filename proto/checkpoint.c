@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "sd_layout.h"
+#include "sd_grow.h"
 #include "sd_reader.h"
 
 /* Names inside messages are cut and cleaned (see reader.c). */
@@ -258,13 +259,7 @@ typedef struct {
 } names_t;
 
 static int names_push(names_t *a, const char *s) {
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? a->cap * 2 : 16;
-    char **v = realloc(a->v, cap * sizeof *v);
-    if (!v) return -1;
-    a->v = v;
-    a->cap = cap;
-  }
+  if (SD_GROW(a->v, a->cap, a->n + 1, 16)) return -1;
   if (!(a->v[a->n] = strdup(s))) return -1;
   a->n++;
   return 0;

@@ -1,4 +1,5 @@
 /* Error code tables shared by daemon, client and tools. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -54,4 +55,16 @@ int sd_err_from_name(const char *name) {
   SHARDD_ERRNO_MAP(XX)
 #undef XX
   return SHARDD_E_PROTOCOL;
+}
+
+int sd_err_from_errno(int e) {
+  switch (e) {
+    case ENOSPC:
+    case EDQUOT: return SHARDD_E_NO_SPACE;
+    case ENOMEM:
+    case ENOBUFS: return SHARDD_E_NO_MEMORY;
+    case EACCES:
+    case EPERM: return SHARDD_E_PERMISSION;
+    default: return SHARDD_E_IO;
+  }
 }

@@ -1,7 +1,9 @@
 /* Line framing for the JSON-lines protocol: a growable buffer that hands out complete lines. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "sd_grow.h"
 #include "sd_linebuf.h"
 
 void sd_linebuf_init(sd_linebuf *lb, size_t max_line) {
@@ -28,17 +30,8 @@ char *sd_linebuf_reserve(sd_linebuf *lb, size_t want, size_t *avail) {
     lb->len = rest;
     lb->head = 0;
   }
-  if (lb->cap - lb->len < want) {
-    size_t ncap = lb->cap ? lb->cap : 4096;
-    while (ncap - lb->len < want) {
-      if (ncap > ((size_t)-1) / 2) return NULL;
-      ncap *= 2;
-    }
-    char *nb = realloc(lb->buf, ncap);
-    if (!nb) return NULL;
-    lb->buf = nb;
-    lb->cap = ncap;
-  }
+  if (lb->cap - lb->len < want && (want > SIZE_MAX - lb->len || SD_GROW(lb->buf, lb->cap, lb->len + want, 4096)))
+    return NULL;
   if (avail) *avail = lb->cap - lb->len;
   return lb->buf + lb->len;
 }

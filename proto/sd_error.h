@@ -23,4 +23,9 @@ const char *sd_err_name(int code);     /* "gap", ...; "unknown" */
 const char *sd_err_message(int code);  /* "slices leave a gap", ... */
 int sd_err_from_name(const char *name);
 
+/* The one map from a failed call's errno to a code, so that every writer, opener and mapper reports a full
+ * disk, a quota, a refusal or a shortage alike; anything else (0 included: a call that failed without saying
+ * why) is SHARDD_E_IO. Path-resolution errnos keep their own meaning in pathsafe.c. */
+int sd_err_from_errno(int e);
+
 #endif

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sd_grow.h"
+
 #define SD_NAMEIDX_NONE UINT32_MAX
 
 /* The table stores indices only; the names stay in the caller's array and are
@@ -40,5 +42,24 @@ int sd_nameidx_reserve(sd_nameidx *ix, size_t want, sd_nameidx_name_fn *name_of,
  * table unchanged). */
 int sd_nameidx_insert(sd_nameidx *ix, const char *name, uint32_t idx, sd_nameidx_name_fn *name_of,
                       const void *ctx);
+
+/* The one table of named records, for an owner that keeps pointers to records keyed by their `name` member:
+ * owner->arr (n of them, room for cap, in order of first add) indexed by owner->idx. Defines, for the file
+ * that names it, fn##_name (the callback above), fn##_find (the record or NULL) and fn##_add (0, or -1 out
+ * of memory with neither the array nor the index holding the record; the array starts at first). */
+#define SD_NAMED_TABLE(fn, owner_t, rec_t, arr, n, cap, idx, first)                                        \
+  static inline const char *fn##_name(const void *ctx, uint32_t i) {                                     \
+    return ((const owner_t *)ctx)->arr[i]->name;                                                         \
+  }                                                                                                      \
+  static inline rec_t *fn##_find(const owner_t *o, const char *name) {                                   \
+    uint32_t i = sd_nameidx_find(&o->idx, name, fn##_name, o);                                           \
+    return i == SD_NAMEIDX_NONE ? NULL : o->arr[i];                                                      \
+  }                                                                                                      \
+  static inline int fn##_add(owner_t *o, rec_t *r) {                                                     \
+    if (SD_GROW(o->arr, o->cap, o->n + 1, first)) return -1;                                             \
+    if (sd_nameidx_insert(&o->idx, r->name, (uint32_t)o->n, fn##_name, o) != 0) return -1;               \
+    o->arr[o->n++] = r;                                                                                  \
+    return 0;                                                                                            \
+  }
 
 #endif

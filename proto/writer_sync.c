@@ -11,10 +11,6 @@
 
 #include "sd_writer_sync.h"
 
-static int errno_code(int e) {
-  return (e == ENOSPC || e == EDQUOT) ? SHARDD_E_NO_SPACE : SHARDD_E_IO;
-}
-
 static int write_full(int fd, const void *buf, uint64_t len, uint64_t off) {
   const char *p = buf;
   while (len > 0) {
@@ -36,7 +32,7 @@ static int fsync_path(const char *path, const char *what, sd_error *err) {
   if (fd < 0) return sd_fail(err, SHARDD_E_IO, "%s: cannot open %s: %s", path, what, strerror(errno));
   int rc = 0;
   if (fsync(fd) != 0)
-    rc = sd_fail(err, errno_code(errno), "%s: fsync of %s: %s", path, what, strerror(errno));
+    rc = sd_fail(err, sd_err_from_errno(errno), "%s: fsync of %s: %s", path, what, strerror(errno));
   close(fd);
   return rc;
 }
@@ -48,7 +44,7 @@ static int write_file(int dfd, const char *dir, const char *name, const void *he
                       const void *const *data, int *created, sd_error *err) {
   int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0)
-    return sd_fail(err, errno_code(errno), "%s/%s: cannot create: %s", dir, name,
+    return sd_fail(err, sd_err_from_errno(errno), "%s/%s: cannot create: %s", dir, name,
                    strerror(errno));
   *created = 1;
   int r = write_full(fd, head, head_len, 0);
@@ -58,11 +54,11 @@ static int write_file(int dfd, const char *dir, const char *name, const void *he
   }
   int rc = 0;
   if (r != 0)
-    rc = sd_fail(err, errno_code(-r), "%s/%s: write: %s", dir, name, strerror(-r));
+    rc = sd_fail(err, sd_err_from_errno(-r), "%s/%s: write: %s", dir, name, strerror(-r));
   else if (fsync(fd) != 0)
-    rc = sd_fail(err, errno_code(errno), "%s/%s: fsync: %s", dir, name, strerror(errno));
+    rc = sd_fail(err, sd_err_from_errno(errno), "%s/%s: fsync: %s", dir, name, strerror(errno));
   if (close(fd) != 0 && rc == 0)
-    rc = sd_fail(err, errno_code(errno), "%s/%s: close: %s", dir, name, strerror(errno));
+    rc = sd_fail(err, sd_err_from_errno(errno), "%s/%s: close: %s", dir, name, strerror(errno));
   return rc;
 }
 
@@ -103,7 +99,7 @@ int sd_write_checkpoint_sync(const char *dir, const sd_tensor *tensors, const vo
   }
   if (mkdir(dir, 0755) != 0) {
     rc = errno == EEXIST ? sd_fail(err, SHARDD_E_EXISTS, "%s: already exists", dir)
-                         : sd_fail(err, errno_code(errno), "%s: cannot create: %s", dir,
+                         : sd_fail(err, sd_err_from_errno(errno), "%s: cannot create: %s", dir,
                                    strerror(errno));
     goto out_plan;
   }
@@ -126,7 +122,7 @@ int sd_write_checkpoint_sync(const char *dir, const sd_tensor *tensors, const vo
     written += index_len;
   }
   if (rc == 0 && fsync(dfd) != 0)
-    rc = sd_fail(err, errno_code(errno), "%s: fsync: %s", dir, strerror(errno));
+    rc = sd_fail(err, sd_err_from_errno(errno), "%s: fsync: %s", dir, strerror(errno));
   if (rc == 0) {
     /* The new folder's own entry lives in its parent. */
     char *copy = strdup(dir);

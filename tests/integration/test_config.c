@@ -116,6 +116,30 @@ Test(config, quoted_values_are_unquoted_or_refused) {
   cr_assert(!h_exists(H.sock), "a daemon with a bad config still bound its socket");
 }
 
+/* Listen addresses are bound only at start, so --check-config reads their shape, naming the line or the flag. */
+Test(config, check_config_checks_listen_addresses) {
+  char conf[PATH_MAX], want[2 * PATH_MAX];
+  o_path(conf, sizeof conf, "listen.conf");
+  o_write(conf, "queue_depth = 8\npeer_listen = 127.0.0.1\n");
+  int st = o_run(out, sizeof out, NULL, shardd_bin(), "--check-config", "--config", conf, (char *)NULL);
+  cr_assert(o_exited(st, 1), "a peer_listen without a port is accepted (0x%x):\n%s", st, out);
+  snprintf(want, sizeof want, "%s:2: key 'peer_listen': must be HOST:PORT or [IPV6]:PORT", conf);
+  cr_assert(strstr(out, want), "error does not say '%s':\n%s", want, out);
+  cr_assert(strstr(out, "got '127.0.0.1'"), "%s", out);
+
+  st = o_run(out, sizeof out, NULL, shardd_bin(), "--check-config", "--peer-listen", "node:70000", (char *)NULL);
+  cr_assert(o_exited(st, 1) && strstr(out, "option --peer-listen: must be HOST:PORT"), "a port past 65535: %s", out);
+
+  o_write(conf, "peer_listen = [::1]:7077\nmetrics_listen = 127.0.0.1:0\n");
+  st = o_run(out, sizeof out, NULL, shardd_bin(), "--check-config", "--config", conf, (char *)NULL);
+  cr_assert(o_exited(st, 0), "valid listen addresses are refused (0x%x):\n%s", st, out);
+  cr_assert(strstr(out, "\npeer_listen = [::1]:7077\n"), "%s", out);
+
+  o_write(conf, "metrics_listen = nowhere\n");
+  st = o_run(out, sizeof out, NULL, shardd_bin(), "--check-config", "--config", conf, (char *)NULL);
+  cr_assert(o_exited(st, 1) && strstr(out, ":1: key 'metrics_listen': must be HOST:PORT"), "%s", out);
+}
+
 Test(config, missing_file_bad_flag_and_unknown_option) {
   char conf[PATH_MAX];
   o_path(conf, sizeof conf, "absent.conf");

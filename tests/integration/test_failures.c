@@ -184,7 +184,7 @@ Test(failures, shape_mismatch_fails_the_save) {
                 .hook = rank0_signals, .wait_after_fail = 1};
   h_run(&s);
   cr_assert_eq(s.sh->r[1].rc, SHARDD_E_MISMATCH, "%s", s.sh->r[1].msg);
-  h_expect_failed(&s, SHARDD_E_MISMATCH, "'w.shape'", "[4, 5]", "[4, 4]", (char *)NULL);
+  h_expect_failed(&s, SHARDD_E_MISMATCH, "'w.shape'", "[4,5]", "[4,4]", (char *)NULL);
   h_expect_unpublished("mms");
   h_expect_serving();
 }

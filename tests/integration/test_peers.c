@@ -421,14 +421,14 @@ Test(peers, a_dtype_mismatch_between_nodes_fails_every_rank) {
   h_expect_failed(&s, SHARDD_E_MISMATCH, "tensor 'm'", "node", (char *)NULL);
   h_expect_unpublished("ck/mm");
   h_shared_free(s.sh);
-  /* an empty box still declares the shape: node 2's rank 5 holds nothing, and says [6, 3] */
+  /* an empty box still declares the shape: node 2's rank 5 holds nothing, and says [6,3] */
   static const h_put empty_puts[] = {
       BOX2(0, "m", "F32", 6, 2, 0, 0, 6, 2), BOX2(5, "m", "F32", 6, 3, 6, 0, 0, 3),
       {.rank = -1, .name = "other", .dtype = "U8", .ndim = 1, .shape = {3}},
   };
   h_script e = {.opts = cluster_opts("mm2", "ck/mm2", 0), .puts = empty_puts, .nputs = 3, .wait_after_fail = 1};
   run_ranks(&e);
-  h_expect_failed(&e, SHARDD_E_MISMATCH, "tensor 'm'", "[6, 3]", "node 2", (char *)NULL);
+  h_expect_failed(&e, SHARDD_E_MISMATCH, "tensor 'm'", "[6,3]", "node 2", (char *)NULL);
   h_expect_unpublished("ck/mm2");
   h_shared_free(e.sh);
 }

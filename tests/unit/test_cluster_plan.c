@@ -137,7 +137,7 @@ Test(cluster_plan, disagreements_name_tensor_ranks_and_nodes) {
   uint64_t shape[2] = {4, 5}, start[2] = {2, 0}, count[2] = {2, 5};
   sd_error err = {0};
   cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_F32, 2, shape, -1, 2, 5, 0, start, count, &err), SHARDD_E_MISMATCH);
-  cr_assert(strstr(err.msg, "tensor 'w': rank 5 (node 2) declares F32 [4, 5], rank 0 (node 0) declared F32 [4, 4]"),
+  cr_assert(strstr(err.msg, "tensor 'w': rank 5 (node 2) declares F32 [4,5], rank 0 (node 0) declared F32 [4,4]"),
             "%s", err.msg);
   uint64_t s4[2] = {4, 4}, c4[2] = {2, 4};
   cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_BF16, 2, s4, -1, 1, 3, 0, start, c4, &err), SHARDD_E_MISMATCH);
@@ -199,7 +199,7 @@ Test(cluster_plan, empty_slices_across_nodes) {
   uint64_t shape[2] = {8, 5}, start[2] = {8, 0}, count[2] = {0, 5};
   cr_assert_eq(sd_cmanifest_slice(&m, "router", SD_DT_F32, 2, shape, -1, 1, 3, 1, start, count, &err),
                SHARDD_E_MISMATCH);
-  cr_assert(strstr(err.msg, "tensor 'router': rank 3 (node 1) declares F32 [8, 5], rank 0 (node 0) declared F32 [8, 4]"),
+  cr_assert(strstr(err.msg, "tensor 'router': rank 3 (node 1) declares F32 [8,5], rank 0 (node 0) declared F32 [8,4]"),
             "%s", err.msg);
   sd_cmanifest_free(&m);
 }

@@ -322,3 +322,38 @@ Test(nameidx, random_names_agree_with_linear_search, .timeout = 100) {
   sd_nameidx_free(&ix);
   names_free(&ns);
 }
+
+/* SD_NAMED_TABLE: the table save.c and cluster_plan.c keep their tensors in. */
+typedef struct {
+  char *name;
+  int value;
+} rec;
+
+typedef struct {
+  rec **recs;
+  size_t nrecs, rcap;
+  sd_nameidx idx;
+} owner;
+
+SD_NAMED_TABLE(rec, owner, rec, recs, nrecs, rcap, idx, 2)
+
+Test(nameidx, named_table_keeps_order_and_finds_by_name) {
+  owner o = {0};
+  rec r[40];
+  char names_[40][16];
+  for (int i = 0; i < 40; i++) {
+    snprintf(names_[i], sizeof names_[i], "t.%d", 39 - i);
+    r[i] = (rec){names_[i], i};
+    cr_assert_eq(rec_add(&o, &r[i]), 0);
+  }
+  cr_assert_eq(o.nrecs, 40);
+  cr_assert_geq(o.rcap, 40);
+  for (int i = 0; i < 40; i++) {
+    cr_assert_eq(o.recs[i], &r[i], "the order of first add is kept");
+    rec *f = rec_find(&o, names_[i]);
+    cr_assert(f && f->value == i, "'%s' found", names_[i]);
+  }
+  cr_assert_null(rec_find(&o, "t.40"));
+  sd_nameidx_free(&o.idx);
+  free(o.recs);
+}
