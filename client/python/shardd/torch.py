@@ -5,6 +5,7 @@
     st.save_pretrained(model, "run1/step-100")           # every rank; the layout save_pretrained writes
     st.save_state_dict(model.state_dict(), "run1/sd")    # DTensors, tensors, Slices, (local, shape, offset)
     st.load_state_dict("/ckpt/run1/step-100", model.state_dict())   # fills in place, any layout
+    dcp.save(state_dict, storage_writer=st.StorageWriter("run1/dcp"))  # torch.distributed.checkpoint
 
 DTensors are taken apart by each rank from their spec alone (Shard on any
 dim, uneven or empty; _StridedShard; Replicate written once, by the rank at
@@ -17,12 +18,13 @@ import torch
 from ._dtensor import PartialPlacementError, dtensor_boxes, is_dtensor, tensor_identity
 from ._hf import save_pretrained
 from ._client import refusal
+from ._dcp import StorageReader, StorageWriter
 from ._save import save
 from ._tensors import Slice
 from ._torch_load import IncompatibleKeys, load_state_dict
 
 __all__ = ["split", "state_dict_tensors", "save_state_dict", "save_pretrained", "load_state_dict",
-           "dtensor_slices", "tie_groups", "IncompatibleKeys"]
+           "dtensor_slices", "tie_groups", "IncompatibleKeys", "StorageWriter", "StorageReader"]
 
 _TIED = (None, "drop")
 

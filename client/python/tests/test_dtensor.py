@@ -250,7 +250,8 @@ class OneProcess(unittest.TestCase):
 
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        return answer(worker(json.loads(sys.argv[2])))
+        args = json.loads(sys.argv[2])
+        return answer(worker(args), barrier=args["op"] != "kill")
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
     result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)

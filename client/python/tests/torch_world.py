@@ -81,10 +81,12 @@ def raw(t):
     return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-def answer(result):
-    """A worker's last words: its JSON line, then the group torn down (gloo aborts a process that
-    exits with it up)."""
+def answer(result, barrier=True):
+    """A worker's last words: its JSON line, then the group torn down together (gloo aborts a
+    process that exits while its peers still talk); barrier=False where a peer was killed."""
     print(json.dumps(result), flush=True)
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
     return 0

@@ -1,0 +1,143 @@
+# torch.distributed.checkpoint plugins: dcp.save / async_save / load straight into and out of shardd's HF layout.
+"""shardd.torch.StorageWriter and StorageReader.
+
+    dcp.save(state_dict, storage_writer=st.StorageWriter("run1/step-100"))
+    dcp.load(state_dict, storage_reader=st.StorageReader("/ckpt/run1/step-100"))
+
+The writer hands each rank's planned tensors to the node's daemon in one
+shardd save (its boxes are DCP's chunks; DCP's planner already gave each
+replicated tensor to one rank), so the checkpoint is the final HF layout
+the moment it commits: no per-rank files, no second pass, no
+consolidation. DCP's planning exchanges only metadata, never tensor bytes.
+The reader describes a shardd or save_pretrained folder to DCP as one chunk
+per tensor and serves each rank's boxes through the strict reader.
+"""
+from __future__ import annotations
+
+import os
+import torch
+from torch.distributed.checkpoint import StorageReader as _Reader
+from torch.distributed.checkpoint import StorageWriter as _Writer
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, TensorProperties,
+                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+from ._client import refusal
+from ._load import Checkpoint, torch_dtype
+from ._save import save
+from ._tensors import Slice
+
+__all__ = ["StorageWriter", "StorageReader"]
+
+
+def _done(value):
+    f = torch.futures.Future()
+    f.set_result(value)
+    return f
+
+
+class StorageWriter(_Writer):
+    """A DCP StorageWriter that saves through the node's shardd daemon into `dir` (relative to its
+    root), in the HF safetensors layout. Every other keyword (max_shard_size, overwrite, metadata,
+    files, keep_last, timeout, socket, ...) goes to shardd.save, as save_state_dict takes them."""
+
+    def __init__(self, dir, **save_options):
+        super().__init__()
+        self.dir = os.fspath(dir)
+        self.options = save_options
+        self.result = None
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.dir = os.fspath(checkpoint_id)
+        self.result = None
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan):
+        # Refused here, before any rank writes: DCP carries the error to every rank.
+        stray = sorted(item.index.fqn for item in plan.items if item.type == WriteItemType.BYTE_IO)
+        if stray:
+            raise refusal("invalid_argument", "shardd writes tensors only (safetensors has no place for "
+                          "other values): %s %s not a tensor; put them in metadata= or files=, or leave "
+                          "them out of the state dict" % (", ".join(map(repr, stray)),
+                                                          "is" if len(stray) == 1 else "are"))
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def write_data(self, plan, planner):
+        tensors, results = {}, []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            chunk, size = item.tensor_data.chunk, item.tensor_data.size
+            tensors.setdefault(item.index.fqn, []).append(Slice(data, tuple(size), tuple(chunk.offsets)))
+            results.append(WriteResult(index=item.index, size_in_bytes=data.numel() * data.element_size(),
+                                       storage_data=None))
+        # Ranks hold different names once DCP has deduplicated replicas: natural name order.
+        self.result = save(tensors, self.dir, ordered=False, **self.options)
+        return _done(results)
+
+    def finish(self, metadata, results):
+        # The daemon wrote and published the index with the shards: nothing is left to write.
+        return None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike)) and not os.path.isabs(os.fspath(checkpoint_id))
+
+
+class StorageReader(_Reader):
+    """A DCP StorageReader over a shardd or save_pretrained checkpoint folder (a path on this
+    machine): dcp.load fills tensors and DTensors of any layout, each rank reading its boxes."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = os.fspath(path)
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+
+    def read_metadata(self, *args, **kwargs):
+        entries = {}
+        with Checkpoint(self.path) as ck:
+            for name in ck:
+                info = ck.info(name)
+                shape = torch.Size(info.shape)
+                entries[name] = TensorStorageMetadata(
+                    properties=TensorProperties(dtype=torch_dtype(info.dtype)), size=shape,
+                    chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)])
+        return Metadata(state_dict_metadata=entries)
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner):
+        with Checkpoint(self.path) as ck:
+            for item in plan.items:
+                if item.type != LoadItemType.TENSOR:
+                    raise refusal("invalid_argument", "%s holds tensors only, not %r"
+                                  % (self.path, item.dest_index.fqn))
+                name = item.storage_index.fqn
+                start, count = tuple(item.storage_offsets), tuple(item.lengths)
+                target = planner.resolve_tensor(item).detach()
+                if target.device.type == "cpu" and target.is_contiguous():
+                    ck.read_into(name, target, start, count)
+                else:
+                    target.copy_(ck.read(name, start, count, framework="torch"))
+                planner.commit_tensor(item, target)
+        return _done(None)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return os.path.isdir(os.fspath(checkpoint_id))

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+# torch.distributed.checkpoint through shardd: dcp.save, dcp.async_save and dcp.load with FSDP2 and TP, bit-equal.
+"""Real gloo ranks save a tiny Llama's state dict (DTensors) with dcp.save
+and dcp.async_save through shardd.torch.StorageWriter, under FSDP2 x 4 and
+TP x 2 (the TP world loads the FSDP2 checkpoint and the other way round,
+through StorageReader), and a save_pretrained folder is loaded by dcp.load
+too. Every checkpoint is read back with safetensors and compared bit for
+bit with the unsharded model; a state dict holding a non-tensor value is
+refused by name before anything is written.
+
+Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6,
+transformers or safetensors. `--worker JSON` is one rank.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from safetensors import safe_open
+    import test_hf
+except (ImportError, SystemExit) as e:
+    print("torch >= 2.6, transformers or safetensors is missing (%s): skipping" % e)
+    sys.exit(77)
+
+import shardd.torch as st
+from test_binding import Daemon
+from torch_world import WAIT, answer, init, raw, run_world
+
+MODEL = "llama-f32"
+BF16 = "qwen2-bf16"
+
+
+def worker(args):
+    rank, world = init()
+    layout, out = args["layout"], {}
+    for name in (MODEL, BF16):
+        m = test_hf.parallelize(test_hf.build(name, 1234), layout, world)
+        sd = get_model_state_dict(m)
+        dcp.save(sd, storage_writer=st.StorageWriter("%s/%s" % (layout, name), timeout=WAIT))
+        dcp.async_save(sd, storage_writer=st.StorageWriter("%s/%s-async" % (layout, name),
+                                                           timeout=WAIT)).result()
+        # The other layout's checkpoint (or save_pretrained's), into other weights.
+        fresh = test_hf.parallelize(test_hf.build(name, 99), layout, world)
+        sd2 = get_model_state_dict(fresh)
+        dcp.load(sd2, storage_reader=st.StorageReader(os.path.join(args["from"], name)))
+        ref = test_hf._ref_tensors(args["ref"], name)
+        out[name] = {k: raw(test_hf.full(v)) == raw(ref[k]) for k, v in sd2.items()}
+    try:
+        dcp.save({"w": torch.ones(2), "epoch": "three"}, storage_writer=st.StorageWriter("%s/bytes" % layout))
+        out["bytes"] = None
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        out["bytes"] = str(e)
+    return out
+
+
+class DCP(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+        cls.ref = tempfile.mkdtemp(prefix="shardd-dcp-ref-")
+        for name in (MODEL, BF16):
+            test_hf.build(name, 1234).save_pretrained(os.path.join(cls.ref, name))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.ref, ignore_errors=True)
+
+    def test_save_async_save_load(self):
+        previous = self.ref
+        for layout, world in (("fsdp4", 4), ("tp2", 2)):
+            out = run_world(__file__, world, {"layout": layout, "ref": self.ref, "from": previous},
+                            {"SHARDD_SOCKET": self.d.socket})
+            for name in (MODEL, BF16):
+                ref = test_hf.shards(os.path.join(self.ref, name))
+                want = {k: b for t in ref.values() for k, b in t.items()}
+                for suffix in ("", "-async"):
+                    got = test_hf.shards(os.path.join(self.d.root, layout, name + suffix))
+                    self.assertEqual({k: b for t in got.values() for k, b in t.items()}, want,
+                                     (layout, name + suffix))
+                for rank, r in enumerate(out):
+                    self.assertTrue(all(r[name].values()), (layout, name, rank, r[name]))
+            for r in out:
+                self.assertIn("'epoch' is not a tensor", r["bytes"] or "")
+            self.assertFalse(os.path.exists(os.path.join(self.d.root, layout, "bytes")))
+            print("%s: dcp.save and dcp.async_save bit-equal, dcp.load from %s bit-equal"
+                  % (layout, os.path.basename(previous)))
+            previous = os.path.join(self.d.root, layout)
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        return answer(worker(json.loads(sys.argv[2])))
+    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
+    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
+    print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
