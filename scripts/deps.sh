@@ -9,6 +9,7 @@ shardd_packages=(
   ncat python3 python3-numpy
   python3-venv python3-pip python3-setuptools python3-wheel   # the pip-install test (tests/python)
   valgrind
+  fio                                                        # the reference writer of the benchmarks
   clang libclang-rt-14-dev
 )
 

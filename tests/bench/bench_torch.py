@@ -1,24 +1,38 @@
 #!/usr/bin/env python3
-# Torch benchmark: a ~1 GiB Llama under FSDP2 x 4 saved as save_pretrained's layout, shardd beside the gathered save users run today.
+# Torch benchmark: a >= 1 GiB Llama under FSDP2 x 4 and TP 2 x DP 2, shardd beside what users run today, save and load.
 """One command (the venv's python; README, "Benchmarks"):
 
-    .venv/bin/python tests/bench/bench_torch.py [--rounds 3] [--layers 8] [--hidden 2048]
+    .venv/bin/python tests/bench/bench_torch.py [--rounds 3] [--layouts fsdp4,tp_dp] [--layers 8]
 
 A daemon on build/bench-torch/root and 4 gloo rank processes. The model is
-built on the meta device and each rank materializes only its own FSDP2
-shards. Each round saves the same state in each way:
+built on the meta device; each rank materializes only its own shards, with
+values seeded by tensor and box so that DP replicas agree. Every round saves
+the same state in every way, then loads it back:
 
-  gathered      get_model_state_dict(full_state_dict, cpu_offload) to rank 0,
-                huggingface_hub.save_torch_state_dict there, then sync; every
-                rank waits at a barrier, as trainers do
-  shardd        shardd.torch.save_pretrained, waiting for the commit (fsynced)
-  shardd-async  the same with wait=False: blocked is the hand-over, durable the commit
-  memcpy        each rank copies its own bytes once (the floor of blocked time)
+  save  fio            fio io_uring O_DIRECT writes of the same bytes, 4 jobs, fsync: the disk
+        gathered       get_model_state_dict(full_state_dict, cpu_offload) on rank 0, then
+                       huggingface_hub.save_torch_state_dict and sync; the others wait at a barrier
+        dcp-hf         DCP HuggingFaceStorageWriter, every rank its shard, then consolidation into
+                       the HF layout (torchtitan's last_save_in_hf), then sync
+        dcp-fs         DCP FileSystemWriter (DCP's own format, not HF: a speed reference), then sync
+        shardd         shardd.torch.save_pretrained, waiting for the commit (fsynced); arena kept
+        shardd-async   the same with wait=False: blocked is the hand-over
+        dcp-shardd     dcp.save through shardd.torch.StorageWriter
+        dcp-shardd-async  dcp.async_save through it
+        memcpy         each rank copies its own bytes once (the floor of blocked time)
+  load  fio-read       fio O_DIRECT reads of shardd's files
+        from_pretrained  transformers on rank 0; safetensors: load_file of every shard on rank 0
+        dcp-hf-read    DCP HuggingFaceStorageReader into the sharded model, every rank
+        shardd-load    shardd.torch.load_state_dict into the sharded model, every rank
 
-and prints, per way, the time to durable and each rank's blocked time (min
-and median of the rounds) with ratios against shardd. The first round's
-outputs are compared tensor by tensor (safetensors.safe_open), and the file
-maps must be equal, so no fast path is a wrong path. No figure is asserted.
+The page cache is dropped before each way where the kernel allows it. For
+each way: time to durable (or to loaded), each rank's blocked time, the
+largest rank's extra peak RSS and the daemon's, the daemon's CPU per GiB and
+the bytes the way wrote to storage (/proc/PID/io of every rank and the
+daemon); min and median over the rounds, with ratios against fio and
+shardd. Round 0's outputs are compared tensor by tensor and file by file
+with shardd's, and every load with the model, so no fast path is a wrong
+path. No figure is asserted.
 """
 import argparse
 import json
@@ -28,113 +42,399 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
 
-METHODS = ["gathered", "shardd", "shardd-async", "memcpy"]
+# shardd first: DCP's HF writer takes its file map.
+SAVES = ["fio", "shardd", "shardd-async", "gathered", "dcp-hf", "dcp-fs", "dcp-shardd", "dcp-shardd-async",
+         "memcpy"]
+LOADS = ["fio-read", "from_pretrained", "safetensors", "dcp-hf-read", "shardd-load"]
+HF_LAYOUT = ("gathered", "dcp-hf", "shardd", "shardd-async", "dcp-shardd", "dcp-shardd-async")
 
 
-def build_model(args):
+# ---- one rank ----------------------------------------------------------------------------------
+
+def proc_figures(pid):
+    """(cpu seconds, peak RSS bytes, bytes written to storage) of a process."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    hwm = 0
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    wrote = 0
+    with open("/proc/%d/io" % pid) as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                wrote = int(line.split()[1])
+    return cpu, hwm, wrote
+
+
+def reset_peak(pid):
+    """Starts a new VmHWM window (clear_refs 5); False where the kernel refuses."""
+    try:
+        with open("/proc/%d/clear_refs" % pid, "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def drop_caches():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+        return True
+    except OSError:
+        return False
+
+
+def build_model(args, layout):
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from shardd._dtensor import dtensor_boxes, is_dtensor
 
     cfg = LlamaConfig(vocab_size=args["vocab"], hidden_size=args["hidden"], intermediate_size=args["inter"],
                       num_hidden_layers=args["layers"], num_attention_heads=16, num_key_value_heads=16,
                       tie_word_embeddings=False)
     with torch.device("meta"):
         m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
-    for layer in m.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(m, mesh=mesh)
+    world = int(os.environ["WORLD_SIZE"])
+    if layout == "tp_dp":
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        plan = {}
+        for i in range(args["layers"]):
+            for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                         "mlp.up_proj"):
+                plan["model.layers.%d.%s" % (i, part)] = ColwiseParallel()
+            for part in ("self_attn.o_proj", "mlp.down_proj"):
+                plan["model.layers.%d.%s" % (i, part)] = RowwiseParallel()
+        parallelize_module(m, mesh["tp"], plan)
+    else:
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in m.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(m, mesh=mesh)
     m.to_empty(device="cpu")
-    g = torch.Generator().manual_seed(int(os.environ["RANK"]))
     with torch.no_grad():
-        for p in m.parameters():
-            p.to_local().uniform_(-1, 1, generator=g)
+        for name, p in m.named_parameters():
+            local, start = (dtensor_boxes(name, p)[0], dtensor_boxes(name, p)[1][0][0]) if is_dtensor(p) \
+                else (p, (0,) * p.dim())
+            g = torch.Generator().manual_seed(zlib.crc32(("%s@%s" % (name, start)).encode()))
+            local.uniform_(-1, 1, generator=g)
     return m
+
+
+def local_tensors(m):
+    from shardd._dtensor import is_dtensor
+
+    return {k: (v.to_local() if is_dtensor(v) else v) for k, v in m.state_dict().items()}
+
+
+def fio(args, rw, total, directory):
+    """fio's wall time for `total` bytes in 4 jobs, O_DIRECT through io_uring, fsync on close."""
+    os.makedirs(directory, exist_ok=True)
+    cmd = ["fio", "--name=ref", "--directory=" + directory, "--ioengine=io_uring", "--direct=1", "--bs=4M",
+           "--rw=" + rw, "--size=%d" % (total // 4 // 2**20 * 2**20), "--numjobs=4", "--fsync_on_close=1",
+           "--group_reporting", "--output-format=json", "--iodepth=16"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def save_way(way, ctx):
+    """Runs one way on this rank; returns (blocked, durable) seconds from a common start."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter, HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from huggingface_hub import save_torch_state_dict
+
+    import shardd.torch as st
+
+    m, args, rank, dest = ctx["model"], ctx["args"], ctx["rank"], ctx["dest"]
+    path = os.path.join(args["root"], dest)
+    t0 = time.perf_counter()
+    if way == "fio":
+        if rank == 0:
+            fio(args, "write", ctx["total"], path)
+        durable = time.perf_counter() - t0
+        dist.barrier()
+        return time.perf_counter() - t0, durable
+    if way == "gathered":
+        full = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            os.makedirs(path)
+            save_torch_state_dict(full, path, max_shard_size=args["shard"])
+            os.sync()
+        durable = time.perf_counter() - t0
+        del full
+        dist.barrier()
+        return time.perf_counter() - t0, durable
+    if way in ("dcp-hf", "dcp-fs"):
+        sd = get_model_state_dict(m)
+        if way == "dcp-hf":
+            writer = HuggingFaceStorageWriter(path, save_distributed=True, enable_consolidation=True,
+                                              fqn_to_index_mapping=ctx["file_index"],
+                                              thread_count_consolidation=2)
+        else:
+            writer = FileSystemWriter(path)
+        dcp.save(sd, storage_writer=writer)
+        os.sync()
+        return time.perf_counter() - t0, time.perf_counter() - t0
+    if way in ("shardd", "shardd-async"):
+        pending = st.save_pretrained(m, dest, max_shard_size=args["shard"], wait=way == "shardd",
+                                     arena=ctx["arena"])
+        blocked = time.perf_counter() - t0
+        if way == "shardd-async":
+            pending.wait()
+        return blocked, time.perf_counter() - t0
+    if way in ("dcp-shardd", "dcp-shardd-async"):
+        writer = st.StorageWriter(dest, max_shard_size=args["shard"], arena=ctx["dcp_arena"])
+        sd = get_model_state_dict(m)
+        if way == "dcp-shardd":
+            dcp.save(sd, storage_writer=writer)
+            return time.perf_counter() - t0, time.perf_counter() - t0
+        future = dcp.async_save(sd, storage_writer=writer)
+        blocked = time.perf_counter() - t0
+        future.result()
+        return blocked, time.perf_counter() - t0
+    if way == "memcpy":
+        copies = [t.clone() for t in local_tensors(m).values()]
+        blocked = time.perf_counter() - t0
+        del copies
+        return blocked, blocked
+    raise ValueError(way)
+
+
+def load_way(way, ctx):
+    """Loads shardd's round folder one way; returns (seconds, equal to the model)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    import shardd.torch as st
+
+    rank, path, m = ctx["rank"], ctx["shardd_dir"], ctx["model"]
+    t0 = time.perf_counter()
+    equal = True
+    if way == "fio-read":
+        if rank == 0:
+            fio(ctx["args"], "read", ctx["total"], ctx["fio_dir"])
+    elif way in ("from_pretrained", "safetensors"):
+        if rank == 0:
+            if way == "from_pretrained":
+                from transformers import AutoModelForCausalLM
+
+                full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).state_dict()
+            else:
+                from safetensors.torch import load_file
+
+                full = {}
+                for f in sorted(os.listdir(path)):
+                    if f.endswith(".safetensors"):
+                        full.update(load_file(os.path.join(path, f)))
+            seconds = time.perf_counter() - t0
+            equal = all(torch.equal(full[k], v) for k, v in ctx["gathered_ref"].items())
+            dist.barrier()
+            return seconds, equal
+    else:
+        target = ctx["fresh"]
+        sd = get_model_state_dict(target)
+        if way == "dcp-hf-read":
+            dcp.load(sd, storage_reader=HuggingFaceStorageReader(path))
+        else:
+            st.load_state_dict(path, target.state_dict())
+        seconds = time.perf_counter() - t0
+        want = local_tensors(m)
+        got = local_tensors(target)
+        equal = all(torch.equal(got[k], want[k]) for k in want)
+        with torch.no_grad():
+            for t in got.values():
+                t.zero_()
+        dist.barrier()
+        return seconds, equal
+    seconds = time.perf_counter() - t0
+    dist.barrier()
+    return seconds, equal
+
+
+def hf_files(path):
+    """({tensor: file}, {file: {tensor: crc of its bytes}}) of an HF-layout folder."""
+    import torch
+    from safetensors import safe_open
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    crcs = {}
+    for f in files:
+        with safe_open(os.path.join(path, f), "pt") as h:
+            crcs[f] = {k: zlib.crc32(h.get_tensor(k).view(torch.uint8).numpy()) for k in h.keys()}
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+    else:
+        weight_map = {k: f for f, t in crcs.items() for k in t}
+    return weight_map, crcs
+
+
+def compare_outputs(root, r):
+    """Every HF-layout way of round r holds shardd's file map and tensors; '' or what differs."""
+    want_map, want = hf_files(os.path.join(root, "shardd-%d" % r))
+    want_tensors = {k: c for t in want.values() for k, c in t.items()}
+    problems = []
+    for way in HF_LAYOUT:
+        got_map, got = hf_files(os.path.join(root, "%s-%d" % (way, r)))
+        tensors = {k: c for t in got.values() for k, c in t.items()}
+        if tensors != want_tensors:
+            problems.append("%s: tensors differ" % way)
+        elif got_map != want_map:
+            problems.append("%s: file map differs" % way)
+    return "; ".join(problems)
 
 
 def worker(args):
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from huggingface_hub import save_torch_state_dict
 
-    import shardd.torch as st
+    import shardd
     from torch_world import init
 
     rank, world = init()
-    m = build_model(args)
-    local_bytes = sum(p.to_local().numel() * p.element_size() for p in m.parameters())
-    out = {"bytes": local_bytes, "rounds": []}
+    layout = args["layout"]
+    m = build_model(args, layout)
+    fresh = build_model(args, layout)
+    own = sum(t.numel() * t.element_size() for t in local_tensors(m).values())
+    totals = [0] * world
+    dist.all_gather_object(totals, own)
+    total = sum(p.numel() * p.element_size() for p in m.parameters())  # the global bytes
+    client = shardd.Client()
+    ctx = {"model": m, "fresh": fresh, "args": args, "rank": rank, "total": total,
+           "arena": client.arena(own + (64 << 20)), "dcp_arena": client.arena(own + (64 << 20)),
+           "fio_dir": os.path.join(args["root"], "fio-read")}
+    gathered = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    ctx["gathered_ref"] = gathered if rank == 0 else None
+    del gathered
+    out = {"own": own, "total": total, "rounds": [], "checks": []}
+    if rank == 0:
+        fio(args, "write", total, ctx["fio_dir"])  # the files fio-read reads
     for r in range(args["rounds"]):
-        times = {}
-        for method in METHODS:
-            dest = "%s-%d" % (method, r)
+        ctx["file_index"] = None
+        figures = {}
+        for way in SAVES:
+            ctx["dest"] = "%s-%d" % (way, r)
+            dropped = drop_caches() if rank == 0 else False
             dist.barrier()
-            t0 = time.perf_counter()
-            if method == "gathered":
-                full = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            peak_ok = reset_peak(os.getpid()) and (rank != 0 or reset_peak(args["daemon"]))
+            before = proc_figures(os.getpid())
+            daemon0 = proc_figures(args["daemon"]) if rank == 0 else None
+            dist.barrier()
+            blocked, durable = save_way(way, ctx)
+            dist.barrier()
+            after = proc_figures(os.getpid())
+            f = {"blocked": blocked, "durable": durable, "rss_extra": after[1] - before[1] if peak_ok else None,
+                 "wrote": after[2] - before[2], "dropped": dropped}
+            if rank == 0:
+                d1 = proc_figures(args["daemon"])
+                f.update(daemon_cpu=d1[0] - daemon0[0], daemon_rss=d1[1], daemon_wrote=d1[2] - daemon0[2])
+            figures[way] = f
+            if way == "shardd":
+                # DCP's HF writer is told shardd's file map, as torchtitan passes the index it loaded.
+                holder = [None]
                 if rank == 0:
-                    os.makedirs(os.path.join(args["root"], dest))
-                    save_torch_state_dict(full, os.path.join(args["root"], dest), max_shard_size=args["shard"])
-                    os.sync()
-                durable = time.perf_counter() - t0
-                dist.barrier()
-                blocked = time.perf_counter() - t0
-                del full
-            elif method == "memcpy":
-                copies = [p.to_local().clone() for p in m.parameters()]
-                blocked = durable = time.perf_counter() - t0
-                del copies
-            else:
-                pending = st.save_pretrained(m, dest, max_shard_size=args["shard"],
-                                             wait=method == "shardd")
-                blocked = time.perf_counter() - t0
-                if method == "shardd-async":
-                    pending.wait()
-                durable = time.perf_counter() - t0
-            times[method] = {"blocked": blocked, "durable": durable}
+                    with open(os.path.join(args["root"], ctx["dest"], "model.safetensors.index.json")) as fh:
+                        weight_map = json.load(fh)["weight_map"]
+                    names = sorted(set(weight_map.values()))
+                    holder = [{k: names.index(v) + 1 for k, v in weight_map.items()}]
+                dist.broadcast_object_list(holder, src=0)
+                ctx["file_index"] = holder[0]
+        ctx["shardd_dir"] = os.path.join(args["root"], "shardd-%d" % r)
+        for way in LOADS:
+            dropped = drop_caches() if rank == 0 else False
             dist.barrier()
-        out["rounds"].append(times)
+            seconds, equal = load_way(way, ctx)
+            figures[way] = {"blocked": seconds, "durable": seconds, "equal": equal, "dropped": dropped}
+        if r == 0 and rank == 0:
+            out["checks"].append(compare_outputs(args["root"], r))
+        dist.barrier()
+        if rank == 0:
+            for way in SAVES:
+                if r > 0 or way not in HF_LAYOUT + ("dcp-fs",):
+                    shutil.rmtree(os.path.join(args["root"], "%s-%d" % (way, r)), ignore_errors=True)
+        dist.barrier()
+        out["rounds"].append(figures)
+    client.close()
     return out
 
 
-def check_equal(root):
-    """The gathered and the shardd checkpoint of round 0: same file map, same tensors bit for bit."""
-    import torch
-    from safetensors import safe_open
+# ---- the driver ------------------------------------------------------------------------------
 
-    maps = []
-    for method in ("gathered", "shardd"):
-        with open(os.path.join(root, "%s-0" % method, "model.safetensors.index.json")) as f:
-            maps.append(json.load(f)["weight_map"])
-    if maps[0] != maps[1]:
-        raise SystemExit("bench: the file maps differ")
-    for name, file in maps[0].items():
-        with safe_open(os.path.join(root, "gathered-0", file), "pt") as a, \
-                safe_open(os.path.join(root, "shardd-0", file), "pt") as b:
-            if not torch.equal(a.get_tensor(name).view(torch.int16), b.get_tensor(name).view(torch.int16)):
-                raise SystemExit("bench: %s differs" % name)
-    return len(maps[0]), len(set(maps[0].values()))
+def table(layout, out, rounds):
+    """Prints one layout's table; returns {way: (durable min, blocked max-rank min)}."""
+    total = out[0]["total"]
+    gib = total / 2**30
+
+    def per_round(way, key, agg=max):
+        return [agg(rank["rounds"][r][way][key] for rank in out) for r in range(rounds)]
+
+    durable = {w: per_round(w, "durable") for w in SAVES + LOADS}
+    blocked = {w: per_round(w, "blocked") for w in SAVES + LOADS}
+    fio_w, fio_r, ref = min(durable["fio"]), min(durable["fio-read"]), min(durable["shardd"])
+    print("\n%s: %.3f GiB, %d ranks, each holding %s MiB; %d rounds (min / median)"
+          % (layout, gib, len(out), "/".join("%.0f" % (o["own"] / 2**20) for o in out), rounds))
+    print("%-17s %15s %6s %6s %15s %9s %9s %8s %7s" % ("save", "durable s", "x fio", "x sdd", "blocked s (max)",
+                                                      "rank+MiB", "dmn MiB", "dmn s/G", "GiB wr"))
+    for way in SAVES:
+        d, b = durable[way], blocked[way]
+        extra = [rank["rounds"][r][way]["rss_extra"] for rank in out for r in range(rounds)]
+        extra = max(e for e in extra if e is not None) / 2**20 if any(e is not None for e in extra) else float("nan")
+        d0 = [out[0]["rounds"][r][way] for r in range(rounds)]
+        wrote = statistics.median(sum(rank["rounds"][r][way]["wrote"] for rank in out) + d0[r]["daemon_wrote"]
+                                  for r in range(rounds)) / 2**30
+        print("%-17s %6.2f / %6.2f %6.2f %6.2f %6.2f / %6.2f %9.0f %9.0f %8.3f %7.2f" % (
+            way, min(d), statistics.median(d), min(d) / fio_w, min(d) / ref, min(b), statistics.median(b), extra,
+            max(x["daemon_rss"] for x in d0) / 2**20, min(x["daemon_cpu"] for x in d0) / gib, wrote))
+    print("%-17s %15s %6s %6s %s" % ("load", "loaded s", "x fio", "x sdd", "equal to the model"))
+    ld = min(durable["shardd-load"])
+    for way in LOADS:
+        d = durable[way]
+        eq = all(rank["rounds"][r][way]["equal"] for rank in out for r in range(rounds))
+        print("%-17s %6.2f / %6.2f %6.2f %6.2f %s" % (way, min(d), statistics.median(d), min(d) / fio_r, min(d) / ld,
+                                                     "yes" if eq else "NO"))
+    memcpy = min(blocked["memcpy"])
+    print("targets: shardd durable = %.2f x dcp-hf, %.2f x gathered, fio/shardd = %.2f; async blocked = %.2f x "
+          "memcpy; shardd-load = %.2f x fio-read, %.2f x from_pretrained"
+          % (ref / min(durable["dcp-hf"]), ref / min(durable["gathered"]), fio_w / ref,
+             min(blocked["shardd-async"]) / memcpy, fio_r / ld, ld / min(durable["from_pretrained"])))
+    caches = all(rank["rounds"][r][w]["dropped"] for rank in out[:1] for r in range(rounds) for w in SAVES + LOADS)
+    print("page cache dropped before every way: %s" % ("yes" if caches else "no (not permitted): loads are warm"))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--layouts", default="fsdp4,tp_dp")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=5504)
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--shard", default="300MB", help="max_shard_size of every way")
+    ap.add_argument("--shard", default="300MB", help="max_shard_size of every HF way")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "bench-torch"))
     a = ap.parse_args()
     if a.worker:
@@ -145,37 +445,34 @@ def main():
     from test_binding import Daemon
     from torch_world import run_world
 
+    if not shutil.which("fio"):
+        raise SystemExit("bench_torch: fio is missing (Debian: fio; scripts/deps.sh installs it)")
     os.environ.setdefault("SHARDD_BIN", os.path.join(ROOT, "build", "daemon", "shardd"))
     os.environ.setdefault("LIBSHARDD", os.path.join(ROOT, "build", "client", "libshardd.so"))
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    print("bench_torch: load average before: %s" % open("/proc/loadavg").read().split()[:3])
+    for layout in a.layouts.split(","):
+        shutil.rmtree(a.work, ignore_errors=True)
+        os.makedirs(a.work)
+        d = Daemon(root=os.path.join(a.work, "root"))
+        try:
+            args = {"root": d.root, "rounds": a.rounds, "layers": a.layers, "hidden": a.hidden,
+                    "inter": a.inter, "vocab": a.vocab, "shard": a.shard, "layout": layout,
+                    "daemon": d.proc.pid}
+            t0 = time.perf_counter()
+            out = run_world(os.path.abspath(__file__), 4, args,
+                            {"SHARDD_SOCKET": d.socket, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"},
+                            timeout=3600)
+            wall = time.perf_counter() - t0
+        finally:
+            d.stop()
+        checks = out[0]["checks"][0]
+        table(layout, out, a.rounds)
+        print("outputs: %s; %.0f s in all" % ("every HF way holds shardd's file map and tensors bit for bit"
+                                               if not checks else "DIFFER: " + checks, wall))
+        if checks:
+            return 1
     shutil.rmtree(a.work, ignore_errors=True)
-    os.makedirs(a.work)
-    d = Daemon(root=os.path.join(a.work, "root"))
-    try:
-        args = {"root": d.root, "rounds": a.rounds, "layers": a.layers, "hidden": a.hidden,
-                "inter": a.inter, "vocab": a.vocab, "shard": a.shard}
-        t0 = time.perf_counter()
-        out = run_world(os.path.abspath(__file__), a.ranks, args, {"SHARDD_SOCKET": d.socket,
-                                                                   "OMP_NUM_THREADS": "1"},
-                        timeout=3600)
-        wall = time.perf_counter() - t0
-        tensors, files = check_equal(d.root)
-    finally:
-        d.stop()
-    total = sum(r["bytes"] for r in out)
-    print("bench_torch: %.3f GiB bf16 Llama (%d layers, hidden %d), FSDP2 x %d gloo ranks, %d rounds, "
-          "%d tensors in %d files, outputs equal; %.0f s in all"
-          % (total / 2**30, a.layers, a.hidden, a.ranks, a.rounds, tensors, files, wall))
-    rows = {}
-    for method in METHODS:
-        durable = [max(rank["rounds"][r][method]["durable"] for rank in out) for r in range(a.rounds)]
-        blocked = [[rank["rounds"][r][method]["blocked"] for r in range(a.rounds)] for rank in out]
-        rows[method] = (durable, blocked)
-    ref = min(rows["shardd"][0])
-    print("%-13s %16s %8s %s" % ("way", "durable s min/med", "x shardd", "blocked s per rank, min/med"))
-    for method, (durable, blocked) in rows.items():
-        print("%-13s %7.3f /%7.3f %8.2f %s" % (
-            method, min(durable), statistics.median(durable), min(durable) / ref,
-            "  ".join("r%d %.3f/%.3f" % (i, min(b), statistics.median(b)) for i, b in enumerate(blocked))))
     return 0
 
 

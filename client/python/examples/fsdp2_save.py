@@ -13,6 +13,8 @@ transformers' from_pretrained of the same folder holds the trained weights.
 Needs torch >= 2.6 and transformers; nothing is downloaded.
 """
 import argparse
+import os
+import sys
 import time
 
 import torch
@@ -88,7 +90,9 @@ def main():
         print("resumed from %s: %s" % (result["dir"], "bit-equal to the trained model" if same else "DIFFERENT"))
     dist.barrier()  # nobody tears the group down while rank 0 still reads
     dist.destroy_process_group()
-    raise SystemExit(0 if same else 1)
+    # Past this point gloo's threads can abort the interpreter's own teardown; nothing is left to do.
+    sys.stdout.flush()
+    os._exit(0 if same else 1)
 
 
 if __name__ == "__main__":
