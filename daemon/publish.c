@@ -247,8 +247,8 @@ static int direct_next(sd_publish *p, sd_io *io) {
   sd_fill_piece *pc = sd_direct_next(&p->zc, &p->fill);
   if (!pc) return 0;
   pub_file *pf = &p->files[pc->file];
-  sd_writer_count_write(p->job.w, pf->direct);
   sd_direct_io(&p->fill, pc, io);
+  io->count = sd_io_count_of(pf->direct);
   io->fd = file_fd(p, pf, &io->fixed);
   io->off = pc->off;
   return 1;
@@ -276,7 +276,7 @@ static int job_next(sd_wjob *job, sd_io *io) {
      * zeros, and the file is cut to its size before its fsync. */
     uint32_t len = pf->direct ? (uint32_t)sd_align_up(c->len) : c->len;
     if (len > c->len) pf->trim = 1;
-    if (c->done == 0) sd_writer_count_write(p->job.w, pf->direct);
+    if (c->done == 0) io->count = sd_io_count_of(pf->direct);
     io->kind = SD_IO_WRITE;
     io->fd = file_fd(p, pf, &io->fixed);
     io->buf_index = c->buf_index;

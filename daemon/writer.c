@@ -70,7 +70,6 @@ struct sd_writer {
   unsigned inflight;       /* SQEs handed to the ring and not yet reaped */
   sd_io *slots;            /* qd of them; a request holds one until it ends */
   unsigned char *slot_direct; /* per slot: its write goes through O_DIRECT (byte counts) */
-  int counted_direct;      /* what the job's last sd_writer_count_write said */
   sd_io *free_slots;
   sd_io *retry;            /* short writes to resubmit for the remainder */
   sd_io **retry_tail;
@@ -133,11 +132,15 @@ static sd_io *next_request(sd_writer *w) {
     if (!j->exhausted) {
       memset(io, 0, sizeof *io);
       io->buf_index = -1;
-      w->counted_direct = 0;
       if (j->ops->next(j, io)) {
-        /* A write the job did not count resumes a chunk whose direct write
-         * was refused: it goes out buffered. */
-        w->slot_direct[io - w->slots] = io->kind == SD_IO_WRITE && w->counted_direct;
+        int direct = io->kind == SD_IO_WRITE && io->count == SD_IO_COUNT_DIRECT;
+        w->slot_direct[io - w->slots] = (unsigned char)direct;
+        if (io->kind == SD_IO_WRITE && io->count != SD_IO_UNCOUNTED) {
+          if (direct)
+            w->st.writes_direct++;
+          else
+            w->st.writes_buffered++;
+        }
         /* A publish's write without a staging chunk is a zero-copy one (retries not counted again). */
         if (io->kind == SD_IO_WRITE && !io->chunk && j != &w->raw.job) w->st.writes_zero_copy++;
         w->free_slots = w->free_slots->next;
@@ -307,14 +310,6 @@ int sd_writer_buffered(const sd_writer *w) {
   return w->buffered;
 }
 
-void sd_writer_count_write(sd_writer *w, int direct) {
-  w->counted_direct = direct != 0;
-  if (direct)
-    w->st.writes_direct++;
-  else
-    w->st.writes_buffered++;
-}
-
 void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out) {
   *out = w->st;
   out->staging_bytes = sd_staging_bytes(&w->stg);
@@ -481,7 +476,7 @@ static int raw_next(sd_wjob *job, sd_io *io) {
   /* The pieces of a multi-node save that are not whole files of this node
    * (headers, received bytes, shared mode's in-place writes) go through
    * the page cache: counted as such, beside the staged ones. */
-  sd_writer_count_write(job->w, 0);
+  io->count = SD_IO_COUNT_BUFFERED;
   io->kind = SD_IO_WRITE;
   io->src = r->buf + r->done;
   io->off = r->off + r->done;

@@ -82,6 +82,12 @@ void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 
 typedef enum { SD_IO_WRITE, SD_IO_FSYNC } sd_io_kind;
 
+/* How the writer counts a data write (sd_writer_stats): the job says it in the request it hands back, so the
+ * byte counts of its completions follow the same answer. A piece that resumes a chunk already counted (one whose
+ * direct write was refused goes out again through the page cache) is not counted again, and its bytes count as
+ * buffered. */
+typedef enum { SD_IO_UNCOUNTED, SD_IO_COUNT_BUFFERED, SD_IO_COUNT_DIRECT } sd_io_count;
+
 typedef struct sd_wjob sd_wjob;
 
 typedef struct sd_io {
@@ -90,6 +96,7 @@ typedef struct sd_io {
   int fixed;
   int buf_index;           /* registered buffer holding src, or -1 (preset) */
   uint32_t tag;            /* the job's own label (a file index) */
+  sd_io_count count;       /* data writes: how the writer counts this one (preset SD_IO_UNCOUNTED) */
   uint64_t off;            /* file offset of src[0] */
   const uint8_t *src;
   uint32_t len;            /* <= SD_IO_CHUNK */
@@ -160,8 +167,8 @@ int sd_writer_file_slot(sd_writer *w, int fd);
 void sd_writer_file_unslot(sd_writer *w, int slot);
 /* 1 when the writer was told never to use O_DIRECT. */
 int sd_writer_buffered(const sd_writer *w);
-/* Counts a data write as direct or buffered (sd_writer_stats). */
-void sd_writer_count_write(sd_writer *w, int direct);
+/* The count of a new data write to a file opened direct or not. */
+static inline sd_io_count sd_io_count_of(int direct) { return direct ? SD_IO_COUNT_DIRECT : SD_IO_COUNT_BUFFERED; }
 
 /* ------------------------------------------------------------------------ *
  * Raw requests: a write of any length (short writes and pieces past
