@@ -1,4 +1,4 @@
-/* The daemon's one io_uring (writer.c): publish jobs fed from staging buffers, and raw writes and fsyncs for the multi-node path. */
+/* The daemon's one io_uring (writer_ring.c, with writer_copy.c, writer_pin.c, writer_raw.c): publish and file jobs, staged or zero-copy, and the multi-node path's raw writes and fsyncs. */
 #ifndef SD_WRITER_H
 #define SD_WRITER_H
 
@@ -70,7 +70,7 @@ int sd_writer_pin(sd_writer *w, uint8_t *base, uint64_t len);
 void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 
 /* ------------------------------------------------------------------------ *
- * Writer jobs (writer.c): a job hands the ring one request at a time and
+ * Writer jobs (writer_ring.c, writer_copy.c): a job hands the ring one request at a time and
  * hears back once each request is whole (short writes are finished by the
  * writer) or failed. Data reaches the ring through staging chunks: the
  * writer lends the job an idle chunk (stage), a copy worker fills it off
