@@ -47,7 +47,7 @@ typedef struct {
   uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
   uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
   uint64_t writes_fixed_file;/* ... to a registered file */
-  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes only) */
+  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes and file jobs; raw requests never) */
   uint64_t copy_trips;       /* trips to the copy workers */
   uint64_t copy_trips_peak;  /* trips with the copy workers at once, at most */
   unsigned copy_threads;     /* the bound on that */
@@ -72,7 +72,8 @@ void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 /* ------------------------------------------------------------------------ *
  * Writer jobs (writer_ring.c, writer_copy.c): a job hands the ring one request at a time and
  * hears back once each request is whole (short writes are finished by the
- * writer) or failed. Data reaches the ring through staging chunks: the
+ * writer) or failed. Data reaches the ring straight from a client's segment
+ * (zero-copy: the job's own pieces, direct.c) or through staging chunks: the
  * writer lends the job an idle chunk (stage), a copy worker fills it off
  * the loop thread (fill; several chunks of one job may be filled at once,
  * on different threads, and come back in any order), the job gets it back (filled) and hands its write

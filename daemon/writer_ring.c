@@ -67,7 +67,8 @@ static sd_io *next_request(sd_writer *w) {
           else
             w->st.writes_buffered++;
         }
-        /* A publish's write without a staging chunk is a zero-copy one (retries not counted again). */
+        /* A job's write without a staging chunk is a zero-copy one (retries not counted again); the raw job's
+         * buffers are its callers' own, not clients' segments. */
         if (io->kind == SD_IO_WRITE && !io->chunk && j != &w->raw.job) w->st.writes_zero_copy++;
         w->free_slots = w->free_slots->next;
         io->job = j;
