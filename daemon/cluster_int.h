@@ -1,4 +1,4 @@
-/* Private to cluster.c, cluster_node.c and cluster_lead.c: daemon-wide state, a node's part of a save, a leader's. */
+/* Private to the cluster's files (cluster.c, cluster_base.c, cluster_node.c, cluster_xfer.c, and the leader's through cluster_lead_int.h): daemon-wide state, a node's part of a save, a leader's. */
 #ifndef SD_CLUSTER_INT_H
 #define SD_CLUSTER_INT_H
 

@@ -1,17 +1,12 @@
-/* Daemon settings: the key table, defaults that run unprivileged from a checkout, the config file, flags, reload. */
-#include <errno.h>
-#include <fcntl.h>
-#include <getopt.h>
-#include <grp.h>
+/* Daemon settings, parsed: the key table, each value as text and back, the defaults that run unprivileged from a checkout, a config file's text. */
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
-#include "peer_auth.h"
+#include "config_int.h"
 #include "sd_confline.h"
 #include "shardd/shardd.h"
 
@@ -107,20 +102,6 @@ const sd_config_key sd_config_keys[] = {
 };
 const size_t sd_config_nkeys = sizeof sd_config_keys / sizeof sd_config_keys[0];
 
-/* What SIGHUP needs to rebuild the settings: the command line's values and
- * where the file was. */
-typedef struct {
-  const sd_config_key *k;
-  char *value;
-} cli_value;
-
-struct sd_config_src {
-  int explicit_config;     /* --config given: the file must exist */
-  cli_value *cli;
-  size_t ncli;
-  unsigned *file_line;     /* per key: the file line that set it, 0 when none */
-};
-
 const sd_config_key *sd_config_find_key(const char *name) {
   for (size_t i = 0; i < sd_config_nkeys; i++)
     if (strcmp(sd_config_keys[i].name, name) == 0) return &sd_config_keys[i];
@@ -164,8 +145,7 @@ static unsigned long long size_max(size_t size) {
   return size >= 8 ? UINT64_MAX : (1ULL << (size * 8)) - 1;
 }
 
-/* Digits only: no sign, no blanks, no overflow. */
-static int parse_digits(const char *s, int base, unsigned long long *out, const char **end) {
+int sd_config_digits(const char *s, int base, unsigned long long *out, const char **end) {
   unsigned long long v = 0;
   const char *p = s;
   for (; *p; p++) {
@@ -226,7 +206,7 @@ int sd_config_set(sd_config *c, const sd_config_key *k, const char *value, sd_er
     case SD_CT_NUM:
     case SD_CT_BYTES: {
       unsigned long long hi = k->hi < size_max(k->size) ? k->hi : size_max(k->size);
-      int bad = parse_digits(value, 10, &v, &end) != 0;
+      int bad = sd_config_digits(value, 10, &v, &end) != 0;
       if (!bad && *end && k->type == SD_CT_BYTES && !end[1]) {
         const char *units = "KMGT", *u = strchr(units, *end >= 'a' ? *end - 'a' + 'A' : *end);
         unsigned shift = u && *end ? 10u * (unsigned)(u - units + 1) : 0;
@@ -247,7 +227,7 @@ int sd_config_set(sd_config *c, const sd_config_key *k, const char *value, sd_er
       return 0;
     }
     case SD_CT_MODE:
-      if (parse_digits(value, 8, &v, &end) != 0 || *end || strlen(value) > 4 || v > 0777)
+      if (sd_config_digits(value, 8, &v, &end) != 0 || *end || strlen(value) > 4 || v > 0777)
         return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "must be octal permission bits such as 0660, got '%.100s'",
                        value);
       store_uint(p, k->size, v);
@@ -395,308 +375,9 @@ int sd_config_parse_text(sd_config *c, const char *text, size_t len, const char 
 }
 
 /* ------------------------------------------------------------------------ *
- * Building the settings: defaults, file, command line
+ * Values kept or let go
  * ------------------------------------------------------------------------ */
-static void flag_name(const sd_config_key *k, char *buf, size_t n) {
-  snprintf(buf, n, "%s", k->name);
-  for (char *p = buf; *p; p++)
-    if (*p == '_') *p = '-';
-}
-
-static int read_file(const char *path, char **text, size_t *len, sd_error *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open config file '%s': %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) {
-    close(fd);
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "config file '%s' is not a regular file of at most 1 MiB", path);
-  }
-  char *buf = malloc((size_t)st.st_size + 1);
-  size_t got = 0;
-  while (buf && got < (size_t)st.st_size) {
-    ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += (size_t)r;
-  }
-  int e = errno;
-  close(fd);
-  if (!buf) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory reading '%s'", path);
-  if (got < (size_t)st.st_size) {
-    free(buf);
-    return sd_fail(err, SHARDD_E_IO, "cannot read config file '%s': %s", path, strerror(e));
-  }
-  *text = buf;
-  *len = got;
-  return 0;
-}
-/* Where key k's value came from, for messages: the option, the file line, or the default. */
-static void where(const sd_config *c, const struct sd_config_src *src, const unsigned *lines,
-                  const sd_config_key *k, char *buf, size_t n) {
-  size_t ki = (size_t)(k - sd_config_keys);
-  for (size_t i = src ? src->ncli : 0; i-- > 0;) {
-    if (src->cli[i].k == k) {
-      char flag[64];
-      flag_name(k, flag, sizeof flag);
-      snprintf(buf, n, "option --%s", flag);
-      return;
-    }
-  }
-  if (lines && lines[ki] && c->config_path)
-    snprintf(buf, n, "%s:%u: key '%s'", c->config_path, lines[ki], k->name);
-  else
-    snprintf(buf, n, "key '%s' (default)", k->name);
-}
-
-/* A group key (name or number) to its gid; -1 when empty. */
-static int resolve_group(sd_config *c, const unsigned *lines, const char *key, const char *value, long *out,
-                         sd_error *err) {
-  *out = -1;
-  if (!value || !*value) return 0;
-  unsigned long long gid = 0;
-  const char *end = NULL;
-  if (parse_digits(value, 10, &gid, &end) == 0 && !*end && gid < (1ULL << 31)) {
-    *out = (long)gid;
-    return 0;
-  }
-  struct group gr, *res = NULL;
-  char buf[4096];
-  if (getgrnam_r(value, &gr, buf, sizeof buf, &res) == 0 && res) {
-    *out = (long)res->gr_gid;
-    return 0;
-  }
-  char w[512];
-  where(c, c->src, lines, sd_config_find_key(key), w, sizeof w);
-  return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s: no group named '%.100s'", w, value);
-}
-
-/* An ADDR:PORT key's shape, so --check-config catches it (binding is at start). */
-static int check_addr(sd_config *c, const unsigned *lines, const char *key, const char *value, sd_error *err) {
-  char host[256], w[512];
-  unsigned port;
-  sd_error e = {0};
-  if (!*value || sd_peer_addr_split(value, host, sizeof host, &port, &e) == 0) return 0;
-  where(c, c->src, lines, sd_config_find_key(key), w, sizeof w);
-  return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "%s: must be HOST:PORT or [IPV6]:PORT, the port 0 to 65535, got '%.100s'",
-                 w, value);
-}
-
-/* Settings checked against the system rather than as text. */
-static int resolve(sd_config *c, const unsigned *lines, sd_error *err) {
-  int rc = resolve_group(c, lines, "socket_group", c->socket_group, &c->socket_gid, err);
-  if (!rc) rc = resolve_group(c, lines, "trusted_group", c->trusted_group, &c->trusted_gid, err);
-  if (!rc) rc = check_addr(c, lines, "peer_listen", c->peer_listen, err);
-  return rc ? rc : check_addr(c, lines, "metrics_listen", c->metrics_listen, err);
-}
-
-/* Defaults, then the file at path (NULL: none), then the command-line
- * values in src. lines gets the file line of each key. */
-static int build(sd_config *c, const char *path, unsigned *lines, sd_error *err) {
-  int rc = sd_config_defaults(c, err);
-  if (rc) return rc;
-  free(c->config_path);
-  c->config_path = path ? strdup(path) : NULL;
-  if (path) {
-    if (!c->config_path) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
-    char *text = NULL;
-    size_t len = 0;
-    rc = read_file(path, &text, &len, err);
-    if (rc) return rc;
-    rc = sd_config_parse_text(c, text, len, path, lines, err);
-    free(text);
-    if (rc) return rc;
-  }
-  for (size_t i = 0; c->src && i < c->src->ncli; i++) {
-    const cli_value *v = &c->src->cli[i];
-    sd_error e = {0};
-    if (sd_config_set(c, v->k, v->value, &e) != 0) {
-      char flag[64];
-      flag_name(v->k, flag, sizeof flag);
-      return sd_fail(err, e.code, "option --%s: %s", flag, e.msg);
-    }
-  }
-  return resolve(c, lines, err);
-}
-
-/* --config PATH, else the default file when it exists, else none. */
-static const char *config_file(const sd_config *c, const char *given) {
-  if (c->src && c->src->explicit_config) return given;
-  return access(SD_DEFAULT_CONFIG, F_OK) == 0 ? SD_DEFAULT_CONFIG : NULL;
-}
-
-/* ------------------------------------------------------------------------ *
- * Start-up
- * ------------------------------------------------------------------------ */
-enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_KEY0 };
-
-static const char *arg_name(const sd_config_key *k) {
-  switch (k->type) {
-    case SD_CT_PATH: return "PATH";
-    case SD_CT_STR: return "NAME";
-    case SD_CT_NUM: return "N";
-    case SD_CT_BYTES: return "BYTES";
-    case SD_CT_MODE: return "MODE";
-    case SD_CT_ENUM: return "WHICH";
-  }
-  return "VALUE";
-}
-
-void sd_config_usage(FILE *out) {
-  fprintf(out,
-          "usage: shardd [options]\n"
-          "\n"
-          "Per-node checkpoint daemon: ranks hand it tensor slices over shared memory and it\n"
-          "writes a Hugging Face sharded safetensors checkpoint, published atomically.\n"
-          "\n"
-          "      --config FILE          read settings from FILE (default: " SD_DEFAULT_CONFIG
-          " when it\n"
-          "                             exists); the options below override it\n"
-          "      --check-config         validate the settings, print them (key = value) and exit\n");
-  for (size_t i = 0; i < sd_config_nkeys; i++) {
-    const sd_config_key *k = &sd_config_keys[i];
-    char flag[64], lead[128], choices[128] = "";
-    flag_name(k, flag, sizeof flag);
-    if (k->type == SD_CT_ENUM) {
-      snprintf(choices, sizeof choices, "%s", k->choices);
-      for (char *p = choices; *p; p++)
-        if (*p == '|') *p = ',';
-    }
-    if (k->bare)
-      snprintf(lead, sizeof lead, "--%s[=%s]", flag, k->type == SD_CT_ENUM ? "WHICH" : arg_name(k));
-    else
-      snprintf(lead, sizeof lead, "--%s %s", flag, arg_name(k));
-    char opt[160];
-    snprintf(opt, sizeof opt, "%c%c%c %s", k->shortopt ? '-' : ' ', k->shortopt ? k->shortopt : ' ',
-             k->shortopt ? ',' : ' ', lead);
-    /* Long flags get their help on the next line, aligned with the others. */
-    if (strlen(opt) > 26) fprintf(out, "  %s\n  %-26s %s", opt, "", k->help);
-    else fprintf(out, "  %-26s %s", opt, k->help);
-    if (*choices) fprintf(out, "; WHICH: %s", choices);
-    if (k->def && *k->def) fprintf(out, " (default %s)", k->def);
-    fputc('\n', out);
-  }
-  fprintf(out,
-          "  -h, --help                 show this help\n"
-          "  -V, --version              show the version\n"
-          "\n"
-          "Each option but --config, --check-config, --help and --version is also a config-file\n"
-          "key: its name with '_' for '-' (socket_mode = 0660). SIGHUP rereads the file.\n");
-}
-
-static void print_effective(const sd_config *c, FILE *out) {
-  fprintf(out, "# shardd %s effective settings; config file: %s\n", SHARDD_VERSION_STRING,
-          c->config_path ? c->config_path : "none");
-  for (size_t i = 0; i < sd_config_nkeys; i++) {
-    /* Quoted where the plain reading would not give it back: the output is a valid file. */
-    char v[PATH_MAX + 64], q[2 * sizeof v + 3];
-    sd_config_format(c, &sd_config_keys[i], v, sizeof v);
-    sd_conf_quote(v, q, sizeof q);
-    fprintf(out, "%s =%s%s\n", sd_config_keys[i].name, *q ? " " : "", q);
-  }
-}
-
-static int add_cli(struct sd_config_src *src, const sd_config_key *k, const char *value) {
-  cli_value *n = realloc(src->cli, (src->ncli + 1) * sizeof *n);
-  if (!n) return -1;
-  src->cli = n;
-  n[src->ncli].k = k;
-  n[src->ncli].value = strdup(value);
-  if (!n[src->ncli].value) return -1;
-  src->ncli++;
-  return 0;
-}
-
-int sd_config_load(sd_config *c, int argc, char **argv, int *exit_code) {
-  memset(c, 0, sizeof *c);
-  c->socket_gid = -1;
-  c->trusted_gid = -1;
-  *exit_code = 0;
-  struct option *longopts = calloc(sd_config_nkeys + 5, sizeof *longopts);
-  char (*names)[64] = calloc(sd_config_nkeys, sizeof *names);
-  c->src = calloc(1, sizeof *c->src);
-  if (c->src) c->src->file_line = calloc(sd_config_nkeys, sizeof *c->src->file_line);
-  char shortopts[64] = "hV";
-  const char *given = NULL;
-  int check = 0, ch;
-  sd_error err = {0};
-  if (!longopts || !names || !c->src || !c->src->file_line) goto nomem;
-  size_t nl = 0, ns = 2;
-  longopts[nl++] = (struct option){"config", required_argument, NULL, OPT_CONFIG};
-  longopts[nl++] = (struct option){"check-config", no_argument, NULL, OPT_CHECK};
-  longopts[nl++] = (struct option){"help", no_argument, NULL, 'h'};
-  longopts[nl++] = (struct option){"version", no_argument, NULL, 'V'};
-  for (size_t i = 0; i < sd_config_nkeys; i++) {
-    const sd_config_key *k = &sd_config_keys[i];
-    flag_name(k, names[i], sizeof names[i]);
-    longopts[nl++] = (struct option){names[i], k->bare ? optional_argument : required_argument, NULL,
-                                     OPT_KEY0 + (int)i};
-    if (k->shortopt && ns + 3 < sizeof shortopts) {
-      shortopts[ns++] = (char)k->shortopt;
-      shortopts[ns++] = ':';
-      if (k->bare) shortopts[ns++] = ':';
-    }
-  }
-  optind = 1;
-  while ((ch = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
-    const sd_config_key *k = NULL;
-    if (ch >= OPT_KEY0 && ch < OPT_KEY0 + (int)sd_config_nkeys) {
-      k = &sd_config_keys[ch - OPT_KEY0];
-    } else {
-      for (size_t i = 0; i < sd_config_nkeys && !k; i++)
-        if (ch < 256 && sd_config_keys[i].shortopt == ch) k = &sd_config_keys[i];
-    }
-    if (k) {
-      /* A stray "--log-syslog-prefix no" would take "no" as an argument
-       * only with '='; keep the bare value then. */
-      if (add_cli(c->src, k, optarg ? optarg : k->bare) != 0) goto nomem;
-      continue;
-    }
-    switch (ch) {
-      case OPT_CONFIG: given = optarg; c->src->explicit_config = 1; break;
-      case OPT_CHECK: check = 1; break;
-      case 'h': sd_config_usage(stdout); goto done;
-      case 'V': printf("shardd %s (protocol %d)\n", SHARDD_VERSION_STRING, SHARDD_PROTO_VERSION); goto done;
-      default: goto usage;
-    }
-  }
-  if (optind < argc) {
-    fprintf(stderr, "shardd: unexpected argument '%s'\n", argv[optind]);
-    goto usage;
-  }
-  if (given && !*given) {
-    fprintf(stderr, "shardd: --config needs a file name\n");
-    goto usage;
-  }
-  if (build(c, config_file(c, given), c->src->file_line, &err) != 0) {
-    fprintf(stderr, "shardd: %s\n", err.msg);
-    if (check) fprintf(stderr, "shardd: the configuration is invalid\n");
-    *exit_code = 1;
-    goto done;
-  }
-  free(longopts);
-  free(names);
-  if (check) {
-    print_effective(c, stdout);
-    return 1;
-  }
-  return 0;
-usage:
-  fprintf(stderr, "Try 'shardd --help'.\n");
-  *exit_code = 2;
-  goto done;
-nomem:
-  fprintf(stderr, "shardd: out of memory\n");
-  *exit_code = 1;
-done:
-  free(longopts);
-  free(names);
-  return 1;
-}
-
-/* ------------------------------------------------------------------------ *
- * SIGHUP
- * ------------------------------------------------------------------------ */
-static void move_field(sd_config *to, sd_config *from, const sd_config_key *k) {
+void sd_config_move(sd_config *to, sd_config *from, const sd_config_key *k) {
   if (k->type == SD_CT_STR || k->type == SD_CT_PATH) {
     char **t = field(to, k), **f = field(from, k);
     free(*t);
@@ -705,87 +386,6 @@ static void move_field(sd_config *to, sd_config *from, const sd_config_key *k) {
   } else {
     memcpy(field(to, k), field(from, k), k->size);
   }
-}
-
-int sd_config_reload(sd_config *live, unsigned *applied, sd_error *err) {
-  *applied = 0;
-  sd_config fresh;
-  memset(&fresh, 0, sizeof fresh);
-  fresh.src = live->src;
-  unsigned *lines = calloc(sd_config_nkeys, sizeof *lines);
-  if (!lines) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory rereading the configuration");
-  int rc = build(&fresh, config_file(live, live->config_path), lines, err);
-  if (rc) {
-    fresh.src = NULL;
-    sd_config_free(&fresh);
-    free(lines);
-    return rc;
-  }
-  if ((fresh.config_path == NULL) != (live->config_path == NULL) ||
-      (fresh.config_path && strcmp(fresh.config_path, live->config_path) != 0))
-    sd_log_info("reload: config file is now %s", fresh.config_path ? fresh.config_path : "none");
-  for (size_t i = 0; i < sd_config_nkeys; i++) {
-    const sd_config_key *k = &sd_config_keys[i];
-    char was[PATH_MAX + 64], now[PATH_MAX + 64], w[512];
-    if (k->offset == offsetof(sd_config, root) && live->root_given)
-      snprintf(was, sizeof was, "%s", live->root_given);
-    else
-      sd_config_format(live, k, was, sizeof was);
-    sd_config_format(&fresh, k, now, sizeof now);
-    if (strcmp(was, now) == 0) continue;
-    where(&fresh, fresh.src, lines, k, w, sizeof w);
-    if (k->reload == SD_RELOAD) {
-      move_field(live, &fresh, k);
-      (*applied)++;
-      sd_log_info("reload: applied %s = %s (was %s)", k->name, now, was);
-    } else {
-      sd_log_warn("reload: cannot change %s while shardd runs: keeping %s, %s says %s; restart shardd to apply it",
-                  k->name, was, w, now);
-    }
-  }
-  char *tmp = live->config_path;
-  live->config_path = fresh.config_path;
-  fresh.config_path = tmp;
-  memcpy(live->src->file_line, lines, sd_config_nkeys * sizeof *lines);
-  free(lines);
-  fresh.src = NULL;
-  sd_config_free(&fresh);
-  return 0;
-}
-
-/* mkdir -p: parents are created too, so a fresh checkout needs no setup. */
-static int mkdirs(const char *path, sd_error *err) {
-  char buf[PATH_MAX];
-  size_t n = strlen(path);
-  if (n >= sizeof buf) return sd_fail(err, SHARDD_E_BAD_PATH, "root '%s' is too long", path);
-  memcpy(buf, path, n + 1);
-  for (size_t i = 1; i <= n; i++) {
-    if (buf[i] != '/' && buf[i] != '\0') continue;
-    char saved = buf[i];
-    buf[i] = '\0';
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-      return sd_fail(err, SHARDD_E_IO, "cannot create '%s': %s", buf, strerror(errno));
-    buf[i] = saved;
-  }
-  return 0;
-}
-
-int sd_config_prepare_root(sd_config *c, sd_error *err) {
-  int rc = mkdirs(c->root, err);
-  if (rc) return rc;
-  char *abs = realpath(c->root, NULL);
-  if (!abs) return sd_fail(err, SHARDD_E_IO, "cannot resolve root '%s': %s", c->root, strerror(errno));
-  struct stat st;
-  if (stat(abs, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    rc = sd_fail(err, SHARDD_E_BAD_PATH, "root '%s' is not a directory", abs);
-    free(abs);
-    return rc;
-  }
-  /* The configured spelling is kept: SIGHUP compares the file against it. */
-  if (!c->root_given) c->root_given = c->root;
-  else free(c->root);
-  c->root = abs;
-  return 0;
 }
 
 void sd_config_free(sd_config *c) {

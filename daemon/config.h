@@ -120,9 +120,11 @@ extern const size_t sd_config_nkeys;
 const sd_config_key *sd_config_find_key(const char *name);
 /* The value of key k in c as the config file would spell it. */
 void sd_config_format(const sd_config *c, const sd_config_key *k, char *buf, size_t n);
+/* Key k's value moved from one sd_config to another: a string changes owner. */
+void sd_config_move(sd_config *to, sd_config *from, const sd_config_key *k);
 
 /* ------------------------------------------------------------------------ *
- * Pure parsing (no I/O): unit-tested directly
+ * Pure parsing (no I/O, config.c): unit-tested directly
  * ------------------------------------------------------------------------ */
 /* Every key to its default (computed ones: root and socket depend on the
  * effective uid and the environment, copy_threads on the online cores). */
@@ -139,7 +141,8 @@ int sd_config_parse_text(sd_config *c, const char *text, size_t len, const char 
                          unsigned *lines, sd_error *err);
 
 /* ------------------------------------------------------------------------ *
- * Start-up and reload
+ * Start-up and reload (config_apply.c, with config_check.c's checks
+ * against the system; sd_config_free is config.c's)
  * ------------------------------------------------------------------------ */
 /* Defaults, then the config file (--config PATH, else /etc/shardd/shardd.conf
  * when it exists), then the command line. Returns 0 to run, or 1 when the

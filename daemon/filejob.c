@@ -93,8 +93,8 @@ static int direct_next(sd_filejob *j, sd_io *io) {
   sd_fill_piece *pc = sd_direct_next(&j->zc, &j->fill);
   if (!pc) return 0;
   fj_file *ff = &j->f[pc->file];
-  sd_writer_count_write(j->job.w, ff->direct);
   sd_direct_io(&j->fill, pc, io);
+  io->count = sd_io_count_of(ff->direct);
   io->fd = ff->fd;
   io->off = ff->base + pc->off;
   return 1;
@@ -110,7 +110,7 @@ static int job_next(sd_wjob *job, sd_io *io) {
   c->next = NULL;
   fj_file *ff = &j->f[c->file];
   uint32_t len = ff->direct ? (uint32_t)sd_align_up(c->len) : c->len;
-  if (c->done == 0) sd_writer_count_write(job->w, ff->direct);
+  if (c->done == 0) io->count = sd_io_count_of(ff->direct);
   io->kind = SD_IO_WRITE;
   io->fd = ff->fd;
   io->buf_index = c->buf_index;

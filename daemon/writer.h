@@ -1,4 +1,4 @@
-/* The daemon's one io_uring (writer.c): publish jobs fed from staging buffers, and raw writes and fsyncs for the multi-node path. */
+/* The daemon's one io_uring (writer_ring.c, with writer_copy.c, writer_pin.c, writer_raw.c): publish and file jobs, staged or zero-copy, and the multi-node path's raw writes and fsyncs. */
 #ifndef SD_WRITER_H
 #define SD_WRITER_H
 
@@ -47,7 +47,7 @@ typedef struct {
   uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
   uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
   uint64_t writes_fixed_file;/* ... to a registered file */
-  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes only) */
+  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes and file jobs; raw requests never) */
   uint64_t copy_trips;       /* trips to the copy workers */
   uint64_t copy_trips_peak;  /* trips with the copy workers at once, at most */
   unsigned copy_threads;     /* the bound on that */
@@ -70,9 +70,10 @@ int sd_writer_pin(sd_writer *w, uint8_t *base, uint64_t len);
 void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 
 /* ------------------------------------------------------------------------ *
- * Writer jobs (writer.c): a job hands the ring one request at a time and
+ * Writer jobs (writer_ring.c, writer_copy.c): a job hands the ring one request at a time and
  * hears back once each request is whole (short writes are finished by the
- * writer) or failed. Data reaches the ring through staging chunks: the
+ * writer) or failed. Data reaches the ring straight from a client's segment
+ * (zero-copy: the job's own pieces, direct.c) or through staging chunks: the
  * writer lends the job an idle chunk (stage), a copy worker fills it off
  * the loop thread (fill; several chunks of one job may be filled at once,
  * on different threads, and come back in any order), the job gets it back (filled) and hands its write
@@ -82,6 +83,12 @@ void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 
 typedef enum { SD_IO_WRITE, SD_IO_FSYNC } sd_io_kind;
 
+/* How the writer counts a data write (sd_writer_stats): the job says it in the request it hands back, so the
+ * byte counts of its completions follow the same answer. A piece that resumes a chunk already counted (one whose
+ * direct write was refused goes out again through the page cache) is not counted again, and its bytes count as
+ * buffered. */
+typedef enum { SD_IO_UNCOUNTED, SD_IO_COUNT_BUFFERED, SD_IO_COUNT_DIRECT } sd_io_count;
+
 typedef struct sd_wjob sd_wjob;
 
 typedef struct sd_io {
@@ -90,6 +97,7 @@ typedef struct sd_io {
   int fixed;
   int buf_index;           /* registered buffer holding src, or -1 (preset) */
   uint32_t tag;            /* the job's own label (a file index) */
+  sd_io_count count;       /* data writes: how the writer counts this one (preset SD_IO_UNCOUNTED) */
   uint64_t off;            /* file offset of src[0] */
   const uint8_t *src;
   uint32_t len;            /* <= SD_IO_CHUNK */
@@ -160,8 +168,8 @@ int sd_writer_file_slot(sd_writer *w, int fd);
 void sd_writer_file_unslot(sd_writer *w, int slot);
 /* 1 when the writer was told never to use O_DIRECT. */
 int sd_writer_buffered(const sd_writer *w);
-/* Counts a data write as direct or buffered (sd_writer_stats). */
-void sd_writer_count_write(sd_writer *w, int direct);
+/* The count of a new data write to a file opened direct or not. */
+static inline sd_io_count sd_io_count_of(int direct) { return direct ? SD_IO_COUNT_DIRECT : SD_IO_COUNT_BUFFERED; }
 
 /* ------------------------------------------------------------------------ *
  * Raw requests: a write of any length (short writes and pieces past

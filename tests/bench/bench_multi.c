@@ -254,7 +254,7 @@ static int run_save(const options *o, const char *work, const sd_e2e_model *m, i
     }
     if (rc == 0 && round == rounds - 1) {
       /* A trainer's saves are minutes apart: the pause lets the machine age the ranks' idle pages
-       * and, were no arena pinned, the daemon give its staging back (writer.c SD_TRIM_MS, 10 s). */
+       * and, were no arena pinned, the daemon give its staging back (writer_int.h SD_TRIM_MS, 10 s). */
       if (repeat > 1) sleep(WARM_PAUSE_S);
       sync();
       r->load_before = sd_e2e_load1();

@@ -1,4 +1,4 @@
-/* Parallel staging copies (writer.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, sealed memfds staged unguarded, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
+/* Parallel staging copies (writer_copy.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, sealed memfds staged unguarded, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,279 @@
+/* A publish begun: the request checked and laid out, the temporary folder beside the checkpoint and its files made (O_DIRECT where taken), the job handed to the writer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crashpoint.h"
+#include "log.h"
+#include "owner.h"
+#include "pathsafe.h"
+#include "publish_int.h"
+
+#define FILES_MAX 0x80000000u
+
+static unsigned long tmp_counter;
+
+/* ------------------------------------------------------------------------ *
+ * Start
+ * ------------------------------------------------------------------------ */
+static char *dupstr(const char *s) {
+  return s ? strdup(s) : NULL;
+}
+
+/* Files, sizes and writes, checked and laid out before anything touches the disk. */
+static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
+  const sd_plan *plan = req->plan;
+  size_t nf = plan->nfiles + req->nartifacts + (plan->needs_index ? 1 : 0);
+  if (nf >= FILES_MAX) return sd_fail(err, SHARDD_E_LIMIT, "too many files in one checkpoint");
+  p->files = calloc(nf ? nf : 1, sizeof *p->files);
+  p->ready = calloc(nf ? nf : 1, sizeof *p->ready);
+  p->fill_files = calloc(nf ? nf : 1, sizeof *p->fill_files);
+  if (!p->files || !p->ready || !p->fill_files) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
+  p->nfiles = nf;
+  p->index_file = DIR_TAG;
+  p->wq_tail = &p->wq;
+  for (size_t i = 0; i < nf; i++) {
+    p->files[i].fd = -1;
+    p->files[i].slot = -2;
+  }
+
+  size_t art_bytes = 0, name_bytes = 0;
+  for (size_t i = 0; i < req->nartifacts; i++) {
+    int rc = sd_path_check_name(req->artifacts[i].name, err);
+    if (rc) return rc;
+    if (req->artifacts[i].len && !req->artifacts[i].data)
+      return sd_fail(err, SHARDD_E_INTERNAL, "file '%s' has no bytes", req->artifacts[i].name);
+    art_bytes += req->artifacts[i].len;
+    name_bytes += strlen(req->artifacts[i].name) + 1;
+  }
+  p->artifact_bytes = malloc(art_bytes ? art_bytes : 1);
+  p->names = malloc(name_bytes ? name_bytes : 1);
+  if (!p->artifact_bytes || !p->names) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
+
+  sd_fill_file *ff = p->fill_files;
+  uint32_t f = 0;
+  for (; f < plan->nfiles; f++) {
+    const sd_plan_file *pf = &plan->files[f];
+    int rc = sd_path_check_name(pf->name, err);
+    if (rc) return rc;
+    if (pf->header_size > pf->file_size)
+      return sd_fail(err, SHARDD_E_INTERNAL, "%s: header is larger than the file", pf->name);
+    p->files[f].name = pf->name;
+    ff[f] = (sd_fill_file){(const uint8_t *)pf->header, pf->header_size, pf->file_size};
+  }
+  for (size_t i = 0; i < req->nops; i++) {
+    const sd_write_op *op = &req->ops[i];
+    if (op->len == 0) continue;
+    if (op->file >= plan->nfiles)
+      return sd_fail(err, SHARDD_E_INTERNAL, "write %zu names file %u of %zu", i, op->file,
+                     plan->nfiles);
+    uint64_t size = plan->files[op->file].file_size;
+    if (!op->src || op->len > size || op->file_offset > size - op->len)
+      return sd_fail(err, SHARDD_E_INTERNAL, "write %zu (%llu bytes at %llu) lies outside %s", i,
+                     (unsigned long long)op->len, (unsigned long long)op->file_offset,
+                     plan->files[op->file].name);
+    p->ops_left += op->len;
+  }
+  uint8_t *ab = p->artifact_bytes;
+  char *nb = p->names;
+  for (size_t i = 0; i < req->nartifacts; i++, f++) {
+    const sd_artifact *a = &req->artifacts[i];
+    size_t nl = strlen(a->name) + 1;
+    memcpy(nb, a->name, nl);
+    p->files[f].name = nb;
+    nb += nl;
+    if (a->len) memcpy(ab, a->data, a->len);
+    ff[f] = (sd_fill_file){ab, a->len, a->len};
+    ab += a->len;
+  }
+  if (plan->needs_index) {
+    int rc = sd_path_check_name(plan->index_name, err);
+    if (rc) return rc;
+    if (!req->index_json)
+      return sd_fail(err, SHARDD_E_INTERNAL, "%s: the plan needs an index but none was given",
+                     plan->index_name);
+    p->files[f].name = plan->index_name;
+    p->index_file = f;
+    ff[f] = (sd_fill_file){(const uint8_t *)req->index_json, req->index_len, req->index_len};
+    f++;
+  }
+  p->fill.files = ff;
+  p->fill.nfiles = nf;
+  if (req->nspans && !(p->spans = sd_fill_set_spans(&p->fill, req->spans, req->nspans)))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "publish sources");
+  if (req->op_ready && !sd_fill_ops_sorted(req->ops, req->nops))
+    return sd_fail(err, SHARDD_E_INTERNAL, "publish: streamed writes must come sorted");
+  if (sd_fill_set_ops(&p->fill, req->ops, req->nops, &p->own_ops) != 0)
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "publish writes");
+  p->fill.ready = req->op_ready;
+  /* Each file's writes in order: none may overlap another or the header. */
+  const sd_write_op *prev = NULL;
+  for (size_t i = 0; i < p->fill.nops; i++) {
+    const sd_write_op *c = &p->fill.ops[i];
+    if (c->len == 0) continue;
+    uint64_t floor = prev && prev->file == c->file ? prev->file_offset + prev->len : ff[c->file].head_len;
+    if (c->file_offset < floor)
+      return sd_fail(err, SHARDD_E_INTERNAL, "writes overlap in %s at offset %llu",
+                     p->files[c->file].name, (unsigned long long)c->file_offset);
+    prev = c;
+  }
+  /* Every byte of every file is written (bytes no write covers as zeros). */
+  for (size_t i = 0; i < nf; i++) {
+    p->files[i].size = p->files[i].left = ff[i].size;
+    p->bytes_total += ff[i].size;
+  }
+  return 0;
+}
+
+/* O_DIRECT when the file system takes it; the file then gets its blocks up
+ * front (preallocated: the writes overwrite allocated blocks instead of
+ * allocating under an exclusive lock) and its size rounded up to whole
+ * blocks, cut back once the last write is in. */
+static int go_direct(sd_publish *p, pub_file *pf) {
+  if (sd_writer_buffered(p->job.w) || pf->size == 0) return 0;
+  int fl = fcntl(pf->fd, F_GETFL);
+  if (fl < 0 || fcntl(pf->fd, F_SETFL, fl | O_DIRECT) < 0) {
+    if (!p->said_buffered) {
+      p->said_buffered = 1;
+      sd_log_warn("save '%s': writing buffered: %s%s%s refuses O_DIRECT (%s)", p->tag, p->root_path,
+                  p->root_path[0] && p->root_path[strlen(p->root_path) - 1] == '/' ? "" : "/", p->rel_dir,
+                  strerror(errno));
+    }
+    return 0;
+  }
+  pf->direct = 1;
+  /* A failure here only loses the optimisation: the writes themselves
+   * report a full disk or a file too large, naming the file and offset. */
+  off_t sized = (off_t)sd_align_up(pf->size);
+  if (fallocate(pf->fd, 0, 0, sized) == 0 || ftruncate(pf->fd, sized) == 0)
+    pf->trim = (uint64_t)sized > pf->size;
+  return 0;
+}
+
+/* The temporary folder and every file in it. */
+static int make_files(sd_publish *p, sd_error *err) {
+  char name[NAME_MAX + 1];
+  sd_publish_tmp_name(name, p->base, p->tag, ++tmp_counter);
+  if (!(p->tmp_name = strdup(name))) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
+
+  if (mkdirat(p->parent_fd, p->tmp_name, 0700) < 0) {
+    int e = errno;
+    free(p->tmp_name);
+    p->tmp_name = NULL; /* not ours: never remove it */
+    return sd_fail(err, sd_err_from_errno(e),
+                   "cannot create a temporary folder beside '%s': %s", p->rel_dir, strerror(e));
+  }
+  p->tmp_fd = sd_openat_beneath(p->parent_fd, p->tmp_name, O_RDONLY | O_DIRECTORY, 0);
+  if (p->tmp_fd < 0)
+    return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", p->rel_dir,
+                   strerror(-p->tmp_fd));
+
+  int rc = 0;
+  for (size_t i = 0; i < p->nfiles && !rc; i++) {
+    pub_file *pf = &p->files[i];
+    /* The folder is fresh and the name plain, so nothing here can be a symlink. */
+    pf->fd = openat(p->tmp_fd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, p->file_mode);
+    if (pf->fd < 0) {
+      int e = errno;
+      if (e == EEXIST)
+        rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", pf->name,
+                     p->rel_dir);
+      else
+        rc = sd_fail(err, sd_err_from_errno(e),
+                     "cannot create %s/%s: %s", p->rel_dir, pf->name, strerror(e));
+    } else if (fchmod(pf->fd, p->file_mode) < 0) {
+      rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of %s/%s: %s", p->rel_dir, pf->name, strerror(errno));
+    } else {
+      rc = go_direct(p, pf);
+    }
+    if (!rc && pf->left == 0) p->ready[p->ready_tail++] = (uint32_t)i;
+  }
+  /* Exactly the configured modes, whatever the daemon's umask; the folder's
+   * last, so a mode without owner write cannot stop the files being made. */
+  /* Set before the rename, so the folder is never visible without its owner. */
+  int orc = !rc && p->record_owner ? sd_owner_record(p->tmp_fd, p->owner_uid) : 0;
+  if (orc < 0)
+    sd_log_warn("cannot record the owner (uid %u) of '%s': %s; only root, the daemon's uid and trusted_group"
+                " members may overwrite it",
+                (unsigned)p->owner_uid, p->rel_dir, strerror(-orc));
+  if (!rc && fchmod(p->tmp_fd, p->dir_mode) < 0)
+    rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of the folder for '%s': %s", p->rel_dir, strerror(errno));
+  return rc;
+}
+
+/* The zero-copy stretches; one O_DIRECT file tells for the folder's device. */
+static void plan_direct(sd_publish *p) {
+  int probe = -1;
+  for (size_t i = 0; i < p->nfiles && probe < 0; i++)
+    if (p->files[i].direct) probe = p->files[i].fd;
+  sd_direct_init(&p->zc, &p->fill, probe, 1);
+}
+
+int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err) {
+  *out = NULL;
+  if (!w || !req || !req->plan || !req->on_done || !req->root_path)
+    return sd_fail(err, SHARDD_E_INTERNAL, "publish: incomplete request");
+  int rc = sd_path_check_rel(req->rel_dir, err);
+  if (rc) return rc;
+  sd_publish *p = calloc(1, sizeof *p);
+  if (!p) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
+  p->job.ops = &sd_publish_ops;
+  p->root_fd = req->root_fd;
+  p->parent_fd = p->tmp_fd = -1;
+  p->overwrite = req->overwrite;
+  p->file_mode = req->file_mode ? req->file_mode & 07777 : 0644;
+  p->dir_mode = req->dir_mode ? req->dir_mode & 07777 : 0755;
+  p->record_owner = req->record_owner;
+  p->owner_uid = req->owner_uid;
+  p->on_released = req->on_released;
+  p->on_done = req->on_done;
+  p->ud = req->ud;
+  p->hold = req->hold;
+  p->root_path = dupstr(req->root_path);
+  p->rel_dir = dupstr(req->rel_dir);
+  p->tag = dupstr(req->tag ? req->tag : "save");
+  if (!p->root_path || !p->rel_dir || !p->tag) {
+    sd_publish_free(p);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
+  }
+
+  p->job.w = w; /* for go_direct; attach sets it again */
+  rc = prepare(p, req, err);
+  if (!rc) rc = sd_path_open_parent(p->root_fd, p->rel_dir, 1, &p->parent_fd,
+                                    &p->created_parents, &p->base, err);
+  if (!rc) {
+    int fd = sd_openat_beneath(p->parent_fd, p->base, O_PATH, 0);
+    if (fd >= 0) {
+      struct stat st;
+      int isdir = fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+      close(fd);
+      if (!p->overwrite)
+        rc = sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root", p->rel_dir);
+      else if (!isdir)
+        rc = sd_fail(err, SHARDD_E_EXISTS, "'%s' exists and is not a folder", p->rel_dir);
+    } else if (fd == -ELOOP || fd == -EXDEV) {
+      rc = sd_fail(err, SHARDD_E_BAD_PATH, "'%s' is a symlink", p->rel_dir);
+    } else if (fd != -ENOENT) {
+      rc = sd_fail(err, SHARDD_E_IO, "'%s': %s", p->rel_dir, strerror(-fd));
+    }
+  }
+  if (!rc) rc = make_files(p, err);
+  if (!rc) plan_direct(p);
+  if (!rc) rc = sd_writer_attach(w, &p->job, err);
+  if (rc) {
+    p->err = *err;
+    sd_publish_discard(p);
+    sd_publish_log(p, err->msg);
+    sd_publish_free(p);
+    return rc;
+  }
+  *out = p;
+  sd_crash_point("start");
+  sd_writer_pump(w);
+  sd_writer_kick(w); /* a poll soon, whatever completes: release, empty files, failures */
+  return 0;
+}
