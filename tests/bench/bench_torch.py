@@ -59,21 +59,26 @@ HF_LAYOUT = ("gathered", "dcp-hf", "shardd", "shardd-async", "dcp-shardd", "dcp-
 # ---- one rank ----------------------------------------------------------------------------------
 
 def proc_figures(pid):
-    """(cpu seconds, peak RSS bytes, bytes written to storage) of a process."""
+    """(cpu seconds, peak RSS bytes, bytes written to storage, private resident bytes) of a process.
+
+    The daemon's peak RSS counts the ranks' arenas it maps (shared pages are resident in both);
+    its private (anonymous) memory is what it holds of its own: staging, plans, buffers."""
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    hwm = 0
+    hwm = anon = 0
     with open("/proc/%d/status" % pid) as f:
         for line in f:
             if line.startswith("VmHWM:"):
                 hwm = int(line.split()[1]) * 1024
+            elif line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
     wrote = 0
     with open("/proc/%d/io" % pid) as f:
         for line in f:
             if line.startswith("write_bytes:"):
                 wrote = int(line.split()[1])
-    return cpu, hwm, wrote
+    return cpu, hwm, wrote, anon
 
 
 def reset_peak(pid):
@@ -325,7 +330,7 @@ def worker(args):
     total = sum(p.numel() * p.element_size() for p in m.parameters())  # the global bytes
     client = shardd.Client()
     ctx = {"model": m, "fresh": fresh, "args": args, "rank": rank, "total": total,
-           "arena": client.arena(own + (64 << 20)), "dcp_arena": client.arena(own + (64 << 20)),
+           "arena": client.arena(own + (4 << 20)), "dcp_arena": client.arena(own + (4 << 20)),
            "fio_dir": os.path.join(args["root"], "fio-read")}
     gathered = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     ctx["gathered_ref"] = gathered if rank == 0 else None
@@ -351,7 +356,8 @@ def worker(args):
                  "wrote": after[2] - before[2], "dropped": dropped}
             if rank == 0:
                 d1 = proc_figures(args["daemon"])
-                f.update(daemon_cpu=d1[0] - daemon0[0], daemon_rss=d1[1], daemon_wrote=d1[2] - daemon0[2])
+                f.update(daemon_cpu=d1[0] - daemon0[0], daemon_rss=d1[1], daemon_wrote=d1[2] - daemon0[2],
+                         daemon_anon=d1[3])
             figures[way] = f
             if way == "shardd":
                 # DCP's HF writer is told shardd's file map, as torchtitan passes the index it loaded.
@@ -397,8 +403,9 @@ def table(layout, out, rounds):
     fio_w, fio_r, ref = min(durable["fio"]), min(durable["fio-read"]), min(durable["shardd"])
     print("\n%s: %.3f GiB, %d ranks, each holding %s MiB; %d rounds (min / median)"
           % (layout, gib, len(out), "/".join("%.0f" % (o["own"] / 2**20) for o in out), rounds))
-    print("%-17s %15s %6s %6s %15s %9s %9s %8s %7s" % ("save", "durable s", "x fio", "x sdd", "blocked s (max)",
-                                                      "rank+MiB", "dmn MiB", "dmn s/G", "GiB wr"))
+    print("%-17s %15s %6s %6s %15s %9s %9s %8s %8s %7s" % ("save", "durable s", "x fio", "x sdd",
+                                                           "blocked s (max)", "rank+MiB", "dmn MiB", "dmn anon",
+                                                           "dmn s/G", "GiB wr"))
     for way in SAVES:
         d, b = durable[way], blocked[way]
         extra = [rank["rounds"][r][way]["rss_extra"] for rank in out for r in range(rounds)]
@@ -406,9 +413,10 @@ def table(layout, out, rounds):
         d0 = [out[0]["rounds"][r][way] for r in range(rounds)]
         wrote = statistics.median(sum(rank["rounds"][r][way]["wrote"] for rank in out) + d0[r]["daemon_wrote"]
                                   for r in range(rounds)) / 2**30
-        print("%-17s %6.2f / %6.2f %6.2f %6.2f %6.2f / %6.2f %9.0f %9.0f %8.3f %7.2f" % (
+        print("%-17s %6.2f / %6.2f %6.2f %6.2f %6.2f / %6.2f %9.0f %9.0f %8.0f %8.3f %7.2f" % (
             way, min(d), statistics.median(d), min(d) / fio_w, min(d) / ref, min(b), statistics.median(b), extra,
-            max(x["daemon_rss"] for x in d0) / 2**20, min(x["daemon_cpu"] for x in d0) / gib, wrote))
+            max(x["daemon_rss"] for x in d0) / 2**20, max(x["daemon_anon"] for x in d0) / 2**20,
+            min(x["daemon_cpu"] for x in d0) / gib, wrote))
     print("%-17s %15s %6s %6s %s" % ("load", "loaded s", "x fio", "x sdd", "equal to the model"))
     ld = min(durable["shardd-load"])
     for way in LOADS:

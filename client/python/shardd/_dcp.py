@@ -7,14 +7,16 @@
 The writer hands each rank's planned tensors to the node's daemon in one
 shardd save (its boxes are DCP's chunks; DCP's planner already gave each
 replicated tensor to one rank), so the checkpoint is the final HF layout
-the moment it commits: no per-rank files, no second pass, no
-consolidation. DCP's planning exchanges only metadata, never tensor bytes.
+the moment it commits, its files following the state dict's order as
+save_pretrained's do: no per-rank files, no second pass, no consolidation. DCP's planning exchanges only metadata, never tensor bytes.
 The reader describes a shardd or save_pretrained folder to DCP as one chunk
 per tensor and serves each rank's boxes through the strict reader.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+
 import torch
 from torch.distributed.checkpoint import StorageReader as _Reader
 from torch.distributed.checkpoint import StorageWriter as _Writer
@@ -64,10 +66,18 @@ class StorageWriter(_Writer):
                           "other values): %s %s not a tensor; put them in metadata= or files=, or leave "
                           "them out of the state dict" % (", ".join(map(repr, stray)),
                                                           "is" if len(stray) == 1 else "are"))
-        return plan
+        # The state dict's order, seen before DCP drops replicas from all but one rank.
+        order = list(dict.fromkeys(item.index.fqn for item in plan.items))
+        return dataclasses.replace(plan, storage_data={"shardd_order": order})
 
     def prepare_global_plan(self, plans):
-        return plans
+        # One order for every rank, so the files follow the state dict as save_pretrained's do:
+        # the longest rank's, then whatever only others hold, in the order they hold it.
+        merged = {}
+        for plan in sorted(plans, key=lambda p: -len(p.storage_data["shardd_order"])):
+            for fqn in plan.storage_data["shardd_order"]:
+                merged.setdefault(fqn, len(merged))
+        return [dataclasses.replace(plan, storage_data={"shardd_index": merged}) for plan in plans]
 
     def write_data(self, plan, planner):
         tensors, results = {}, []
@@ -77,8 +87,8 @@ class StorageWriter(_Writer):
             tensors.setdefault(item.index.fqn, []).append(Slice(data, tuple(size), tuple(chunk.offsets)))
             results.append(WriteResult(index=item.index, size_in_bytes=data.numel() * data.element_size(),
                                        storage_data=None))
-        # Ranks hold different names once DCP has deduplicated replicas: natural name order.
-        self.result = save(tensors, self.dir, ordered=False, **self.options)
+        # Ranks hold different names once DCP has deduplicated replicas: the coordinator's indices.
+        self.result = save(tensors, self.dir, ordered=plan.storage_data["shardd_index"], **self.options)
         return _done(results)
 
     def finish(self, metadata, results):

@@ -16,6 +16,8 @@ import os
 import tempfile
 from typing import Any, Dict, List, Tuple
 
+from ._torch_state import save_state_dict
+
 __all__ = ["save_pretrained", "saved_names"]
 
 
@@ -113,8 +115,6 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
     {name: bytes} beside them. Every other option goes to shardd.save
     (wait=False, timeout, overwrite, keep_last, socket, ...).
     """
-    from .torch import save_state_dict
-
     if getattr(model, "_hf_peft_config_loaded", False) or getattr(model, "hf_quantizer", None):
         raise NotImplementedError("adapter (PEFT) and quantized models are saved by transformers' "
                                   "own save_pretrained only")

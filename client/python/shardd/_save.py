@@ -240,7 +240,7 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
          metadata: Optional[Mapping[str, str]] = None,
          files: Optional[Mapping[str, Union[bytes, str]]] = None, wait: bool = True,
          timeout: Optional[float] = None, prefix: Optional[str] = None, overwrite: bool = False,
-         ordered: bool = True, socket: Optional[str] = None, nnodes: Optional[int] = None,
+         ordered: Union[bool, Mapping[str, int]] = True, socket: Optional[str] = None, nnodes: Optional[int] = None,
          node_rank: Optional[int] = None, leader: Optional[str] = None,
          write_mode: Optional[str] = None,
          progress: Optional[Progress] = None,
@@ -253,7 +253,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     global tensor, or a list of Slices (several boxes of one tensor). Every
     rank of the save calls this with the same dir, save_id and world_size. The bytes are copied into `arena` (grown as needed; a temporary one when
     None), put with index = position in the dict (ordered=False: natural name
-    order instead, for ranks whose dicts hold different names), then sealed.
+    order instead, for ranks whose dicts hold different names; a {name: index}
+    mapping: those indices, the same on every rank), then sealed.
     Once save() returns (wait=False included) the arrays may change.
 
     rank/world_size default to $RANK/$WORLD_SIZE, else 0/1. Under a torchrun
@@ -298,15 +299,21 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     # Offsets by the placement rule, so whole tensors and dim-0 pieces are written
     # straight from the arena (no copy in the daemon); the rest is packed.
     # A list of Slices is several boxes of one tensor (a strided DTensor shard); all share its index.
-    prepared = [(name,) + tuple(prepare(name, part)) + (position,)
+    if isinstance(ordered, Mapping):
+        unplaced = [name for name in tensors if name not in ordered]
+        if unplaced:
+            raise ValueError("ordered gives no index for %s" % ", ".join(map(repr, unplaced[:5])))
+        index_of = lambda name, position: int(ordered[name])  # noqa: E731
+    else:
+        index_of = lambda name, position: position if ordered else None  # noqa: E731
+    prepared = [(name,) + tuple(prepare(name, part)) + (index_of(name, position),)
                 for position, (name, value) in enumerate(tensors.items())
                 for part in (value if _boxes(value) else [value])]
-    offsets, end = place([(name, dt, shape, start, None if start is None else count,
-                           position if ordered else None)
-                          for name, dt, shape, start, count, _src, position in prepared],
+    offsets, end = place([(name, dt, shape, start, None if start is None else count, index)
+                          for name, dt, shape, start, count, _src, index in prepared],
                          max_shard_size)
-    items = [(name, dt, shape, start, count, src, offsets[i], position if ordered else None)
-             for i, (name, dt, shape, start, count, src, position) in enumerate(prepared)]
+    items = [(name, dt, shape, start, count, src, offsets[i], index)
+             for i, (name, dt, shape, start, count, src, index) in enumerate(prepared)]
     check_shared_memory([(item[0], item[5]) for item in items])
 
     owns_client = client is None and arena is None
