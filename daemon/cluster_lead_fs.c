@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cluster_lead_int.h"
+#include "crashpoint.h"
 #include "log.h"
 #include "owner.h"
 #include "pathsafe.h"
@@ -90,6 +91,7 @@ static int job_prepare(fsjob *j) {
 static int job_finish(fsjob *j) {
   sd_lead *L = j->L;
   sd_error *err = &j->err;
+  sd_crash_point("lead_index"); /* tests: every node is durable, the index not yet written */
   int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
   if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
   int rc = 0;

@@ -10,6 +10,7 @@ shardd_packages=(
   python3-venv python3-pip python3-setuptools python3-wheel   # the pip-install test (tests/python)
   valgrind
   fio                                                        # the reference writer of the benchmarks
+  iproute2 nftables                                          # the network-namespace hosts of test_netns
   clang libclang-rt-14-dev
 )
 
