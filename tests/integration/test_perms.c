@@ -13,18 +13,10 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "host_facts.h"
 #include "xclient.h"
 
 TestSuite(perms, .init = x_init, .fini = x_fini, .timeout = 120);
-
-/* Users and groups that exist nowhere: numbers are all the kernel needs. */
-#define U_OTHER 4243
-#define G_TRUST 4242
-#define G_OTHER 4244
-
-static void need_root(void) {
-  if (geteuid() != 0) cr_skip_test("needs root to create other users' segments and clients");
-}
 
 /* Lets processes of other uids reach the socket in H.base. */
 static void open_up(void) { cr_assert_eq(chmod(H.base, 0755), 0, "chmod %s", H.base); }
@@ -44,7 +36,7 @@ Test(perms, socket_mode_default_and_configured_with_group) {
   cr_assert_eq(stat(H.sock, &st), 0);
   cr_assert_eq(st.st_mode & 07777, 0660, "default socket mode is %o", st.st_mode & 07777);
   h_daemon_stop(&H);
-  need_root();
+  TH_NEED_ROOT("create other users' segments and clients");
   const char *flags[] = {"--socket-mode", "0600", "--socket-group", "4321", NULL};
   x_start(flags);
   cr_assert_eq(stat(H.sock, &st), 0);
@@ -64,13 +56,13 @@ Test(perms, peer_credentials_are_recorded) {
 }
 
 Test(perms, shm_attached_only_when_owned_by_the_peer) {
-  need_root();
+  TH_NEED_ROOT("create other users' segments and clients");
   x_start(NULL);
   char mine[64], theirs[64];
   snprintf(mine, sizeof mine, "/sdxt-mine-%d", (int)getpid());
   snprintf(theirs, sizeof theirs, "/sdxt-theirs-%d", (int)getpid());
   shm_owned(mine, 0, 0);
-  shm_owned(theirs, U_OTHER, G_TRUST);
+  shm_owned(theirs, TH_U_OTHER, TH_G_TRUST);
   x_conn *c = x_connect();
   x_ok(x_callf(c, "{\"op\":\"attach\",\"shm\":\"%s\"}", mine), "own segment");
   /* root is not special: another user's segment is refused */
@@ -84,10 +76,10 @@ Test(perms, shm_attached_only_when_owned_by_the_peer) {
   char line[128];
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", theirs);
   x_step own[] = {{line, "\"ok\":true"}};
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, own, 1), 0, "the owner cannot attach its own segment");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, own, 1), 0, "the owner cannot attach its own segment");
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", mine);
   x_step root_s[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, root_s, 1), 0, "a user attached root's segment");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, root_s, 1), 0, "a user attached root's segment");
   x_close(c);
   shm_unlink(mine);
   shm_unlink(theirs);
@@ -95,40 +87,40 @@ Test(perms, shm_attached_only_when_owned_by_the_peer) {
 }
 
 Test(perms, trusted_group_members_may_attach_the_groups_segments) {
-  need_root();
+  TH_NEED_ROOT("create other users' segments and clients");
   open_up();
   char seg[64];
   snprintf(seg, sizeof seg, "/sdxt-grp-%d", (int)getpid());
-  shm_owned(seg, 0, G_TRUST); /* root's segment, group G_TRUST */
+  shm_owned(seg, 0, TH_G_TRUST); /* root's segment, group TH_G_TRUST */
   const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
   x_start(flags);
   char line[128];
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", seg);
   x_step ok[] = {{line, "\"ok\":true"}};
   x_step no[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(x_steps_as(U_OTHER, G_TRUST, ok, 1), 0, "a member of the trusted group (primary) cannot attach");
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, no, 1), 0, "a non-member attached a trusted group's segment");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_TRUST, ok, 1), 0, "a member of the trusted group (primary) cannot attach");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, no, 1), 0, "a non-member attached a trusted group's segment");
   /* a segment of another group is still refused to the trusted group's members */
   char other[64];
   snprintf(other, sizeof other, "/sdxt-grp2-%d", (int)getpid());
-  shm_owned(other, 0, G_OTHER);
+  shm_owned(other, 0, TH_G_OTHER);
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", other);
   x_step no2[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(x_steps_as(U_OTHER, G_TRUST, no2, 1), 0, "a segment outside the trusted group was attached");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_TRUST, no2, 1), 0, "a segment outside the trusted group was attached");
   h_daemon_stop(&H);
   /* without the setting, the group does not count */
   const char *plain[] = {"--socket-mode", "0666", NULL};
   x_start(plain);
   snprintf(line, sizeof line, "{\"op\":\"attach\",\"shm\":\"%s\"}", seg);
   x_step no3[] = {{line, "\"code\":\"permission_denied\""}};
-  cr_assert_eq(x_steps_as(U_OTHER, G_TRUST, no3, 1), 0, "group ownership counted without --trusted-group");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_TRUST, no3, 1), 0, "group ownership counted without --trusted-group");
   shm_unlink(seg);
   shm_unlink(other);
   x_serving();
 }
 
 Test(perms, only_the_uid_that_began_a_save_may_join_put_or_abort_it) {
-  need_root();
+  TH_NEED_ROOT("create other users' segments and clients");
   open_up();
   const char *flags[] = {"--socket-mode", "0666", NULL};
   x_start(flags);
@@ -151,7 +143,7 @@ Test(perms, only_the_uid_that_began_a_save_may_join_put_or_abort_it) {
       /* its own save is its own business */
       {"{\"op\":\"begin\",\"save\":\"theirs\",\"dir\":\"theirs/a\",\"rank\":0,\"world_size\":2}", "\"ok\":true"},
   };
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, intruder, sizeof intruder / sizeof intruder[0]), 0,
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, intruder, sizeof intruder / sizeof intruder[0]), 0,
                "another uid could touch the save");
   /* the save is unharmed: its own uid joins and it commits */
   x_conn *r1 = x_connect();
@@ -238,7 +230,7 @@ Test(perms, symlink_planted_inside_the_root_is_refused) {
  * Checkpoint ownership: the uid that committed a folder is recorded on it
  * (xattr user.shardd.owner); overwrite is its owner's (or the trusted group's)
  * ------------------------------------------------------------------------ */
-#define U_THIRD 4245
+#define TH_U_THIRD 4245
 
 /* The steps of a one-rank save of dir, inline, with or without overwrite. */
 static void save_steps(x_step *s, char lines[4][256], const char *save, const char *dir, int overwrite, int value) {
@@ -261,38 +253,38 @@ static unsigned recorded_owner(const char *rel) {
 }
 
 Test(perms, overwrite_only_of_checkpoints_the_callers_uid_committed) {
-  need_root();
+  TH_NEED_ROOT("create other users' segments and clients");
   open_up();
   const char *flags[] = {"--socket-mode", "0666", NULL};
   x_start(flags);
   x_step s[4];
   char l[4][256];
   save_steps(s, l, "o1", "owned/ck", 0, 1);
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's first save");
-  cr_assert_eq(recorded_owner("owned/ck"), U_OTHER, "the owner recorded on the folder");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "the owner's first save");
+  cr_assert_eq(recorded_owner("owned/ck"), TH_U_OTHER, "the owner recorded on the folder");
   char p[PATH_MAX];
   uint64_t before = x_tree_hash(h_path(p, sizeof p, "owned/ck"));
   /* another uid: refused at begin, naming the folder and its owner */
   save_steps(s, l, "o2", "owned/ck", 1, 2);
   s[0].want = "committed by uid 4243";
-  cr_assert_eq(x_steps_as(U_THIRD, G_OTHER, s, 1), 0, "another uid overwrote the checkpoint");
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_OTHER, s, 1), 0, "another uid overwrote the checkpoint");
   s[0].want = "\"code\":\"permission_denied\"";
-  cr_assert_eq(x_steps_as(U_THIRD, G_OTHER, s, 1), 0, "the refusal's code");
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_OTHER, s, 1), 0, "the refusal's code");
   /* root is no exception */
   x_conn *c = x_connect();
   x_err(x_call(c, l[0]), "permission_denied", "'owned/ck' was committed by uid 4243", "root's overwrite");
   cr_assert_eq(x_tree_hash(h_path(p, sizeof p, "owned/ck")), before, "the refused overwrites touched the checkpoint");
   /* the same uid replaces its own checkpoint */
   s[0].want = "\"ok\":true";
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 4), 0, "the owner's overwrite");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "the owner's overwrite");
   const uint8_t two = 2;
   h_check_bytes("owned/ck", "w", &two, 1);
-  cr_assert_eq(recorded_owner("owned/ck"), U_OTHER);
+  cr_assert_eq(recorded_owner("owned/ck"), TH_U_OTHER);
   /* a folder nobody recorded (made before this, or by hand): root and the daemon's uid only */
   cr_assert_eq(mkdir(h_path(p, sizeof p, "legacy"), 0777), 0);
   save_steps(s, l, "o3", "legacy", 1, 3);
   s[0].want = "has no recorded owner";
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 1), 0, "a user overwrote a folder without an owner");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 1), 0, "a user overwrote a folder without an owner");
   x_ok(x_call(c, l[0]), "root (the daemon's uid) overwrites a folder without an owner");
   x_ok(x_call(c, l[1]), "put");
   x_ok(x_call(c, l[2]), "seal");
@@ -303,22 +295,22 @@ Test(perms, overwrite_only_of_checkpoints_the_callers_uid_committed) {
 }
 
 Test(perms, trusted_group_members_may_overwrite_any_checkpoint) {
-  need_root();
+  TH_NEED_ROOT("create other users' segments and clients");
   open_up();
   const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
   x_start(flags);
   x_step s[4];
   char l[4][256];
   save_steps(s, l, "t1", "team/ck", 0, 1);
-  cr_assert_eq(x_steps_as(U_OTHER, G_OTHER, s, 4), 0, "the first save");
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "the first save");
   save_steps(s, l, "t2", "team/ck", 1, 2);
   s[0].want = "members of trusted_group";
-  cr_assert_eq(x_steps_as(U_THIRD, G_OTHER, s, 1), 0, "a non-member overwrote another uid's checkpoint");
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_OTHER, s, 1), 0, "a non-member overwrote another uid's checkpoint");
   s[0].want = "\"ok\":true";
-  cr_assert_eq(x_steps_as(U_THIRD, G_TRUST, s, 4), 0, "a member of the trusted group cannot overwrite");
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_TRUST, s, 4), 0, "a member of the trusted group cannot overwrite");
   const uint8_t two = 2;
   h_check_bytes("team/ck", "w", &two, 1);
-  cr_assert_eq(recorded_owner("team/ck"), U_THIRD, "the new owner is the member who overwrote it");
+  cr_assert_eq(recorded_owner("team/ck"), TH_U_THIRD, "the new owner is the member who overwrote it");
   h_verify_ok("team/ck");
   x_serving();
 }

@@ -13,18 +13,10 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "host_facts.h"
 #include "xclient.h"
 
 TestSuite(retention, .init = x_init, .fini = x_fini, .timeout = 120);
-
-/* Users and groups that exist nowhere: numbers are all the kernel needs. */
-#define U_OTHER 4243
-#define U_THIRD 4245
-#define G_OTHER 4244
-
-static void need_root(void) {
-  if (geteuid() != 0) cr_skip_test("needs root to run clients as other uids");
-}
 
 /* A one-rank save of dir with one inline tensor; keep_last 0 leaves it out. */
 static void save_lines(char l[4][320], const char *save, const char *dir, unsigned keep_last) {
@@ -72,7 +64,7 @@ static void expect_no_hidden(const char *rel) {
   cr_assert_eq(count_prefix(p, ".shardd-del-"), 0, "a folder being deleted is left in %s", p);
 }
 
-static int run_as(uid_t uid, const x_step *steps, size_t n) { return x_steps_as(uid, G_OTHER, steps, n); }
+static int run_as(uid_t uid, const x_step *steps, size_t n) { return x_steps_as(uid, TH_G_OTHER, steps, n); }
 
 static int save_as(uid_t uid, const char *save, const char *dir, unsigned keep_last) {
   char l[4][320];
@@ -124,22 +116,22 @@ Test(retention, owner_deletes_its_checkpoint) {
 }
 
 Test(retention, another_uid_may_not_delete) {
-  need_root();
+  TH_NEED_ROOT("run clients as other uids");
   start_open();
-  cr_assert_eq(save_as(U_OTHER, "o1", "team/ck", 0), 0, "the owner's save");
+  cr_assert_eq(save_as(TH_U_OTHER, "o1", "team/ck", 0), 0, "the owner's save");
   char p[PATH_MAX];
   uint64_t before = x_tree_hash(h_path(p, sizeof p, "team/ck"));
   x_step del = {"{\"op\":\"delete\",\"dir\":\"team/ck\"}", "\"code\":\"permission_denied\""};
-  cr_assert_eq(run_as(U_THIRD, &del, 1), 0, "another uid deleted the checkpoint");
+  cr_assert_eq(run_as(TH_U_THIRD, &del, 1), 0, "another uid deleted the checkpoint");
   del.want = "'team/ck' was committed by uid 4243; uid 4245 may not delete it";
-  cr_assert_eq(run_as(U_THIRD, &del, 1), 0, "the refusal's message");
+  cr_assert_eq(run_as(TH_U_THIRD, &del, 1), 0, "the refusal's message");
   /* root is no exception: the daemon cannot tell who may, but the owner */
   x_conn *c = x_connect();
   x_err(x_call(c, del.line), "permission_denied", "committed by uid 4243", "root's delete");
   x_close(c);
   cr_assert_eq(x_tree_hash(p), before, "a refused delete touched the checkpoint");
   del.want = "\"ok\":true";
-  cr_assert_eq(run_as(U_OTHER, &del, 1), 0, "the owner's delete");
+  cr_assert_eq(run_as(TH_U_OTHER, &del, 1), 0, "the owner's delete");
   cr_assert(!h_exists(p), "team/ck is still there");
   expect_no_hidden("team");
   x_serving();
@@ -219,14 +211,14 @@ Test(retention, a_checkpoint_a_save_is_writing_to_is_refused) {
 }
 
 Test(retention, keep_last_keeps_the_newest_of_the_owner_only) {
-  need_root();
+  TH_NEED_ROOT("run clients as other uids");
   start_open();
   char r[PATH_MAX];
   cr_assert_eq(mkdir(h_path(r, sizeof r, "runs"), 0755), 0);
   hand_made("runs/foreign");
   char p[PATH_MAX];
   uint64_t foreign = x_tree_hash(h_path(p, sizeof p, "runs/foreign"));
-  cr_assert_eq(save_as(U_OTHER, "theirs", "runs/theirs", 0), 0, "another uid's checkpoint");
+  cr_assert_eq(save_as(TH_U_OTHER, "theirs", "runs/theirs", 0), 0, "another uid's checkpoint");
   uint64_t theirs = x_tree_hash(h_path(p, sizeof p, "runs/theirs"));
   x_conn *c = x_connect();
   save_on(c, "s1", "runs/step1", 2);

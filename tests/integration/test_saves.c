@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host_facts.h"
 #include "harness.h"
 #include "synth.h"
 
@@ -381,24 +382,10 @@ static const h_put placed_puts[] = {
 #define PLACED_STAGED_MAX (4096 + 77 * 2 + 800 * 200 + 4 * 8192)
 #define B_W (256 * 512 * 4)
 
-/* The device's direct-I/O alignment under the root, 0 when it tells none. */
-static unsigned dio_align(void) {
-  char p[PATH_MAX + 16];
-  snprintf(p, sizeof p, "%s/.dio-probe", H.root);
-  int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
-  unsigned a = 0;
-  struct statx sx;
-  if (fd >= 0 && statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
-    a = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
-  if (fd >= 0) close(fd);
-  unlink(p);
-  return a;
-}
-
 Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
   json_int_t d0 = total_of("bytes_direct"), c0 = total_of("bytes_copied"), w0 = total_of("bytes_written");
   json_int_t g0 = total_of("bytes_gathered");
-  unsigned align = dio_align();
+  unsigned align = th_dio_align(H.root);
   h_script s = {.opts = {.save = "placed", .dir = "zc/placed", .world_size = 2}, .puts = placed_puts,
                 .nputs = sizeof placed_puts / sizeof *placed_puts, .seed = 41, .place = 1};
   h_run(&s);

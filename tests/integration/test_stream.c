@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "host_facts.h"
 #include "harness.h"
 
 TestSuite(stream, .init = h_setup, .fini = h_teardown, .timeout = 110);
@@ -105,20 +106,6 @@ static int64_t total(const char *key) {
   return v;
 }
 
-/* The device's direct-I/O alignment under the root, 0 when it tells none. */
-static unsigned dio_align(void) {
-  char p[PATH_MAX + 16];
-  snprintf(p, sizeof p, "%s/.dio-probe", H.root);
-  int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
-  unsigned a = 0;
-  struct statx sx;
-  if (fd >= 0 && statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
-    a = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
-  if (fd >= 0) close(fd);
-  unlink(p);
-  return a;
-}
-
 /* Streamed with the placement rule: big.weight (a file of its own) goes
  * zero-copy from the ranks' segments as its bytes become ready, and
  * a.wide.weight's rows in gathered writes once both halves are; the rest,
@@ -135,7 +122,7 @@ Test(stream, placed_slices_stream_zero_copy) {
   h_expect_committed(&s);
   h_check_script(&s);
   int64_t direct = total("bytes_direct"), copied = total("bytes_copied"), gathered = total("bytes_gathered");
-  unsigned align = dio_align();
+  unsigned align = th_dio_align(H.root);
   printf("stream: placed: %lld bytes direct, %lld gathered, %lld copied (dio alignment %u)\n", (long long)direct,
          (long long)gathered, (long long)copied, align);
   cr_assert_geq(direct, 2 * (3 << 20) - 2 * 8192, "big.weight's halves go zero-copy: %lld bytes direct",

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host_facts.h"
 #include "fixture_ckpt.h"
 #include "fixture_root.h"
 #include "publish.h"
@@ -204,20 +205,6 @@ Test(gather, a_gathered_write_waits_for_all_its_writes) {
 /* ------------------------------------------------------------------------ *
  * Publishing (real io_uring, O_DIRECT, shared memory)
  * ------------------------------------------------------------------------ */
-/* The device's direct-I/O alignment under the root, or 0 when it tells none. */
-static uint32_t dio_align(void) {
-  char p[PATH_MAX];
-  snprintf(p, sizeof p, "%s/.probe", FR.root);
-  int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
-  uint32_t a = 0;
-  struct statx sx;
-  if (fd >= 0 && statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN))
-    a = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
-  if (fd >= 0) close(fd);
-  unlink(p);
-  return a;
-}
-
 /* One file: a whole tensor congruent to its file offset (zero-copy), a
  * split of W-byte fragments (gathered when W is a multiple of the
  * alignment), a split of 100-byte fragments (copied). */
@@ -259,7 +246,7 @@ static void gckpt_init(gckpt *g, uint8_t *m, uint64_t w) {
 
 static void mixed(uint64_t w, const char *rel) {
   make_writer();
-  uint32_t a = dio_align();
+  uint32_t a = th_dio_align(FR.root);
   if (!a || a > 4096) cr_skip_test("the file system under /var/tmp tells no direct-I/O alignment of 4096 or less");
   size_t len = 4u << 20;
   int fd;
@@ -294,7 +281,7 @@ Test(gather, fragments_not_a_multiple_of_512_are_copied, .init = setup, .fini = 
 Test(gather, a_gathered_write_from_a_shrunken_segment_fails_the_save, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
   make_writer();
-  uint32_t a = dio_align();
+  uint32_t a = th_dio_align(FR.root);
   if (!a || a > 1024) cr_skip_test("no direct-I/O alignment of 1024 or less under /var/tmp");
   size_t len = 4u << 20;
   int fd;
