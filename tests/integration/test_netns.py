@@ -36,6 +36,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python", "tests"))
+import suite  # noqa: E402
 
 PEER_TIMEOUT = 3
 SUBNET = "10.213.7."
@@ -361,19 +362,18 @@ class Hosts(unittest.TestCase):
             type(self).daemons = [HostDaemon(self.net, i, self.root, self.token, self.tmp) for i in range(3)]
 
 
+def rank(args):
+    print(json.dumps(rank_main(args)), flush=True)
+    return 0
+
+
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--rank":
-        print(json.dumps(rank_main(json.loads(sys.argv[2]))), flush=True)
-        return 0
-    why = can_run()
-    if why:
-        print("test_netns: skipped: %s" % why)
-        return 77
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-    return 1 if failed else 0
+    if sys.argv[1:2] != ["--rank"]:
+        why = can_run()
+        if why:
+            print("test_netns: skipped: %s" % why)
+            return 77
+    return suite.run(__name__, rank, flag="--rank")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import unittest
 
+import suite
 from shardd import _lib, _load, _save, _tensors
 
 # Hard cases for the id rule; no quote, backslash or control character, which the C side prints raw.
@@ -67,11 +68,7 @@ class Layouts(unittest.TestCase):
 
 
 def main():
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-    return 1 if failed else 0
+    return suite.run(__name__)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ except ImportError as e:
           "shardd_venv makes the venv that has them" % e)
     sys.exit(77)
 
+import suite
 import shardd
 import shardd.torch as st
 from shardd._dtensor import placement_boxes
@@ -150,7 +151,9 @@ class Boxes(unittest.TestCase):
             placement_boxes((4, 4), (2, 2), (0, 0), [S(0), Partial()], "lm_head.weight")
 
 
-class Ranks(unittest.TestCase):
+class WithDaemon(unittest.TestCase):
+    """A daemon of its own for each class of tests."""
+
     @classmethod
     def setUpClass(cls):
         cls.d = Daemon()
@@ -158,6 +161,9 @@ class Ranks(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.d.stop()
+
+
+class Ranks(WithDaemon):
 
     def args(self, dir, **kw):
         return dict({"dir": dir, "root": self.d.root}, **kw)
@@ -201,16 +207,8 @@ class Ranks(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.d.root, "dt/killed")))
 
 
-class OneProcess(unittest.TestCase):
+class OneProcess(WithDaemon):
     """Tied names and load_state_dict's refusals, from one plain process."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
 
     def test_tied_names(self):
         emb = torch.randn(6, 4)
@@ -249,14 +247,7 @@ class OneProcess(unittest.TestCase):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        args = json.loads(sys.argv[2])
-        return answer(worker(args), barrier=args["op"] != "kill")
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-    return 1 if failed else 0
+    return suite.run(__name__, lambda args: answer(worker(args), barrier=args["op"] != "kill"))
 
 
 if __name__ == "__main__":

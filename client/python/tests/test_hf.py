@@ -35,6 +35,7 @@ except ImportError as e:
           "scripts/deps.sh shardd_venv makes the venv that has them" % e)
     sys.exit(77)
 
+import suite
 import shardd.torch as st
 from test_binding import Daemon
 from torch_world import answer, WAIT, init, raw, run_world
@@ -235,13 +236,7 @@ class Example(unittest.TestCase):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        return answer(worker(json.loads(sys.argv[2])))
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-    return 1 if failed else 0
+    return suite.run(__name__, lambda args: answer(worker(args)))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ except ImportError:
     print("torch is not installed (scripts/deps.sh shardd_venv makes the venv that has it): skipping")
     sys.exit(77)
 
+import suite
 import shardd
 import shardd.torch as st
 from test_binding import WAIT, Daemon, read_checkpoint
@@ -352,13 +353,7 @@ class TwoNodes(TorchTestCase):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        return worker(json.loads(sys.argv[2]))
-    suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-    failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-    print("%d passed, %d failed" % (result.testsRun - failed - len(result.skipped), failed))
-    return 1 if failed else 0
+    return suite.run(__name__, worker)
 
 
 if __name__ == "__main__":
