@@ -277,7 +277,7 @@ static uint64_t tree(const char *rel) {
 
 Test(kill, daemon_sigkilled_at_random_moments_of_saves_from_2_to_4_ranks) {
   srand(campaign_seed());
-  const int rounds = X_SANITIZED ? 12 : 50;
+  const int rounds = 50;
   x_start(deadlines);
   pace pc;
   r_model base = pick_model("base", "base", 4, 1);
@@ -379,7 +379,7 @@ Test(kill, daemon_sigkilled_at_random_moments_of_saves_from_2_to_4_ranks) {
  * ------------------------------------------------------------------------ */
 Test(kill, a_rank_sigkilled_at_random_moments_fails_the_others_within_their_deadline) {
   srand(campaign_seed() + 1);
-  const int rounds = X_SANITIZED ? 6 : 20;
+  const int rounds = 20;
   x_start(deadlines);
   r_model ref = pick_model("ref", "ref", 4, 1);
   ref.stream = 0;
@@ -439,7 +439,7 @@ Test(kill, a_rank_sigkilled_at_random_moments_fails_the_others_within_their_dead
   while (h_tmp_count() && f_now_ms() < until) f_sleep_ms(10);
   cr_assert_eq(h_tmp_count(), 0, "a failed save left its temporary folder");
   x_serving();
-  printf("kill: %d saves from 2-4 ranks, %d rank kills at random moments (%d victims had ended first), "
+  printf("kill: %d saves from 2-4 ranks, %d rank kills at random moments (%d times the victim had already ended), "
          "join_timeout %d s, idle_timeout %d s\n",
          rounds, kills, ended_first, JOIN_S, IDLE_S);
   printf("kill: %d saves committed (the victim had sealed), %d failed with nothing published; the slowest other "
