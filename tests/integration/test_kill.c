@@ -207,9 +207,8 @@ static void await_random_moment(ranks *g, pace *p, int end) {
   int64_t lead = (int64_t)(p->lead * (double)p->span[w]), from = 0, to = lead;
   p->aimed_past = how != 0;
   if (how >= 3 && await_begun(g)) {
-    int64_t us = rand() % (int)(p->talk * end * 7 / 10 + 1); /* the ranks' begins are spread over it too */
-    struct timespec ts = {us / 1000000, (long)(us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
+    int64_t ms = rand() % (int)(p->talk * end * 7 / 10000 + 1); /* the ranks' begins are spread over it too */
+    ranks_poll(g, f_now_ms() + ms);
     return;
   }
   if (how) {
