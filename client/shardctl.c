@@ -82,6 +82,16 @@ static int load(const char *path, sd_ckpt *c, sd_error *err) {
   return sd_ckpt_read(path, c, err);
 }
 
+/* The code leads the message, so scripts can tell stale or missing files (bad_file_set) from damage
+ * (bad_format) or an unreadable disk (io_error). */
+static int load_checked(const char *path, sd_ckpt *c) {
+  sd_error err;
+  sd_error_clear(&err);
+  int rc = load(path, c, &err);
+  if (rc) fprintf(stderr, "invalid: %s: %s: %s\n", path, sd_err_name(rc), err.msg);
+  return rc;
+}
+
 static void print_summary(FILE *out, const char *lead, const char *path, const sd_ckpt *c) {
   fprintf(out, "%s%s: %zu %s, %" PRIu64 " %s, %" PRIu64 " %s, %" PRIu64 " %s\n", lead, path,
           c->nfiles, plural(c->nfiles, "file", "files"), c->ntensors,
@@ -92,12 +102,7 @@ static void print_summary(FILE *out, const char *lead, const char *path, const s
 
 static int cmd_verify(const char *path) {
   sd_ckpt c;
-  sd_error err;
-  sd_error_clear(&err);
-  if (load(path, &c, &err) != 0) {
-    fprintf(stderr, "invalid: %s: %s\n", path, err.msg);
-    return EXIT_INVALID;
-  }
+  if (load_checked(path, &c) != 0) return EXIT_INVALID;
   print_summary(stdout, "ok: ", path, &c);
   sd_ckpt_free(&c);
   return 0;
@@ -129,12 +134,7 @@ typedef struct {
 
 static int cmd_inspect(const char *path) {
   sd_ckpt c;
-  sd_error err;
-  sd_error_clear(&err);
-  if (load(path, &c, &err) != 0) {
-    fprintf(stderr, "invalid: %s: %s\n", path, err.msg);
-    return EXIT_INVALID;
-  }
+  if (load_checked(path, &c) != 0) return EXIT_INVALID;
   row *rows = calloc(c.ntensors ? c.ntensors : 1, sizeof *rows);
   if (!rows) {
     fprintf(stderr, "shardctl: out of memory\n");

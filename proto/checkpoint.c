@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,12 +342,50 @@ static int read_shards(int dfd, sd_ckpt *c, char *const *names, size_t n, sd_err
   return 0;
 }
 
-/* A file that looks like one of this checkpoint's shards but is not in the
- * index means a stale or foreign shard: loaders would ignore it silently. */
+/* huggingface_hub's shard name, PREFIX-NNNNN-of-NNNNN.safetensors (five digits or more each, as
+ * "{:05d}" gives past 99,999 shards); *plen gets PREFIX's length. */
+static int shard_pattern(const char *name, size_t *plen) {
+  if (!ends_with(name, ST_SUFFIX)) return 0;
+  const char *p = name + strlen(name) - strlen(ST_SUFFIX);
+  for (int part = 0; part < 2; part++) {
+    const char *end = p;
+    while (p > name && p[-1] >= '0' && p[-1] <= '9') p--;
+    if (end - p < 5) return 0;
+    const char *sep = part == 0 ? "-of-" : "-";
+    size_t k = strlen(sep);
+    if ((size_t)(p - name) < k + (part == 1) || memcmp(p - k, sep, k) != 0) return 0;
+    p -= k;
+  }
+  *plen = (size_t)(p - name);
+  return 1;
+}
+
+/* A file named like one of this checkpoint's shards that the index does not name is stale (an older
+ * save's) or foreign (copied in): loaders that follow the index would ignore it silently, and ones that
+ * glob the folder would mix it in. Other files (config.json, another prefix's weights) are normal. */
 static int is_prefix_shard(const char *prefix, const char *name) {
-  size_t p = strlen(prefix);
+  size_t p = strlen(prefix), plen;
   if (strncmp(name, prefix, p) != 0) return 0;
-  return strcmp(name + p, ST_SUFFIX) == 0 || name[p] == '-';
+  return strcmp(name + p, ST_SUFFIX) == 0 || (shard_pattern(name, &plen) && plen == p);
+}
+
+/* Without an index, a file with a shard's name is one of a set whose index is gone, or a stale
+ * shard beside a single-file checkpoint. */
+static int check_unindexed(const names_t *shards, sd_error *err) {
+  for (size_t i = 0; i < shards->n; i++) {
+    const char *name = shards->v[i];
+    size_t plen;
+    if (!shard_pattern(name, &plen)) continue;
+    char single[PATH_MAX], nb[SD_MSGNAME_MAX], sb[SD_MSGNAME_MAX];
+    snprintf(single, sizeof single, "%.*s" ST_SUFFIX, (int)plen, name);
+    if (find_name(shards->v, shards->n, single) >= 0)
+      return sd_fail(err, SHARDD_E_FILE_SET, "%s: a shard file beside the single-file checkpoint %s (stale or foreign)",
+                     SHOW(nb, name), SHOW(sb, single));
+    snprintf(single, sizeof single, "%.*s" INDEX_SUFFIX, (int)plen, name);
+    return sd_fail(err, SHARDD_E_FILE_SET, "%s: a shard of a sharded checkpoint, but %s is missing", SHOW(nb, name),
+                   SHOW(sb, single));
+  }
+  return 0;
 }
 
 static int read_indexed(int dfd, sd_ckpt *c, const names_t *shards, sd_error *err) {
@@ -362,15 +401,16 @@ static int read_indexed(int dfd, sd_ckpt *c, const names_t *shards, sd_error *er
   for (size_t i = 0; i < ix.nfiles; i++) {
     if (find_name(shards->v, shards->n, ix.files[i]) < 0) {
       char fb[SD_MSGNAME_MAX];
-      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map names %s, which does not exist",
+      rc = sd_fail(err, SHARDD_E_FILE_SET, "%s: weight_map names %s, which does not exist",
                    c->index_name, SHOW(fb, ix.files[i]));
       goto out;
     }
   }
   for (size_t i = 0; i < shards->n; i++) {
     if (is_prefix_shard(c->prefix, shards->v[i]) && find_name(ix.files, ix.nfiles, shards->v[i]) < 0) {
-      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: not in the weight_map of %s", shards->v[i],
-                   c->index_name);
+      char nb[SD_MSGNAME_MAX];
+      rc = sd_fail(err, SHARDD_E_FILE_SET, "%s: not in the weight_map of %s (stale or foreign)",
+                   SHOW(nb, shards->v[i]), c->index_name);
       goto out;
     }
   }
@@ -402,6 +442,8 @@ int sd_ckpt_read(const char *dir, sd_ckpt *c, sd_error *err) {
       goto out;
     }
     rc = read_indexed(dfd, c, &shards, err);
+  } else if ((rc = check_unindexed(&shards, err)) != 0) {
+    goto out;
   } else if (shards.n != 1) {
     rc = shards.n == 0
              ? sd_fail(err, SHARDD_E_FORMAT, "no .safetensors file and no index")

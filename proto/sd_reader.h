@@ -11,8 +11,10 @@
 /* Every problem found here is reported as SHARDD_E_FORMAT with a message that
  * starts with the file's label and names the tensor and field at fault, e.g.
  *   model-00001-of-00002.safetensors: tensor 'w': data_offsets [0,10] but F32[3] needs 12 bytes
- * Files that cannot be opened or read give SHARDD_E_IO; allocation failures
- * SHARDD_E_NO_MEMORY. Nothing is ever written. */
+ * A folder whose files disagree with its index (a shard-named file the index
+ * does not name, a named file missing, shards without their index) gives
+ * SHARDD_E_FILE_SET naming the file. Files that cannot be opened or read give
+ * SHARDD_E_IO; allocation failures SHARDD_E_NO_MEMORY. Nothing is ever written. */
 
 /* ------------------------------------------------------------------------ *
  * One .safetensors file
@@ -83,7 +85,10 @@ typedef struct {
 } sd_ckpt;
 
 /* Checks the whole folder. Messages name the file inside the folder (not the
- * folder itself). On failure *c is left empty (safe to free). */
+ * folder itself). Shard-named files are PREFIX.safetensors and
+ * PREFIX-NNNNN-of-NNNNN.safetensors (five digits or more); every other file
+ * (config.json, another prefix's .safetensors) is left alone. On failure *c is
+ * left empty (safe to free). */
 int sd_ckpt_read(const char *dir, sd_ckpt *c, sd_error *err);
 void sd_ckpt_free(sd_ckpt *c);
 

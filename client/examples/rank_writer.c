@@ -18,7 +18,7 @@ typedef struct {
   const char *socket, *save, *dir, *dtype, *file, *leader;
   int rank, world_size, tp, nnodes, node_rank, split_inner, split_dim0;
   uint64_t hidden, layers, vocab, intermediate, max_shard_size, seed;
-  int no_wait, kill_before_seal, start_barrier, stream, place, repeat;
+  int no_wait, kill_before_seal, start_barrier, stream, place, repeat, overwrite, keep_last;
 } opts;
 
 static void usage(FILE *f) {
@@ -44,6 +44,8 @@ static void usage(FILE *f) {
           "  --nnodes N --node-rank K --leader HOST:PORT\n"
           "                        a multi-node save: N daemons, this rank's is node K\n"
           "  --file NAME           rank 0 also writes a Llama config.json-style file named NAME\n"
+          "  --overwrite           replace DIR if it holds a checkpoint (swapped in atomically)\n"
+          "  --keep-last N         once committed, keep only the newest N checkpoints beside DIR\n"
           "  --no-wait             seal, then exit without waiting for the commit\n"
           "  --kill-before-seal    put everything, then exit(3) without sealing\n"
           "  --stream              put every slice deferred, say 'declared', then copy and send\n"
@@ -321,7 +323,8 @@ static int save_once(const opts *o, const char *save_id, const char *save_dir, i
   const char *md[] = {"shardd_example", "rank_writer", "tp", tps, "world_size", ws};
   shardd_save_opts so = {.save = save_id, .dir = save_dir, .rank = o->rank, .world_size = o->world_size,
                          .max_shard_size = o->max_shard_size, .metadata = md, .nmetadata = 3,
-                         .nnodes = o->nnodes, .node_rank = o->node_rank, .leader = o->leader};
+                         .nnodes = o->nnodes, .node_rank = o->node_rank, .leader = o->leader,
+                         .overwrite = o->overwrite, .keep_last = o->keep_last};
   int rc = shardd_begin(c, &so);
   if (rc) {
     *status = fail(o, "begin", rc, c, a);
@@ -420,7 +423,7 @@ int main(int argc, char **argv) {
             .hidden = 256, .layers = 2, .vocab = 1000, .intermediate = 688, .repeat = 1};
   enum { O_SOCKET = 256, O_SAVE, O_DIR, O_RANK, O_WS, O_TP, O_HIDDEN, O_LAYERS, O_VOCAB, O_INTER,
          O_DTYPE, O_MSS, O_SEED, O_FILE, O_NOWAIT, O_KILL, O_BARRIER, O_STREAM, O_PLACE, O_INNER, O_DIM0, O_NNODES, O_NODE,
-         O_LEADER, O_REPEAT, O_HELP };
+         O_LEADER, O_REPEAT, O_OVERWRITE, O_KEEP, O_HELP };
   static const struct option lo[] = {
       {"socket", required_argument, 0, O_SOCKET}, {"save", required_argument, 0, O_SAVE},
       {"dir", required_argument, 0, O_DIR},       {"rank", required_argument, 0, O_RANK},
@@ -434,7 +437,8 @@ int main(int argc, char **argv) {
       {"place", no_argument, 0, O_PLACE},
       {"split-inner", no_argument, 0, O_INNER},   {"split-dim0", no_argument, 0, O_DIM0},   {"nnodes", required_argument, 0, O_NNODES},
       {"node-rank", required_argument, 0, O_NODE}, {"leader", required_argument, 0, O_LEADER},
-      {"repeat", required_argument, 0, O_REPEAT},
+      {"repeat", required_argument, 0, O_REPEAT}, {"overwrite", no_argument, 0, O_OVERWRITE},
+      {"keep-last", required_argument, 0, O_KEEP},
       {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0}};
   int ch, bad = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -464,6 +468,8 @@ int main(int argc, char **argv) {
       case O_NODE: bad |= parse_int(optarg, &o.node_rank); break;
       case O_LEADER: o.leader = optarg; break;
       case O_REPEAT: bad |= parse_int(optarg, &o.repeat); break;
+      case O_OVERWRITE: o.overwrite = 1; break;
+      case O_KEEP: bad |= parse_int(optarg, &o.keep_last); break;
       case O_HELP: usage(stdout); return 0;
       default: usage(stderr); return 2;
     }

@@ -59,7 +59,8 @@ extern "C" {
   XX(FORMAT,           28, "bad_format",        "invalid safetensors data")         \
   XX(NOT_FOUND,        29, "not_found",         "no such checkpoint")               \
   XX(NOT_CHECKPOINT,   30, "not_a_checkpoint",  "not a checkpoint shardd wrote")    \
-  XX(SAVE_FAILED,      31, "save_failed",       "the save already failed")
+  XX(SAVE_FAILED,      31, "save_failed",       "the save already failed")         \
+  XX(FILE_SET,         32, "bad_file_set",      "shard files and index disagree")
 
 typedef enum {
   SHARDD_OK = 0,
@@ -278,8 +279,10 @@ SHARDD_EXPORT void shardd_free(void *p);
  * names, or one *.safetensors file) or the path of a single .safetensors
  * file. shardd_ckpt_open checks all of it with the strict reader first:
  * every header, the index, and that they agree (a hostile or damaged file
- * fails with SHARDD_E_FORMAT naming the file, tensor and field; a file that
- * cannot be read with SHARDD_E_IO). Reads then fetch only the bytes of the
+ * fails with SHARDD_E_FORMAT naming the file, tensor and field; a folder
+ * holding a shard-named file its index does not name, or missing one it
+ * names, with SHARDD_E_FILE_SET naming the file; a file that cannot be read
+ * with SHARDD_E_IO). Reads then fetch only the bytes of the
  * box asked for, with pread, one call per contiguous run.
  * Failures leave their message in shardd_last_error(NULL) (per thread); an
  * open checkpoint may be read from several threads at once.

@@ -85,15 +85,28 @@ static void good_shards(void) {
 #define INDEX "model.safetensors.index.json"
 #define WM_OK "\"weight_map\":{\"a\":\"" F1 "\",\"b\":\"" F1 "\",\"c\":\"" F2 "\"}"
 
-static void expect_bad(const char *frag) {
+static void expect_code(int code, const char *frag) {
   sd_ckpt c;
   sd_error err;
   sd_error_clear(&err);
   int rc = sd_ckpt_read(ckdir, &c, &err);
-  cr_assert_eq(rc, SHARDD_E_FORMAT, "rc %d: %s", rc, err.msg);
+  cr_assert_eq(rc, code, "rc %s, want %s: %s", sd_err_name(rc), sd_err_name(code), err.msg);
   cr_assert_not_null(strstr(err.msg, frag), "message '%s' lacks '%s'", err.msg, frag);
   cr_assert_eq(c.nfiles, 0);
   cr_assert_null(c.files);
+  sd_ckpt_free(&c);
+}
+
+static void expect_bad(const char *frag) { expect_code(SHARDD_E_FORMAT, frag); }
+/* Files beside the index or missing from it: their own code, so a loader can tell them from damage. */
+static void expect_file_set(const char *frag) { expect_code(SHARDD_E_FILE_SET, frag); }
+
+/* The folder reads, as a checkpoint of nfiles shards. */
+static void expect_good(size_t nfiles) {
+  sd_ckpt c;
+  sd_error err;
+  cr_assert_eq(sd_ckpt_read(ckdir, &c, &err), 0, "%s", err.msg);
+  cr_assert_eq(c.nfiles, nfiles);
   sd_ckpt_free(&c);
 }
 
@@ -162,8 +175,9 @@ Test(ckpt, custom_prefix) {
 Test(ckpt, empty_folder) { expect_bad("no .safetensors file and no index"); }
 
 Test(ckpt, several_files_without_index) {
-  good_shards();
-  expect_bad("2 .safetensors files (" F1 ", " F2 ") but no *.safetensors.index.json");
+  shard("a.safetensors", S1, 2);
+  shard("b.safetensors", S2, 1);
+  expect_bad("2 .safetensors files (a.safetensors, b.safetensors) but no *.safetensors.index.json");
 }
 
 Test(ckpt, two_index_files) {
@@ -174,24 +188,99 @@ Test(ckpt, two_index_files) {
              "expected one");
 }
 
+/* ------------------------------------------------------------------------ *
+ * Stale and foreign files: a shard-named file the index does not name, a
+ * named file missing, an index missing
+ * ------------------------------------------------------------------------ */
+
 Test(ckpt, missing_shard) {
   shard(F1, S1, 2);
   put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
-  expect_bad(INDEX ": weight_map names " F2 ", which does not exist");
+  expect_file_set(INDEX ": weight_map names " F2 ", which does not exist");
 }
 
 Test(ckpt, stray_shard_not_in_index) {
   good_shards();
   shard("model-00003-of-00003.safetensors", S2, 1);
   put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
-  expect_bad("model-00003-of-00003.safetensors: not in the weight_map of " INDEX);
+  expect_file_set("model-00003-of-00003.safetensors: not in the weight_map of " INDEX " (stale or foreign)");
+}
+
+Test(ckpt, stray_shard_of_another_count_not_in_index) {
+  good_shards();
+  shard("model-00001-of-00003.safetensors", S2, 1); /* an older save with three shards */
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_file_set("model-00001-of-00003.safetensors: not in the weight_map of " INDEX);
+}
+
+Test(ckpt, stray_shard_with_six_digit_numbers) {
+  good_shards();
+  shard("model-100000-of-100001.safetensors", S2, 1);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_file_set("model-100000-of-100001.safetensors: not in the weight_map of " INDEX);
 }
 
 Test(ckpt, stale_single_file_beside_index) {
   good_shards();
   shard("model.safetensors", S2, 1);
   put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
-  expect_bad("model.safetensors: not in the weight_map of " INDEX);
+  expect_file_set("model.safetensors: not in the weight_map of " INDEX);
+}
+
+/* What save_pretrained and other tools put beside the shards, and names that only look like shards. */
+Test(ckpt, non_shard_files_beside_the_index_are_normal) {
+  good_shards();
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  static const char *const beside[] = {
+      "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md",
+      "training_args.bin", "model.safetensors.bak", "adapter_model.safetensors",
+      "optimizer-00001-of-00002.safetensors", /* another prefix */
+      "model-extra.safetensors",              /* not the shard pattern */
+      "model-0001-of-0002.safetensors",       /* four digits: not huggingface_hub's names */
+      "model-00001-of-00002.safetensors.tmp", "model-00001-of-00002-safetensors",
+      "xmodel-00001-of-00002.safetensors",
+  };
+  for (size_t i = 0; i < sizeof beside / sizeof beside[0]; i++) {
+    if (strstr(beside[i], ".safetensors") && !strstr(beside[i], ".bak") && !strstr(beside[i], ".tmp"))
+      shard(beside[i], S2, 1);
+    else
+      put_str(beside[i], "{}");
+  }
+  expect_good(2);
+}
+
+Test(ckpt, shards_without_their_index) {
+  good_shards();
+  expect_file_set(F1 ": a shard of a sharded checkpoint, but " INDEX " is missing");
+}
+
+Test(ckpt, one_shard_left_without_its_index) {
+  shard(F2, S2, 1);
+  expect_file_set(F2 ": a shard of a sharded checkpoint, but " INDEX " is missing");
+}
+
+Test(ckpt, stale_shard_beside_a_single_file) {
+  shard("model.safetensors", S1, 2);
+  shard("model-00002-of-00003.safetensors", S2, 1);
+  put_str("config.json", "{}");
+  expect_file_set("model-00002-of-00003.safetensors: a shard file beside the single-file checkpoint "
+                  "model.safetensors (stale or foreign)");
+}
+
+Test(ckpt, single_file_beside_other_files_is_normal) {
+  shard("model.safetensors", S1, 2);
+  put_str("config.json", "{}");
+  put_str("generation_config.json", "{}");
+  put_str("model-00001-of-00002.json", "{}");
+  expect_good(1);
+}
+
+Test(ckpt, the_first_stray_in_name_order_is_named) {
+  good_shards();
+  shard("model-00009-of-00009.safetensors", S2, 1);
+  shard("model-00003-of-00003.safetensors", S2, 1);
+  put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+  expect_file_set("model-00003-of-00003.safetensors: not in the weight_map");
 }
 
 Test(ckpt, invalid_shard_is_named) {

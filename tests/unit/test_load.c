@@ -274,7 +274,16 @@ Test(load, hostile_files_refused_with_the_readers_codes) {
   static const char ix[] =
       "{\"metadata\":{\"total_size\":4},\"weight_map\":{\"w\":\"model-00001-of-00002.safetensors\"}}";
   write_file("model.safetensors.index.json", ix, strlen(ix));
-  expect_open_fails(ckdir, SHARDD_E_FORMAT, "does not exist");
+  expect_open_fails(ckdir, SHARDD_E_FILE_SET, "model-00001-of-00002.safetensors, which does not exist");
+  /* the index gone, the shard left: refused too, not read as a single-file checkpoint */
+  int dfd = open(ckdir, O_RDONLY | O_DIRECTORY);
+  cr_assert_eq(unlinkat(dfd, "model.safetensors.index.json", 0), 0);
+  cr_assert_eq(renameat(dfd, "model.safetensors", dfd, "model-00001-of-00002.safetensors"), 0);
+  close(dfd);
+  expect_open_fails(ckdir, SHARDD_E_FILE_SET, "model.safetensors.index.json is missing");
+  /* a stale shard beside a single-file checkpoint */
+  write_st("model.safetensors", "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+  expect_open_fails(ckdir, SHARDD_E_FILE_SET, "model-00001-of-00002.safetensors: a shard file beside");
 }
 
 Test(load, bad_reads_refused_naming_the_tensor) {

@@ -223,7 +223,8 @@ def load(path: PathLike, names: Optional[Iterable[str]] = None,
     names: the tensors to read (default: all, in name order). boxes: {name:
     (start, count)} reads only that box of the tensor (the bytes of other
     boxes are never read). framework: "numpy" or "torch" (CPU tensors).
-    Raises ShardError (bad_format, io_error, ...) naming the file and field.
+    Raises ShardError (bad_format, io_error, ...) naming the file and field; bad_file_set
+    naming the file for a shard-named file the index does not name, or a named one missing.
     """
     boxes = dict(boxes or {})
     with Checkpoint(path) as ck:

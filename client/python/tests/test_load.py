@@ -183,6 +183,35 @@ class LoadTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "closed"):
             ck.read("w")
 
+    def test_stale_foreign_and_missing_shards_refused_with_bad_file_set(self):
+        full = {"layer.%d.w" % i: np.full(100, i, np.float32) for i in range(6)}
+        shardd.save(full, "stale", client=self.client, max_shard_size=1000, timeout=WAIT,
+                    files={"config.json": b"{}"})
+        folder = pathlib.Path(path("stale"))
+        names = sorted(p.name for p in folder.iterdir())
+        self.assertEqual(names, ["config.json"] + ["model-%05d-of-00003.safetensors" % k for k in (1, 2, 3)]
+                         + ["model.safetensors.index.json"])
+        # save_pretrained's other files beside the shards are normal
+        (folder / "generation_config.json").write_text("{}")
+        self.assertEqual(sorted(shardd.load(folder)), sorted(full))
+        first = (folder / "model-00001-of-00003.safetensors").read_bytes()
+        cases = [("model-00002-of-00004.safetensors", "not in the weight_map of model.safetensors.index.json"),
+                 ("model.safetensors", "stale or foreign")]
+        for stray, said in cases:
+            (folder / stray).write_bytes(first)
+            for opener in (shardd.load, shardd.Checkpoint):
+                with self.assertRaises(shardd.ShardError) as cm:
+                    opener(folder)
+                self.assertEqual(cm.exception.name, "bad_file_set")
+                self.assertIn(stray, cm.exception.message)
+                self.assertIn(said, cm.exception.message)
+            (folder / stray).unlink()
+        (folder / "model-00003-of-00003.safetensors").unlink()
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.load(folder)
+        self.assertEqual(cm.exception.name, "bad_file_set")
+        self.assertIn("model-00003-of-00003.safetensors, which does not exist", cm.exception.message)
+
     # ---- the Pythonic save API ------------------------------------------------
 
     def test_size_strings_as_huggingface_parses_them(self):
