@@ -187,7 +187,7 @@ typedef struct sd_save_ext_ops {
   /* Every rank declared or sealed: the slice descriptions go to the leader. */
   void (*sealed)(struct sd_save *save);
   /* The save failed (save->err is set): 1 while writes are still in flight,
-   * the save is then finished (sd_save_finish) once they stop. */
+   * the save is then finished (sd_save_finish) once they stop; 0 ends it now. */
   int (*fail)(struct sd_save *save);
   /* The save is being freed: let go of save->cl. */
   void (*detach)(struct sd_save *save);
@@ -252,6 +252,9 @@ void sd_save_fail_all(sd_daemon *d, int code, const char *why);
 void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path);
 /* Tells the ranks "released" once (the owner's `released`): their shared memory is no longer read. */
 void sd_save_released(sd_save *save);
+/* The save's bytes start going to disk (its publish, or a multi-node save's assignment): no more
+ * puts, and the write seconds of its summary count from here. */
+void sd_save_writing(sd_save *save);
 
 uint64_t sd_save_bytes_planned(const sd_save *save);
 /* Saves writing now and the bytes they have still to write. */
