@@ -1,5 +1,7 @@
-/* The save core's public face: one save's state machine, told by its owner what ranks do, telling it back through sd_save_owner_ops. */
-/* Requests are in save.c, failure, publish and the end in save_end.c, lookup, memory and results in save_store.c. */
+/* The save core's one face: what a save is, what its owner asks of it, and what it tells its owner back (the two ops tables). */
+/* Behind it the parts call one way, each only those after it: requests (save_request.c), deadlines (save_deadline.c),
+ * failure, publish and the end (save_end.c), lookup, memory and results (save_store.c), then the plan (planner.c) and
+ * the guards (save_guard.c). None calls its owner but through the tables. */
 #ifndef SD_SAVE_H
 #define SD_SAVE_H
 
