@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "cluster_int.h"
 #include "log.h"
 #include "pathsafe.h"

@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "cluster.h"
 #include "cluster_plan.h"
 #include "daemon.h"
 #include "peer.h"
@@ -29,6 +28,9 @@
 #define SD_LEAD_FORGET_FACTOR 2
 
 struct sd_lead;
+
+/* Named here as cluster.h names it: this header leaves the cluster's public face to those above. */
+typedef struct sd_cluster sd_cluster;
 
 /* A multi-node save that failed here: its id answers late ranks for a while. */
 typedef struct sd_cfailed {
