@@ -21,7 +21,7 @@ static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "sh
 /* ------------------------------------------------------------------------ *
  * begin: join the leader
  * ------------------------------------------------------------------------ */
-int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
+int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_error *err) {
   sd_cluster *cl = save->d->cluster;
   if (strlen(a->leader) >= SD_PEER_ADDR_MAX)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'leader' is too long");
@@ -49,7 +49,7 @@ int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
       return err->code;
     }
   }
-  save->cl = cs;
+  *out = cs;
   json_t *md = json_object();
   for (size_t i = 0; i < save->nmetadata; i++)
     json_object_set_new(md, save->metadata[i].key, json_string(save->metadata[i].value));

@@ -180,8 +180,8 @@ typedef struct sd_save_owner_ops {
 } sd_save_owner_ops;
 
 typedef struct sd_save_ext_ops {
-  /* A new save with nnodes > 1: joins the leader (or leads), sets save->cl. */
-  int (*attach)(struct sd_save *save, const sd_begin_args *a, sd_error *err);
+  /* A new save with nnodes > 1: joins the leader (or leads); *cl is the part the save then carries (save->cl). */
+  int (*attach)(struct sd_save *save, const sd_begin_args *a, struct sd_csave **cl, sd_error *err);
   /* A joining rank must agree on nnodes, node_rank, leader and write_mode (any save). */
   int (*join_check)(const struct sd_save *save, const sd_begin_args *a, sd_error *err);
   /* A rank of this node began (the first one after attach): the leader counts them for join_timeout. */
@@ -191,7 +191,7 @@ typedef struct sd_save_ext_ops {
   /* The save failed (save->err is set): 1 while writes are still in flight,
    * the save is then finished (sd_save_finish) once they stop; 0 ends it now. */
   int (*fail)(struct sd_save *save);
-  /* The save is being freed: let go of save->cl. */
+  /* The save is being freed: let go of save->cl (the core forgets it after). */
   void (*detach)(struct sd_save *save);
   /* What `wait` reports for a committed save. */
   void (*result)(const struct sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes);
