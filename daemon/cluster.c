@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "cluster_int.h"
 #include "log.h"
 #include "pathsafe.h"
@@ -241,7 +242,7 @@ int sd_cluster_parse_begin(const json_t *req, sd_begin_args *a, sd_error *err) {
   return 0;
 }
 
-static int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error *err) {
+static int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_error *err) {
   sd_cluster *cl = save->d->cluster;
   if (!cl)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
@@ -260,7 +261,7 @@ static int sd_cluster_begin_new(sd_save *save, const sd_begin_args *a, sd_error 
     *pp = f->next; /* a retry: the old attempt is forgotten */
     sd_cl_failed_free(f);
   }
-  return sd_node_begin(save, a, err);
+  return sd_node_begin(save, a, out, err);
 }
 
 static const char *mode_name(int m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
@@ -300,7 +301,6 @@ static void sd_cluster_began(sd_save *save, uint32_t rank) {
 static int sd_cluster_fail(sd_save *save) { return sd_node_fail(save->cl); }
 static void sd_cluster_save_free(sd_save *save) {
   sd_node_free(save->cl);
-  save->cl = NULL;
 }
 
 static void sd_cluster_result(const sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes) {

@@ -6,7 +6,6 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "cluster.h"
 #include "cluster_plan.h"
 #include "daemon.h"
 #include "peer.h"
@@ -29,6 +28,9 @@
 #define SD_LEAD_FORGET_FACTOR 2
 
 struct sd_lead;
+
+/* Named here as cluster.h names it: this header leaves the cluster's public face to those above. */
+typedef struct sd_cluster sd_cluster;
 
 /* A multi-node save that failed here: its id answers late ranks for a while. */
 typedef struct sd_cfailed {
@@ -190,7 +192,8 @@ char *sd_cl_final_path(sd_cluster *cl, const char *dir);
 /* ------------------------------------------------------------------------ *
  * cluster_node.c: the participant
  * ------------------------------------------------------------------------ */
-int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err);
+/* Joins the leader for save (or leads it); *out: the node's part, for the core to keep in save->cl. */
+int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_error *err);
 void sd_node_sealed(sd_csave *cs);
 int sd_node_fail(sd_csave *cs);
 void sd_node_free(sd_csave *cs);

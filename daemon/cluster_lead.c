@@ -20,88 +20,6 @@ static void lead_fail(sd_lead *L, const sd_error *e);
 static void lead_failf(sd_lead *L, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* ------------------------------------------------------------------------ *
- * Lifetime
- * ------------------------------------------------------------------------ */
-static void release_plan(sd_lead *L) {
-  if (L->planned) sd_cplan_free(&L->plan);
-  L->planned = 0;
-  sd_cmanifest_free(&L->man);
-  free(L->rank_node);
-  L->rank_node = NULL;
-}
-
-static void lead_free(sd_lead *L) {
-  sd_cluster *cl = L->cl;
-  for (sd_lead **pp = &cl->leads; *pp; pp = &(*pp)->next)
-    if (*pp == L) {
-      *pp = L->next;
-      break;
-    }
-  release_plan(L);
-  if (L->parent_fd >= 0) close(L->parent_fd);
-  for (size_t i = 0; i < L->nmd; i++) {
-    free((char *)L->md[i].key);
-    free((char *)L->md[i].value);
-  }
-  free(L->md);
-  free(L->nodes);
-  free(L->began);
-  free(L->tmp);
-  free(L->dir);
-  free(L->prefix);
-  free(L->id);
-  free(L);
-}
-
-static sd_lead *find_lead(sd_cluster *cl, const char *id) {
-  uint64_t now = uv_now(cl->d->loop);
-  for (sd_lead *L = cl->leads, *next; L; L = next) {
-    next = L->next;
-    /* Failed saves are remembered a while, so a late node learns why. */
-    if (L->state == L_FAILED && !L->busy && now >= L->forget_at) lead_free(L);
-  }
-  for (sd_lead *L = cl->leads; L; L = L->next)
-    if (strcmp(L->id, id) == 0) return L;
-  return NULL;
-}
-
-/* Room for one more leader state under max_leader_saves: a failed save kept only to tell late
- * nodes why gives way first (the oldest such). 0, or SHARDD_E_LIMIT with the reason in err. */
-static int lead_room(sd_cluster *cl, const char *id, sd_error *err) {
-  unsigned max = cl->d->cfg ? cl->d->cfg->max_leader_saves : 0, n = 0;
-  sd_lead *forget = NULL;
-  for (sd_lead *L = cl->leads; L; L = L->next) {
-    n++;
-    if (L->state == L_FAILED && !L->busy) forget = L; /* new leads go to the head: the last is the oldest */
-  }
-  if (!max || n < max) return 0;
-  if (forget) {
-    lead_free(forget);
-    return 0;
-  }
-  return sd_fail(err, SHARDD_E_LIMIT, "this daemon already leads %u multi-node saves (max_leader_saves=%u); "
-                 "save '%s' cannot begin", n, max, id);
-}
-
-static const char *const lstate_names[] = {"collecting", "preparing", "writing", "finishing", "failed"};
-
-void sd_lead_status(const sd_cluster *cl, json_t *arr) {
-  for (const sd_lead *L = cl->leads; L; L = L->next) {
-    size_t bytes = sizeof *L + L->nnodes * sizeof *L->nodes + (L->rank_node ? L->ws * sizeof *L->rank_node : 0);
-    json_array_append_new(arr, json_pack("{s:o,s:s,s:i,s:i,s:i,s:I}", "save", sd_msg_string_lossy(L->id), "state",
-                                         lstate_names[L->state], "nnodes", (json_int_t)L->nnodes, "joined",
-                                         (json_int_t)L->njoined, "world_size", (json_int_t)L->ws, "memory_bytes",
-                                         (json_int_t)bytes));
-  }
-}
-
-unsigned sd_lead_active(const sd_cluster *cl) {
-  unsigned n = 0;
-  for (const sd_lead *L = cl->leads; L; L = L->next) n += L->state != L_FAILED;
-  return n;
-}
-
-/* ------------------------------------------------------------------------ *
  * To the nodes
  * ------------------------------------------------------------------------ */
 static void to_node(sd_lead *L, uint32_t k, json_t *m, const void *payload, size_t plen) {
@@ -168,7 +86,7 @@ static void lead_fail(sd_lead *L, const sd_error *e) {
   broadcast_abort(L);
   if (L->busy) return; /* fs_done cleans up */
   if (L->tmp_made || L->created) start_job(L, JOB_CLEANUP);
-  else release_plan(L);
+  else sd_lead_release_plan(L);
 }
 
 static void lead_failf(sd_lead *L, int code, const char *fmt, ...) {
@@ -268,7 +186,7 @@ static void commit(sd_lead *L) {
     to_node(L, k, json_pack("{s:s,s:I,s:I,s:I}", "t", "commit", "files", (json_int_t)P->nfiles_total, "tensors",
                             (json_int_t)P->ntensors, "bytes", (json_int_t)P->total_bytes),
             NULL, 0);
-  lead_free(L);
+  sd_lead_free(L);
 }
 
 static void fs_done(uv_work_t *req, int status) {
@@ -285,9 +203,9 @@ static void fs_done(uv_work_t *req, int status) {
       start_job(L, JOB_CLEANUP);
       return;
     }
-    release_plan(L);
+    sd_lead_release_plan(L);
     if (cl->shutting) {
-      lead_free(L);
+      sd_lead_free(L);
       sd_cl_maybe_free(cl);
     }
     return;
@@ -305,121 +223,6 @@ static void fs_done(uv_work_t *req, int status) {
 /* ------------------------------------------------------------------------ *
  * Messages from nodes
  * ------------------------------------------------------------------------ */
-static int params_str(json_t *h, const char *f, const char **out) {
-  *out = json_string_value(json_object_get(h, f));
-  return *out ? 0 : -1;
-}
-
-static sd_lead *lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *err) {
-  const char *dir, *prefix, *mode;
-  uint64_t nn = 0, ws = 0, mss = 0;
-  json_t *md = json_object_get(h, "metadata");
-  if (params_str(h, "dir", &dir) || params_str(h, "prefix", &prefix) || params_str(h, "write_mode", &mode) ||
-      sd_msg_u64(h, "nnodes", 1, SD_NNODES_MAX, &nn, err) < 0 || sd_msg_u64(h, "world_size", 1, SD_WORLD_MAX, &ws, err) < 0 ||
-      sd_msg_u64(h, "max_shard_size", 1, 0, &mss, err) < 0 || nn < 2 || ws < nn || !json_is_object(md) ||
-      sd_path_check_rel(dir, err) != 0) {
-    sd_fail(err, SHARDD_E_INTERNAL, "save '%s': a malformed join", id);
-    return NULL;
-  }
-  sd_lead *L = calloc(1, sizeof *L);
-  if (!L) {
-    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory leading save '%s'", id);
-    return NULL;
-  }
-  L->cl = cl;
-  L->parent_fd = -1;
-  L->id = strdup(id);
-  L->dir = strdup(dir);
-  L->prefix = strdup(prefix);
-  L->mss = mss;
-  L->ws = (uint32_t)ws;
-  L->nnodes = (uint32_t)nn;
-  L->overwrite = json_is_true(json_object_get(h, "overwrite"));
-  L->keep_last = json_integer_value(json_object_get(h, "keep_last"));
-  L->mode = !strcmp(mode, "shared") ? SD_WRITE_SHARED : SD_WRITE_OWNER;
-  L->nodes = calloc(nn, sizeof *L->nodes);
-  L->rank_node = malloc(ws * sizeof *L->rank_node);
-  L->began = calloc(ws, 1);
-  json_t *jt = json_object_get(h, "join_timeout");
-  L->join_timeout = json_is_integer(jt) && json_integer_value(jt) >= 0 && json_integer_value(jt) <= SD_DEADLINE_MAX
-                        ? (uint32_t)json_integer_value(jt)
-                        : cl->d->cfg->join_timeout;
-  L->nmd = json_object_size(md);
-  L->md = calloc(L->nmd ? L->nmd : 1, sizeof *L->md);
-  const sd_config *cfg = cl->d->cfg;
-  L->file_mode = cfg->file_mode ? cfg->file_mode : 0644;
-  L->dir_mode = cfg->dir_mode ? cfg->dir_mode : 0755;
-  int bad = !L->id || !L->dir || !L->prefix || !L->nodes || !L->rank_node || !L->began || !L->md;
-  size_t i = 0;
-  const char *k;
-  json_t *v;
-  json_object_foreach(md, k, v) {
-    if (bad) break;
-    L->md[i].key = strdup(k);
-    L->md[i].value = strdup(json_is_string(v) ? json_string_value(v) : "");
-    bad = !L->md[i].key || !L->md[i].value;
-    i++;
-  }
-  if (bad) {
-    L->nmd = i;
-    lead_free(L);
-    sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory leading save '%s'", id);
-    return NULL;
-  }
-  for (uint32_t r = 0; r < ws; r++) L->rank_node[r] = -1;
-  sd_cl_random_id(L->cid);
-  L->state = L_COLLECT;
-  L->next = cl->leads;
-  cl->leads = L;
-  cl->saves_led++;
-  return L;
-}
-
-/* The first difference between a join and the save as the first node described it. */
-static int join_differs(const sd_lead *L, json_t *h, uint32_t k, sd_error *err) {
-  const char *dir = json_string_value(json_object_get(h, "dir"));
-  const char *prefix = json_string_value(json_object_get(h, "prefix"));
-  const char *mode = json_string_value(json_object_get(h, "write_mode"));
-  json_t *md = json_object_get(h, "metadata");
-  json_int_t nn = json_integer_value(json_object_get(h, "nnodes"));
-  json_int_t ws = json_integer_value(json_object_get(h, "world_size"));
-  json_int_t mss = json_integer_value(json_object_get(h, "max_shard_size"));
-  int ov = json_is_true(json_object_get(h, "overwrite"));
-  if (nn != (json_int_t)L->nnodes)
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives nnodes %lld, other nodes gave %u", L->id, k,
-                   (long long)nn, L->nnodes);
-  if (ws != (json_int_t)L->ws)
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives world_size %lld, other nodes gave %u", L->id, k,
-                   (long long)ws, L->ws);
-  if (!dir || strcmp(dir, L->dir))
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives dir '%.200s', other nodes gave '%.200s'", L->id, k,
-                   dir ? dir : "", L->dir);
-  if (!prefix || strcmp(prefix, L->prefix))
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives prefix '%.100s', other nodes gave '%.100s'", L->id,
-                   k, prefix ? prefix : "", L->prefix);
-  if (mss != (json_int_t)L->mss)
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives max_shard_size %lld, other nodes gave %llu",
-                   L->id, k, (long long)mss, (unsigned long long)L->mss);
-  json_int_t kl = json_integer_value(json_object_get(h, "keep_last"));
-  if (kl != L->keep_last)
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives keep_last %lld, other nodes gave %lld", L->id, k,
-                   (long long)kl, (long long)L->keep_last);
-  if (ov != L->overwrite)
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives overwrite %s, other nodes gave %s", L->id, k,
-                   ov ? "true" : "false", L->overwrite ? "true" : "false");
-  if (!mode || (strcmp(mode, "shared") == 0) != (L->mode == SD_WRITE_SHARED))
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives write_mode %s, other nodes gave %s", L->id, k,
-                   mode ? mode : "?", L->mode == SD_WRITE_SHARED ? "shared" : "owner");
-  int same = json_is_object(md) && json_object_size(md) == L->nmd;
-  for (size_t i = 0; same && i < L->nmd; i++) {
-    const char *v = json_string_value(json_object_get(md, L->md[i].key));
-    same = v && strcmp(v, L->md[i].value) == 0;
-  }
-  if (!same)
-    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives different metadata than other nodes", L->id, k);
-  return 0;
-}
-
 static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, const char *tok, uint32_t k, json_t *h) {
   sd_error err = {0};
   if (L && L->state == L_FAILED) {
@@ -428,7 +231,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
       if (L->busy) {
         sd_log_warn("save '%s': node %u retries while the last attempt is still being cleaned up", id, k);
       } else {
-        lead_free(L);
+        sd_lead_free(L);
         L = NULL;
       }
     }
@@ -447,7 +250,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
       return;
     }
   }
-  if (!L && lead_room(cl, id, &err) != 0) {
+  if (!L && sd_lead_room(cl, id, &err) != 0) {
     sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
     json_t *m = json_pack("{s:s,s:s,s:s,s:s,s:s}", "t", "abort", "save", id, "tok", tok, "code",
                           sd_err_name(err.code), "message", err.msg);
@@ -456,7 +259,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
     return;
   }
   if (!L) {
-    L = lead_new(cl, id, h, &err);
+    L = sd_lead_new(cl, id, h, &err);
     if (!L) {
       sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
       return;
@@ -503,7 +306,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
     lead_failf(L, SHARDD_E_CONFLICT, "save '%s': node %u joins after planning started", id, k);
     return;
   }
-  if (join_differs(L, h, k, &err)) {
+  if (sd_lead_join_differs(L, h, k, &err)) {
     lead_fail(L, &err);
     return;
   }
@@ -688,7 +491,7 @@ void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, siz
     return;
   }
   uint32_t k = (uint32_t)json_integer_value(jk);
-  sd_lead *L = find_lead(cl, id);
+  sd_lead *L = sd_lead_find(cl, id);
   if (!strcmp(t, "join")) {
     on_join(cl, L, p, id, tok, k, h);
     json_decref(h);
@@ -790,6 +593,6 @@ void sd_lead_shutdown(sd_cluster *cl) {
     if (L->busy) continue;
     fsjob j = {.L = L, .kind = JOB_CLEANUP, .root_fd = cl->d->root_fd};
     sd_lead_fs_cleanup(&j);
-    lead_free(L);
+    sd_lead_free(L);
   }
 }

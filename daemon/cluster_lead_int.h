@@ -1,4 +1,4 @@
-/* The leader's state, shared by its protocol (cluster_lead.c) and its folder work on worker threads (cluster_lead_fs.c). */
+/* The leader's state, shared by its protocol (cluster_lead.c), its states' life (cluster_lead_state.c) and its folder work on worker threads (cluster_lead_fs.c). */
 #ifndef SD_CLUSTER_LEAD_INT_H
 #define SD_CLUSTER_LEAD_INT_H
 
@@ -59,6 +59,20 @@ typedef struct {
   int root_fd;
   sd_error err;
 } fsjob;
+
+/* A new leader state from the first join of any node (h), at the head of cl->leads; NULL with err set. */
+sd_lead *sd_lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *err);
+/* conflict naming the first field in which a later join differs from the save as the first described it. */
+int sd_lead_join_differs(const sd_lead *L, json_t *h, uint32_t k, sd_error *err);
+/* The save led here by that id; failed ones past their forget time go first. */
+sd_lead *sd_lead_find(sd_cluster *cl, const char *id);
+/* Room for one more leader state under max_leader_saves: a failed save kept only to tell late
+ * nodes why gives way first (the oldest such). 0, or SHARDD_E_LIMIT with the reason in err. */
+int sd_lead_room(sd_cluster *cl, const char *id, sd_error *err);
+/* The manifest and plan go: a failed save keeps only what answers late nodes. */
+void sd_lead_release_plan(sd_lead *L);
+/* Out of cl->leads and freed. */
+void sd_lead_free(sd_lead *L);
 
 /* Runs one fsjob (req->data) on a worker thread: only the job's own fields
  * and its leader's folder are touched; the result is left in j->err. */

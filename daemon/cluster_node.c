@@ -21,7 +21,7 @@ static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "sh
 /* ------------------------------------------------------------------------ *
  * begin: join the leader
  * ------------------------------------------------------------------------ */
-int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
+int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_error *err) {
   sd_cluster *cl = save->d->cluster;
   if (strlen(a->leader) >= SD_PEER_ADDR_MAX)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'leader' is too long");
@@ -49,7 +49,7 @@ int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_error *err) {
       return err->code;
     }
   }
-  save->cl = cs;
+  *out = cs;
   json_t *md = json_object();
   for (size_t i = 0; i < save->nmetadata; i++)
     json_object_set_new(md, save->metadata[i].key, json_string(save->metadata[i].value));
@@ -173,15 +173,10 @@ int sd_node_fail(sd_csave *cs) {
     r = n;
   }
   cs->pending = NULL;
-  if (cs->io > 0) {
-    save->state = SD_SAVE_FAILING;
-    return 1;
-  }
+  if (cs->io > 0) return 1;
   sd_node_close_files(cs);
   sd_node_remove_orphan_tmp(cs);
-  /* Nothing in flight: save.c finalizes right away. */
-  save->state = SD_SAVE_OPEN;
-  return 0;
+  return 0; /* nothing in flight: the core ends the save right away */
 }
 
 void sd_node_free(sd_csave *cs) {
@@ -420,8 +415,7 @@ static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
   }
   char why[SD_ERRMSG_MAX] = "";
   cs->phase = SD_CP_WRITING;
-  save->state = SD_SAVE_WRITING;
-  save->t_write = uv_hrtime();
+  sd_save_writing(save);
   cs->io++; /* hold: nothing may finish the save while we set it up */
   int rc = take_assignment(cs, h, payload, plen, why, sizeof why);
   cs->io--;
@@ -499,9 +493,6 @@ static void on_commit(sd_csave *cs, json_t *h) {
   if (!json_u64(json_object_get(h, "bytes"), &v)) cs->r_bytes = v;
   char *path = sd_cl_final_path(cs->cl, save->dir);
   sd_node_close_files(cs);
-  /* This node's share, in its own summary line and counters (save_end.c). */
-  save->bytes_direct = cs->bytes_direct;
-  save->bytes_copied = cs->bytes_written - cs->bytes_direct;
   sd_log_info("save '%s' committed by the leader; node %u wrote %llu bytes of its own here, forwarded %llu, "
               "received %llu", save->id, cs->node_rank, (unsigned long long)cs->bytes_local,
               (unsigned long long)cs->bytes_fwd, (unsigned long long)cs->bytes_recv);

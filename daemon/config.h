@@ -72,7 +72,7 @@ typedef struct sd_config {
   unsigned join_timeout;   /* default seconds for every rank to begin after the first; 0: never */
   unsigned idle_timeout;   /* default seconds a save's unsealed ranks may all be silent; 0: never */
   unsigned history_window; /* seconds an ended save's id answers a late begin */
-  /* hostile peers (peer side: peer.c, cluster_lead.c) */
+  /* hostile peers (peer side: peer_conn.c, cluster_lead.c) */
   unsigned peer_handshake_timeout; /* seconds a peer connection has to log in */
   unsigned peer_max_unauth;        /* peer connections not logged in at once */
   unsigned max_leader_saves;       /* leader states (cluster_lead.c), failed ones kept for late nodes included */

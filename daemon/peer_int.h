@@ -1,4 +1,4 @@
-/* Peer connections, shared by peer.c (connections, frames, handshake), peer_strangers.c (before login) and peer_net.c (listener, timers). */
+/* Peer connections, shared by peer_conn.c (connections, frames, handshake), peer_strangers.c (before login) and peer_net.c (listener, timers). */
 #ifndef SD_PEER_INT_H
 #define SD_PEER_INT_H
 
@@ -93,7 +93,7 @@ struct sd_peer_net {
 
 static inline uint64_t now_ms(const sd_peer_net *net) { return uv_now(net->loop); }
 
-/* peer.c */
+/* peer_conn.c */
 /* Closes with a reason for on_lost (not logged); frees at once when no handle is open. */
 void sd_peer_fail(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* How logs name a connection (a static buffer). */

@@ -1,4 +1,4 @@
-/* The peer network: its listener, heartbeats and handshake timer, started and closed, above the connections (peer.c) and strangers (peer_strangers.c). */
+/* The peer network: its listener, heartbeats and handshake timer, started and closed, above the connections (peer_conn.c) and strangers (peer_strangers.c). */
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>

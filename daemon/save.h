@@ -1,5 +1,7 @@
-/* The save core's public face: one save's state machine, told by its owner what ranks do, telling it back through sd_save_owner_ops. */
-/* Requests are in save.c, failure, publish and the end in save_end.c, lookup, memory and results in save_store.c. */
+/* The save core's one face: what a save is, what its owner asks of it, and what it tells its owner back (the two ops tables). */
+/* Behind it the parts call one way, each only those after it: requests (save_request.c), deadlines (save_deadline.c),
+ * failure, publish and the end (save_end.c), lookup, memory and results (save_store.c), then the plan (planner.c) and
+ * the guards (save_guard.c). None calls its owner but through the tables. */
 #ifndef SD_SAVE_H
 #define SD_SAVE_H
 
@@ -178,8 +180,8 @@ typedef struct sd_save_owner_ops {
 } sd_save_owner_ops;
 
 typedef struct sd_save_ext_ops {
-  /* A new save with nnodes > 1: joins the leader (or leads), sets save->cl. */
-  int (*attach)(struct sd_save *save, const sd_begin_args *a, sd_error *err);
+  /* A new save with nnodes > 1: joins the leader (or leads); *cl is the part the save then carries (save->cl). */
+  int (*attach)(struct sd_save *save, const sd_begin_args *a, struct sd_csave **cl, sd_error *err);
   /* A joining rank must agree on nnodes, node_rank, leader and write_mode (any save). */
   int (*join_check)(const struct sd_save *save, const sd_begin_args *a, sd_error *err);
   /* A rank of this node began (the first one after attach): the leader counts them for join_timeout. */
@@ -187,9 +189,9 @@ typedef struct sd_save_ext_ops {
   /* Every rank declared or sealed: the slice descriptions go to the leader. */
   void (*sealed)(struct sd_save *save);
   /* The save failed (save->err is set): 1 while writes are still in flight,
-   * the save is then finished (sd_save_finish) once they stop. */
+   * the save is then finished (sd_save_finish) once they stop; 0 ends it now. */
   int (*fail)(struct sd_save *save);
-  /* The save is being freed: let go of save->cl. */
+  /* The save is being freed: let go of save->cl (the core forgets it after). */
   void (*detach)(struct sd_save *save);
   /* What `wait` reports for a committed save. */
   void (*result)(const struct sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes);
@@ -252,6 +254,9 @@ void sd_save_fail_all(sd_daemon *d, int code, const char *why);
 void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path);
 /* Tells the ranks "released" once (the owner's `released`): their shared memory is no longer read. */
 void sd_save_released(sd_save *save);
+/* The save's bytes start going to disk (its publish, or a multi-node save's assignment): no more
+ * puts, and the write seconds of its summary count from here. */
+void sd_save_writing(sd_save *save);
 
 uint64_t sd_save_bytes_planned(const sd_save *save);
 /* Saves writing now and the bytes they have still to write. */

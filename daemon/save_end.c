@@ -57,6 +57,11 @@ static void finalize(sd_save *save, const char *final_path) {
     } else if (save->cl) {
       d->multi_node->result(save, &r.files, &r.tensors, &r.bytes);
     }
+    if (save->cl) {
+      /* This node's share, in its own summary line and counters. */
+      save->bytes_direct = d->multi_node->bytes_direct(save);
+      save->bytes_copied = d->multi_node->bytes_written(save) - save->bytes_direct;
+    }
     uint64_t now = uv_hrtime();
     double secs = (double)(now - save->t_write) / 1e9, total = (double)(now - save->t_begin) / 1e9;
     uint64_t forwarded = 0; /* bytes streamed to peer daemons (multi-node saves) */
@@ -118,7 +123,14 @@ void sd_save_fail_err(sd_save *save, const sd_error *err) {
   if (save->err.code) return;
   save->err = *err;
   if (!save->err.code) save->err.code = SHARDD_E_INTERNAL;
-  if (save->cl && save->d->multi_node->fail(save)) return; /* finished once its peer writes stop */
+  if (save->cl) {
+    /* The multi-node part stops its writes: with some in flight the save ends once they stop (sd_save_finish). */
+    if (save->d->multi_node->fail(save)) {
+      save->state = SD_SAVE_FAILING;
+      return;
+    }
+    save->state = SD_SAVE_OPEN;
+  }
   if (save->state == SD_SAVE_WRITING) {
     save->state = SD_SAVE_FAILING;
     if (save->pub) sd_publish_cancel(save->pub, save->err.code, save->err.msg);
@@ -185,6 +197,11 @@ void sd_save_finish(sd_save *save, const sd_error *err, const char *final_path) 
 
 void sd_save_released(sd_save *save) { send_released(save); }
 
+void sd_save_writing(sd_save *save) {
+  save->state = SD_SAVE_WRITING;
+  save->t_write = uv_hrtime();
+}
+
 static void on_released(sd_publish *pub, void *ud) {
   (void)pub;
   send_released(ud);
@@ -250,8 +267,7 @@ static void start_write(sd_save *save) {
   };
   sd_log_debug("save '%s': %zu tensors, %zu files, %zu writes, %llu bytes", save->id, p->ntensors,
                p->plan.nfiles, p->nops, (unsigned long long)p->total_bytes);
-  save->state = SD_SAVE_WRITING;
-  save->t_write = uv_hrtime();
+  sd_save_writing(save);
   save->in_start = 1;
   sd_publish *pub = NULL;
   int rc = sd_publish_start(d->writer, &req, &pub, &err);

@@ -1,4 +1,4 @@
-/* What the save core's files (save.c, save_end.c, save_store.c) share and nobody above them sees. */
+/* What the save core's files (save_request.c, save_end.c, save_store.c, save_deadline.c) share and nobody above them sees. */
 #ifndef SD_SAVE_INT_H
 #define SD_SAVE_INT_H
 

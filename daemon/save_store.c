@@ -43,7 +43,10 @@ static void kv_free(sd_kv *kv, size_t n) {
 
 void sd_save_free(sd_save *save) {
   sd_save_inline_release(save);
-  if (save->cl) save->d->multi_node->detach(save);
+  if (save->cl) {
+    save->d->multi_node->detach(save);
+    save->cl = NULL;
+  }
   for (size_t i = 0; i < save->ntensors; i++) {
     sd_save_tensor *t = save->tensors[i];
     for (size_t j = 0; j < t->nslices; j++) {

@@ -25,7 +25,7 @@ void sd_nameidx_init(sd_nameidx *ix);
 void sd_nameidx_free(sd_nameidx *ix);
 
 /* FNV-1a steps with the 64-bit prime, from the basis 1469598103934665603 that
- * save.c and cluster_plan.c always used (the standard basis has one more
+ * save_request.c and cluster_plan.c always used (the standard basis has one more
  * digit; any basis hashes as well). The home slot is hash & (cap - 1). */
 uint64_t sd_nameidx_hash(const char *name);
 

@@ -323,7 +323,7 @@ Test(nameidx, random_names_agree_with_linear_search, .timeout = 100) {
   names_free(&ns);
 }
 
-/* SD_NAMED_TABLE: the table save.c and cluster_plan.c keep their tensors in. */
+/* SD_NAMED_TABLE: the table save_request.c and cluster_plan.c keep their tensors in. */
 typedef struct {
   char *name;
   int value;

@@ -533,7 +533,7 @@ Test(staging, mixed_zero_copy_and_staged_writes_in_one_file, .init = setup, .fin
 }
 
 /* A zero-copy write from a segment the client shrank gets EFAULT: the
- * save fails (save.c names the region, out_of_range), the process lives. */
+ * save fails (save_end.c names the region, out_of_range), the process lives. */
 Test(staging, a_zero_copy_write_from_a_shrunken_segment_fails_the_save, .init = setup, .fini = fr_teardown,
      .timeout = 60) {
   make_writer(512 << 10, 128 << 10, 0);

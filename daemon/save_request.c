@@ -61,7 +61,10 @@ static int attach_multi_node(sd_save *save, const sd_begin_args *a, sd_error *er
   if (!save->d->multi_node)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "save '%s' spans %u nodes, but this daemon cannot join others",
                    a->save, a->nnodes);
-  return save->d->multi_node->attach(save, a, err);
+  struct sd_csave *cl = NULL;
+  int rc = save->d->multi_node->attach(save, a, &cl, err);
+  if (rc == 0) save->cl = cl;
+  return rc;
 }
 
 static int create_save(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_save **out, sd_error *err) {
