@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "cluster_int.h"
-#include "filejob.h"
+#include "fileset.h"
 #include "log.h"
 #include "pathsafe.h"
 #include "region.h"
@@ -416,7 +416,7 @@ void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
 
 /* ------------------------------------------------------------------------ *
  * Regions made only of this node's bytes (its header and its own ranks'
- * slices, in blocks of SD_XFER_BLOCK): the single-node path (filejob.c,
+ * slices, in blocks of SD_XFER_BLOCK): the single-node path (fileset.c,
  * pubfill.c), staged by the copy workers and written with O_DIRECT, in the
  * writer's counters. A whole file of them (a pipeline layout, any file that
  * takes nothing from other nodes) is one region. Blocks that also take
@@ -692,13 +692,14 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
       goto out;
     }
     xs->cs = cs;
-    sd_filejob_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
+    sd_fileset_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
-                        .nspans = xs->nspans, .stop = &cs->failing, .bytes_written = &cs->bytes_written,
-                        .bytes_direct = &cs->bytes_direct, .tag = cs->save->id, .cb = on_staged, .ud = xs};
+                        .nspans = xs->nspans, .point = "filejob", .stop = &cs->failing,
+                        .bytes_written = &cs->bytes_written, .bytes_direct = &cs->bytes_direct, .tag = cs->save->id,
+                        .cb = on_staged, .ud = xs};
     cs->io++;
     cs->staged = xs;
-    if ((rc = sd_filejob_start(w, &r, err)) != 0) {
+    if ((rc = sd_fileset_start(w, &r, err)) != 0) {
       cs->io--;
       cs->staged = NULL;
       goto out;
