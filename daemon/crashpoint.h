@@ -18,6 +18,8 @@
  *   parentsync  the parent's fsync completed (before the save is reported)
  *   filejob     a node's share of a multi-node save: its file set started
  *               (crash, stall), and each of its writes' answers (fault)
+ *   lead        the same for the leader's own files (artifacts, index),
+ *               fsyncs included
  *
  * SHARDD_TEST_CRASH_AT=PHASE:N  the N-th time PHASE is reached (counted over
  *                               the daemon's life, from 1) the daemon kills

@@ -447,6 +447,7 @@ int sd_fileset_start(sd_writer *w, const sd_fileset_req *req, sd_error *err) {
   s->job.w = w;
   if (req->point) sd_crash_point(req->point); /* tests: a stall here lets a client shrink its segment under the writes */
   if (sd_writer_attach(w, &s->job, err) != 0) {
+    for (size_t i = 0; i < req->nfiles; i++) s->f[i].fd = -1; /* never asked for a slot: still the caller's */
     sd_fileset_free(s);
     return err->code;
   }

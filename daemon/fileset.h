@@ -69,13 +69,13 @@ typedef struct {
 
 /* The set as a writer job of its own, for callers that need nothing
  * around the writes. Everything req points to must stay valid until the
- * callback. */
+ * callback. On failure (no callback) the descriptors stay the caller's. */
 int sd_fileset_start(sd_writer *w, const sd_fileset_req *req, sd_error *err);
 
 /* The set alone, for a caller whose own writer job drives it (the publish:
  * its phases around the writes) through the calls below, which mirror
  * sd_wjob_ops. Nothing is attached; sd_fileset_free once nothing is in
- * flight. */
+ * flight. On failure the descriptors stay the caller's. */
 int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd_error *err);
 void sd_fileset_free(sd_fileset *s);
 /* Closes the descriptors a durable set still owns (nothing in flight). */
