@@ -137,11 +137,7 @@ static void fs_end(fsjob *j, int status) {
   free(j->fds);
   free(j->names);
   free(j->files);
-  j->fds = NULL;
-  j->names = NULL;
-  j->files = NULL;
-  j->tfd = -1;
-  j->done(&j->req, status);
+  j->done(&j->req, status); /* frees j */
 }
 
 static void own_written(void *ud, const sd_error *err) {

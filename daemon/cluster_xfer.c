@@ -521,21 +521,12 @@ static size_t region_of(const sd_xstaged *xs, uint32_t lf, uint64_t off) {
 
 static int add_region(sd_xstaged *xs, uint32_t lf, int fd, const char *name, uint64_t base, uint64_t size,
                       const uint8_t *head, uint64_t head_len) {
-  if (xs->n == xs->cap) {
-    size_t nc = xs->cap ? xs->cap * 2 : 16;
-    uint32_t *a = realloc(xs->lf, nc * sizeof *a);
-    if (a) xs->lf = a;
-    uint64_t *b = realloc(xs->bases, nc * sizeof *b);
-    if (b) xs->bases = b;
-    int *c = realloc(xs->fds, nc * sizeof *c);
-    if (c) xs->fds = c;
-    const char **d = realloc(xs->names, nc * sizeof *d);
-    if (d) xs->names = d;
-    sd_fill_file *e = realloc(xs->files, nc * sizeof *e);
-    if (e) xs->files = e;
-    if (!a || !b || !c || !d || !e) return -1;
-    xs->cap = nc;
-  }
+  /* five arrays of one length: each grows from the same capacity to the same one */
+  size_t a = xs->cap, b = a, c = a, d = a, e = a, need = xs->n + 1;
+  if (SD_GROW(xs->lf, a, need, 16) || SD_GROW(xs->bases, b, need, 16) || SD_GROW(xs->fds, c, need, 16) ||
+      SD_GROW(xs->names, d, need, 16) || SD_GROW(xs->files, e, need, 16))
+    return -1;
+  xs->cap = a;
   xs->lf[xs->n] = lf;
   xs->bases[xs->n] = base;
   xs->fds[xs->n] = fd;
@@ -638,14 +629,11 @@ oom:
 }
 
 static int collect_spans(sd_csave *cs, sd_xstaged *xs) {
+  size_t cap = 0;
   for (size_t i = 0; i < cs->nslices; i++) {
     const sd_region *r = cs->slices[i].sl->region;
     if (!r) continue;
-    if (xs->nspans % 64 == 0) {
-      sd_shm_span *ns = realloc(xs->spans, (xs->nspans + 64) * sizeof *ns);
-      if (!ns) return -1;
-      xs->spans = ns;
-    }
+    if (SD_GROW(xs->spans, cap, xs->nspans + 1, 64)) return -1;
     xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
   }
   if (xs->nspans) qsort(xs->spans, xs->nspans, sizeof *xs->spans, span_cmp);

@@ -132,11 +132,8 @@ static uint64_t ckpt_data(const char *rel) {
 /* ------------------------------------------------------------------------ *
  * Layouts
  * ------------------------------------------------------------------------ */
-/* Pipeline parallel: node n holds layers 2n and 2n+1 (each split by rows
- * between its two ranks); a shard holds exactly two layers, so every file
- * is written by the node that holds it and nothing crosses the network. */
-Test(peers, pipeline_layout_writes_every_file_locally) {
-  static h_put puts[12];
+/* Six small layers, node n holding layers 2n and 2n+1 (each split by rows between its two ranks). */
+static void pipeline_puts(h_put puts[12]) {
   static char names[6][32];
   for (int L = 0; L < 6; L++) {
     snprintf(names[L], sizeof names[L], "layers.%d.w", L);
@@ -144,6 +141,14 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
     puts[2 * L] = (h_put)IBOX2(r, names[L], "F32", 8, 16, 0, 0, 4, 16, L);
     puts[2 * L + 1] = (h_put)IBOX2(r + 1, names[L], "F32", 8, 16, 4, 0, 4, 16, L);
   }
+}
+
+/* Pipeline parallel: node n holds layers 2n and 2n+1 (each split by rows
+ * between its two ranks); a shard holds exactly two layers, so every file
+ * is written by the node that holds it and nothing crosses the network. */
+Test(peers, pipeline_layout_writes_every_file_locally) {
+  static h_put puts[12];
+  pipeline_puts(puts);
   h_script s = {.opts = cluster_opts("pipe", "ck/pipe", 1024), .puts = puts, .nputs = 12, .seed = 41};
   run_ranks(&s);
   h_expect_committed(&s);
@@ -159,13 +164,7 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
  * as a publish's do: every byte, an unaligned tail cut back, an empty one. */
 Test(peers, the_leaders_own_files_are_whole) {
   static h_put puts[12];
-  static char names[6][32];
-  for (int L = 0; L < 6; L++) {
-    snprintf(names[L], sizeof names[L], "layers.%d.w", L);
-    int r = (L / 2) * 2;
-    puts[2 * L] = (h_put)IBOX2(r, names[L], "F32", 8, 16, 0, 0, 4, 16, L);
-    puts[2 * L + 1] = (h_put)IBOX2(r + 1, names[L], "F32", 8, 16, 4, 0, 4, 16, L);
-  }
+  pipeline_puts(puts);
   static char cfg[5001];
   for (size_t i = 0; i < sizeof cfg; i++) cfg[i] = (char)('a' + i % 26);
   const h_file files[] = {
