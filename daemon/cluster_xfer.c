@@ -482,7 +482,7 @@ static void on_staged(void *ud, const sd_error *err) {
     xs_free(xs);
     sd_log_debug("save '%s': node %u: its own files: %s", cs->save->id, cs->node_rank, err->msg);
     if (err->code == SHARDD_E_IO && fail_if_shrunk(cs)) return;
-    sd_node_fail_held(cs, err->code, "node %u ('%s'): %s/%s", cs->node_rank, cs->cl->node, cs->save->dir, err->msg);
+    sd_node_fail_held(cs, err->code, "node %u ('%s'): %s", cs->node_rank, cs->cl->node, err->msg);
     return;
   }
   /* cs->bytes_written and bytes_direct grew as the job wrote */
@@ -682,7 +682,7 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
     xs->cs = cs;
     sd_fileset_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
-                        .nspans = xs->nspans, .point = "filejob", .stop = &cs->failing,
+                        .nspans = xs->nspans, .dir = cs->save->dir, .point = "filejob", .stop = &cs->failing,
                         .bytes_written = &cs->bytes_written, .bytes_direct = &cs->bytes_direct, .tag = cs->save->id,
                         .cb = on_staged, .ud = xs};
     cs->io++;

@@ -22,7 +22,7 @@ typedef struct {
 } fs_file;
 
 struct sd_fileset {
-  sd_wjob job;             /* first: sd_fileset_start's job, handed back as this (unused when a caller drives the set) */
+  sd_wjob job;             /* first: sd_fileset_start's job, handed back as this (idle when a caller drives the set) */
   sd_writer *w;
   sd_fileset_req r;
   sd_fill fill;
@@ -343,7 +343,7 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
   if (s) s->f = calloc(nf, sizeof *s->f);
   if (s && req->durable) s->ready = calloc(nf, sizeof *s->ready);
   if (!s || !s->f || (req->durable && !s->ready)) {
-    if (s) free(s->f);
+    if (s) free(s->f), free(s->ready);
     free(s);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "save '%s': no memory for its files' writes", req->tag);
   }
@@ -445,7 +445,8 @@ int sd_fileset_start(sd_writer *w, const sd_fileset_req *req, sd_error *err) {
   if (rc) return rc;
   s->job.ops = &fs_ops;
   s->job.w = w;
-  if (req->point) sd_crash_point(req->point); /* tests: a stall here lets a client shrink its segment under the writes */
+  /* tests: a stall here lets a client shrink its segment under the writes */
+  if (req->point) sd_crash_point(req->point);
   if (sd_writer_attach(w, &s->job, err) != 0) {
     for (size_t i = 0; i < req->nfiles; i++) s->f[i].fd = -1; /* never asked for a slot: still the caller's */
     sd_fileset_free(s);

@@ -53,7 +53,7 @@ typedef struct {
   int durable;             /* fsync each file once whole */
   int gather;              /* plan gathered writes of several segments too (sd_fill_plan_gather) */
   const char *dir;         /* messages name a file dir/name; NULL: by its name alone */
-  const char *where;       /* the warning that the file system refuses O_DIRECT names this, read at the start; NULL: the file */
+  const char *where;       /* named by the warning that O_DIRECT is refused, read at the start; NULL: the file */
   const char *tag;         /* the save, for messages */
   /* Test points (crashpoint.h): NULL for a publish's (write, fsync, and
    * index for index_file); a name is the one point of the whole set: reached
