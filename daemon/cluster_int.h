@@ -159,7 +159,7 @@ typedef struct sd_csave {
   struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer.c) */
 
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
-  uint64_t bytes_direct;   /* of bytes_written: zero-copy from this node's ranks' segments (filejob.c) */
+  uint64_t bytes_direct;   /* of bytes_written: zero-copy from this node's ranks' segments (fileset.c) */
   uint64_t r_files, r_tensors, r_bytes;
   int failing, from_leader, leader_lost, released, done_sent;
   int stalled;             /* the assignment could not be taken up: waiting for the leader's verdict */

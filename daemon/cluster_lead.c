@@ -60,9 +60,8 @@ static void start_job(sd_lead *L, int kind) {
   j->L = L;
   j->kind = kind;
   j->root_fd = L->cl->d->root_fd;
-  j->req.data = j;
   L->busy = 1;
-  if (uv_queue_work(L->cl->d->loop, &j->req, sd_lead_fs_work, fs_done) != 0) {
+  if (sd_lead_fs_queue(L->cl->d->loop, j, fs_done) != 0) {
     L->busy = 0;
     free(j);
     if (kind != JOB_CLEANUP) lead_failf(L, SHARDD_E_INTERNAL, "save '%s': cannot queue file-system work", L->id);

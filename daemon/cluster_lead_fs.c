@@ -1,13 +1,14 @@
-/* The leader's folder work on worker threads: temporary folder and sized shard files, then artifacts, index, owner and the publish. */
+/* The leader's folder work on worker threads: temporary folder and sized shard files; then its own files (artifacts, index) written by the writer as a publish's, the owner and the publish. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cluster_lead_int.h"
 #include "crashpoint.h"
+#include "fileset.h"
 #include "log.h"
 #include "owner.h"
 #include "pathsafe.h"
@@ -16,34 +17,6 @@
 /* ------------------------------------------------------------------------ *
  * The file system, in the thread pool so heartbeats never wait on a disk
  * ------------------------------------------------------------------------ */
-static int write_file(int dirfd, const char *name, const uint8_t *data, size_t len, unsigned mode, sd_error *err,
-                      const char *dir) {
-  int fd = openat(dirfd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, mode);
-  if (fd < 0) {
-    if (errno == EEXIST) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", name, dir);
-    return sd_fail(err, sd_err_from_errno(errno), "cannot create %s/%s: %s", dir, name, strerror(errno));
-  }
-  fchmod(fd, mode);
-  size_t at = 0;
-  while (at < len) {
-    ssize_t w = pwrite(fd, data + at, len - at, (off_t)at);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      int e = w < 0 ? errno : EIO;
-      close(fd);
-      return sd_fail(err, sd_err_from_errno(e), "%s/%s: write at offset %zu: %s", dir, name, at, strerror(e));
-    }
-    at += (size_t)w;
-  }
-  if (fsync(fd) < 0) {
-    int e = errno;
-    close(fd);
-    return sd_fail(err, sd_err_from_errno(e), "%s/%s: fsync: %s", dir, name, strerror(e));
-  }
-  close(fd);
-  return 0;
-}
-
 /* The temporary folder, and every shard file in it at its final size:
  * nodes only open and write, so no node can race another's create. */
 static int job_prepare(fsjob *j) {
@@ -87,29 +60,51 @@ static int job_prepare(fsjob *j) {
   return rc;
 }
 
-/* Every node's files are durable: artifacts and index, the folder, the rename, the parent. */
-static int job_finish(fsjob *j) {
+/* Every node's files are durable: the leader's own (artifacts and index)
+ * are made here, empty, for the writer to write and fsync as a publish's. */
+static int finish_open(fsjob *j) {
   sd_lead *L = j->L;
   sd_error *err = &j->err;
   sd_crash_point("lead_index"); /* tests: every node is durable, the index not yet written */
-  int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
-  if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
-  int rc = 0;
-  for (size_t i = 0; i < L->man.nfiles && !rc; i++)
-    rc = write_file(tfd, L->man.files[i].name, L->man.files[i].data, L->man.files[i].len, L->file_mode, err, L->dir);
-  if (!rc && L->plan.plan.needs_index)
-    rc = write_file(tfd, L->plan.plan.index_name, (const uint8_t *)L->plan.index_json, L->plan.index_len,
-                    L->file_mode, err, L->dir);
-  if (!rc && L->has_owner) {
+  j->tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
+  if (j->tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-j->tfd));
+  size_t n = L->man.nfiles + (L->plan.plan.needs_index ? 1 : 0);
+  j->fds = malloc((n ? n : 1) * sizeof *j->fds);
+  j->names = malloc((n ? n : 1) * sizeof *j->names);
+  j->files = malloc((n ? n : 1) * sizeof *j->files);
+  if (!j->fds || !j->names || !j->files) return sd_fail(err, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
+  for (size_t i = 0; i < n; i++) j->fds[i] = -1;
+  j->nown = n;
+  for (size_t i = 0; i < L->man.nfiles; i++) {
+    j->names[i] = L->man.files[i].name;
+    j->files[i] = (sd_fill_file){L->man.files[i].data, L->man.files[i].len, L->man.files[i].len};
+  }
+  if (L->plan.plan.needs_index) {
+    j->names[n - 1] = L->plan.plan.index_name;
+    j->files[n - 1] = (sd_fill_file){(const uint8_t *)L->plan.index_json, L->plan.index_len, L->plan.index_len};
+  }
+  for (size_t i = 0; i < n; i++) {
+    int fd = j->fds[i] = openat(j->tfd, j->names[i], O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, L->file_mode);
+    if (fd < 0) {
+      if (errno == EEXIST) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", j->names[i], L->dir);
+      return sd_fail(err, sd_err_from_errno(errno), "cannot create %s/%s: %s", L->dir, j->names[i], strerror(errno));
+    }
+    fchmod(fd, L->file_mode);
+  }
+  return 0;
+}
+
+/* The leader's own files are durable: the owner, the folder, the rename, the parent. */
+static int finish_publish(fsjob *j) {
+  sd_lead *L = j->L;
+  if (L->has_owner) {
     /* Before the folder's fsync and rename: it is never visible without its owner. */
-    int orc = sd_owner_record(tfd, L->owner_uid);
+    int orc = sd_owner_record(j->tfd, L->owner_uid);
     if (orc < 0)
       sd_log_warn("cannot record the owner (uid %u) of '%s': %s; only root, the daemon's uid and trusted_group"
                   " members may overwrite it", (unsigned)L->owner_uid, L->dir, strerror(-orc));
   }
-  if (!rc) rc = sd_publish_dir(L->parent_fd, tfd, L->tmp, L->dir, L->overwrite, L->id, &L->renamed, err);
-  close(tfd);
-  return rc;
+  return sd_publish_dir(L->parent_fd, j->tfd, L->tmp, L->dir, L->overwrite, L->id, &L->renamed, &j->err);
 }
 
 int sd_lead_fs_cleanup(fsjob *j) {
@@ -124,9 +119,75 @@ int sd_lead_fs_cleanup(fsjob *j) {
   return 0;
 }
 
-void sd_lead_fs_work(uv_work_t *req) {
+static void fs_work(uv_work_t *req) {
   fsjob *j = req->data;
   if (j->kind == JOB_PREPARE) job_prepare(j);
-  else if (j->kind == JOB_FINISH) job_finish(j);
+  else if (j->kind == JOB_FINISH && j->step == 0) finish_open(j);
+  else if (j->kind == JOB_FINISH) finish_publish(j);
   else sd_lead_fs_cleanup(j);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Between the threads: the leader's own files on the writer
+ * ------------------------------------------------------------------------ */
+static void fs_after(uv_work_t *req, int status);
+
+static void fs_end(fsjob *j, int status) {
+  for (size_t i = 0; j->fds && i < j->nown; i++)
+    if (j->fds[i] >= 0) close(j->fds[i]);
+  if (j->tfd >= 0) close(j->tfd);
+  free(j->fds);
+  free(j->names);
+  free(j->files);
+  j->done(&j->req, status); /* frees j */
+}
+
+static void own_written(void *ud, const sd_error *err) {
+  fsjob *j = ud;
+  if (err) {
+    j->err = *err;
+    fs_end(j, 0);
+    return;
+  }
+  j->step = 2;
+  if (uv_queue_work(j->L->cl->d->loop, &j->req, fs_work, fs_after) != 0) {
+    sd_fail(&j->err, SHARDD_E_INTERNAL, "save '%s': cannot queue file-system work", j->L->id);
+    fs_end(j, 0);
+  }
+}
+
+/* The artifacts and the index written and fsynced by the ring, as a publish's are. */
+static void write_own(fsjob *j) {
+  sd_lead *L = j->L;
+  sd_writer *w = L->cl->d->writer;
+  j->step = 1;
+  if (!j->nown) {
+    own_written(j, NULL);
+    return;
+  }
+  if (!w) {
+    sd_fail(&j->err, SHARDD_E_SHUTTING_DOWN, "the daemon is shutting down");
+    fs_end(j, 0);
+    return;
+  }
+  sd_fileset_req r = {.fds = j->fds, .names = j->names, .files = j->files, .nfiles = j->nown, .durable = 1,
+                      .dir = L->dir, .tag = L->id, .point = "lead", .cb = own_written, .ud = j};
+  if (sd_fileset_start(w, &r, &j->err) != 0) {
+    fs_end(j, 0);
+    return;
+  }
+  for (size_t i = 0; i < j->nown; i++) j->fds[i] = -1; /* the set's now */
+}
+
+static void fs_after(uv_work_t *req, int status) {
+  fsjob *j = req->data;
+  if (j->kind == JOB_FINISH && j->step == 0 && status == 0 && !j->err.code) write_own(j);
+  else fs_end(j, status);
+}
+
+int sd_lead_fs_queue(uv_loop_t *loop, fsjob *j, uv_after_work_cb done) {
+  j->req.data = j;
+  j->tfd = -1;
+  j->done = done;
+  return uv_queue_work(loop, &j->req, fs_work, fs_after) != 0 ? -1 : 0;
 }

@@ -1,8 +1,9 @@
-/* The leader's state, shared by its protocol (cluster_lead.c), its states' life (cluster_lead_state.c) and its folder work on worker threads (cluster_lead_fs.c). */
+/* The leader's state, shared by its protocol (cluster_lead.c), its states' life (cluster_lead_state.c) and its folder work (cluster_lead_fs.c: worker threads, and the writer for its own files). */
 #ifndef SD_CLUSTER_LEAD_INT_H
 #define SD_CLUSTER_LEAD_INT_H
 
 #include "cluster_int.h"
+#include "pubfill.h"
 
 typedef enum { L_COLLECT, L_PREPARE, L_WRITE, L_FINISH, L_FAILED } lstate;
 enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
@@ -58,6 +59,16 @@ typedef struct {
   int kind;
   int root_fd;
   sd_error err;
+  /* JOB_FINISH, in three steps: the leader's own files made (a worker
+   * thread), written and fsynced by the writer (the loop), then the owner
+   * and the publish (a worker thread) */
+  int step;
+  int tfd;                 /* the temporary folder, -1 none */
+  size_t nown;             /* artifacts, then the index */
+  int *fds;
+  const char **names;
+  sd_fill_file *files;
+  uv_after_work_cb done;
 } fsjob;
 
 /* A new leader state from the first join of any node (h), at the head of cl->leads; NULL with err set. */
@@ -74,9 +85,12 @@ void sd_lead_release_plan(sd_lead *L);
 /* Out of cl->leads and freed. */
 void sd_lead_free(sd_lead *L);
 
-/* Runs one fsjob (req->data) on a worker thread: only the job's own fields
- * and its leader's folder are touched; the result is left in j->err. */
-void sd_lead_fs_work(uv_work_t *req);
+/* Runs one fsjob (j->req.data = j) in the thread pool, its file writes on
+ * the writer: only the job's own fields and its leader's folder are touched
+ * off the loop. done gets the job back on the loop with the result in
+ * j->err (status as uv_queue_work's), once; 0, or -1 when nothing could be
+ * queued (no callback then). */
+int sd_lead_fs_queue(uv_loop_t *loop, fsjob *j, uv_after_work_cb done);
 /* A JOB_CLEANUP's work: the unpublished temporary folder and the parents the
  * leader made go (also run on the loop thread at shutdown). */
 int sd_lead_fs_cleanup(fsjob *j);

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "cluster_int.h"
-#include "filejob.h"
+#include "fileset.h"
 #include "log.h"
 #include "pathsafe.h"
 #include "region.h"
@@ -416,7 +416,7 @@ void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
 
 /* ------------------------------------------------------------------------ *
  * Regions made only of this node's bytes (its header and its own ranks'
- * slices, in blocks of SD_XFER_BLOCK): the single-node path (filejob.c,
+ * slices, in blocks of SD_XFER_BLOCK): the single-node path (fileset.c,
  * pubfill.c), staged by the copy workers and written with O_DIRECT, in the
  * writer's counters. A whole file of them (a pipeline layout, any file that
  * takes nothing from other nodes) is one region. Blocks that also take
@@ -482,7 +482,7 @@ static void on_staged(void *ud, const sd_error *err) {
     xs_free(xs);
     sd_log_debug("save '%s': node %u: its own files: %s", cs->save->id, cs->node_rank, err->msg);
     if (err->code == SHARDD_E_IO && fail_if_shrunk(cs)) return;
-    sd_node_fail_held(cs, err->code, "node %u ('%s'): %s/%s", cs->node_rank, cs->cl->node, cs->save->dir, err->msg);
+    sd_node_fail_held(cs, err->code, "node %u ('%s'): %s", cs->node_rank, cs->cl->node, err->msg);
     return;
   }
   /* cs->bytes_written and bytes_direct grew as the job wrote */
@@ -521,21 +521,12 @@ static size_t region_of(const sd_xstaged *xs, uint32_t lf, uint64_t off) {
 
 static int add_region(sd_xstaged *xs, uint32_t lf, int fd, const char *name, uint64_t base, uint64_t size,
                       const uint8_t *head, uint64_t head_len) {
-  if (xs->n == xs->cap) {
-    size_t nc = xs->cap ? xs->cap * 2 : 16;
-    uint32_t *a = realloc(xs->lf, nc * sizeof *a);
-    if (a) xs->lf = a;
-    uint64_t *b = realloc(xs->bases, nc * sizeof *b);
-    if (b) xs->bases = b;
-    int *c = realloc(xs->fds, nc * sizeof *c);
-    if (c) xs->fds = c;
-    const char **d = realloc(xs->names, nc * sizeof *d);
-    if (d) xs->names = d;
-    sd_fill_file *e = realloc(xs->files, nc * sizeof *e);
-    if (e) xs->files = e;
-    if (!a || !b || !c || !d || !e) return -1;
-    xs->cap = nc;
-  }
+  /* five arrays of one length: each grows from the same capacity to the same one */
+  size_t a = xs->cap, b = a, c = a, d = a, e = a, need = xs->n + 1;
+  if (SD_GROW(xs->lf, a, need, 16) || SD_GROW(xs->bases, b, need, 16) || SD_GROW(xs->fds, c, need, 16) ||
+      SD_GROW(xs->names, d, need, 16) || SD_GROW(xs->files, e, need, 16))
+    return -1;
+  xs->cap = a;
   xs->lf[xs->n] = lf;
   xs->bases[xs->n] = base;
   xs->fds[xs->n] = fd;
@@ -638,14 +629,11 @@ oom:
 }
 
 static int collect_spans(sd_csave *cs, sd_xstaged *xs) {
+  size_t cap = 0;
   for (size_t i = 0; i < cs->nslices; i++) {
     const sd_region *r = cs->slices[i].sl->region;
     if (!r) continue;
-    if (xs->nspans % 64 == 0) {
-      sd_shm_span *ns = realloc(xs->spans, (xs->nspans + 64) * sizeof *ns);
-      if (!ns) return -1;
-      xs->spans = ns;
-    }
+    if (SD_GROW(xs->spans, cap, xs->nspans + 1, 64)) return -1;
     xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
   }
   if (xs->nspans) qsort(xs->spans, xs->nspans, sizeof *xs->spans, span_cmp);
@@ -692,13 +680,14 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
       goto out;
     }
     xs->cs = cs;
-    sd_filejob_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
+    sd_fileset_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
-                        .nspans = xs->nspans, .stop = &cs->failing, .bytes_written = &cs->bytes_written,
-                        .bytes_direct = &cs->bytes_direct, .tag = cs->save->id, .cb = on_staged, .ud = xs};
+                        .nspans = xs->nspans, .dir = cs->save->dir, .point = "filejob", .stop = &cs->failing,
+                        .bytes_written = &cs->bytes_written, .bytes_direct = &cs->bytes_direct, .tag = cs->save->id,
+                        .cb = on_staged, .ud = xs};
     cs->io++;
     cs->staged = xs;
-    if ((rc = sd_filejob_start(w, &r, err)) != 0) {
+    if ((rc = sd_fileset_start(w, &r, err)) != 0) {
       cs->io--;
       cs->staged = NULL;
       goto out;

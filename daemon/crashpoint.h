@@ -7,7 +7,7 @@
 /* ------------------------------------------------------------------------ *
  * Compiled into every build so the fault tests exercise the real daemon,
  * but each call costs one branch unless the variable is set. Phases (see
- * publish_start.c, publish_job.c and README "What shardd promises"):
+ * publish_start.c, publish_job.c, fileset.c and README "What shardd promises"):
  *
  *   start       temporary folder and files created and sized, nothing written
  *   write       a data/header/artifact/index write completed
@@ -16,6 +16,10 @@
  *   dirsync     the temporary folder's fsync completed (before the rename)
  *   rename      the rename to ROOT/DIR happened (before the parent's fsync)
  *   parentsync  the parent's fsync completed (before the save is reported)
+ *   filejob     a node's share of a multi-node save: its file set started
+ *               (crash, stall), and each of its writes' answers (fault)
+ *   lead        the same for the leader's own files (artifacts, index),
+ *               fsyncs included
  *
  * SHARDD_TEST_CRASH_AT=PHASE:N  the N-th time PHASE is reached (counted over
  *                               the daemon's life, from 1) the daemon kills

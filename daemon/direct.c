@@ -1,4 +1,4 @@
-/* Zero-copy writes straight from the clients' segments, driven the same way for a publish and for a node's share of a multi-node save. */
+/* Zero-copy writes straight from the clients' segments, driven for a set of files (fileset.c): a publish's, a node's share of a multi-node save. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Zero-copy writes driven for a writer job (direct.c): the pieces on the ring, their resubmits after an O_DIRECT refusal, shared by publish_job.c and filejob.c. */
+/* Zero-copy writes driven for a writer job (direct.c): the pieces on the ring, their resubmits after an O_DIRECT refusal, for fileset.c. */
 #ifndef SD_DIRECT_H
 #define SD_DIRECT_H
 

@@ -4,20 +4,10 @@
 
 #include <sys/types.h>
 
-#include "direct.h"
+#include "fileset.h"
 #include "publish.h"
 
-#define DIR_TAG 0xffffffffu   /* the fsync of a folder, not of a file */
-
-typedef struct {
-  const char *name;        /* points into the plan, the request copy or artifact copy */
-  int fd;
-  int slot;                /* fixed-file slot, -1 none, -2 not asked for yet */
-  int direct;              /* opened O_DIRECT: whole blocks only */
-  int trim;                /* longer than size (padding, preallocation): cut before fsync */
-  uint64_t size;           /* final length */
-  uint64_t left;           /* bytes not yet written; 0 queues its fsync */
-} pub_file;
+#define DIR_TAG SD_FILESET_NONE /* the fsync of a folder, not of a file */
 
 typedef enum {
   PH_WRITE,                /* data, headers, artifacts, index; each file fsynced when whole */
@@ -36,36 +26,29 @@ struct sd_publish {
   uid_t owner_uid;
 
   size_t nfiles;           /* shards, then artifacts, then the index */
-  pub_file *files;
+  const char **names;      /* per file: into the plan, the artifact copy or the plan's index name */
+  int *fds;                /* per file, -1 once the set took it over */
   uint32_t index_file;     /* the index's position in files, or DIR_TAG when there is none */
   unsigned file_mode, dir_mode;
   uint8_t *artifact_bytes;
-  char *names;             /* copied artifact names */
+  char *artifact_names;    /* copied artifact names */
 
-  sd_fill fill;            /* the bytes of every file, and the staging cursor */
-  sd_fill_file *fill_files;
+  sd_fill_file *fill_files; /* the bytes of every file */
+  const sd_write_op *ops;  /* sorted: the caller's, or own_ops */
+  size_t nops;
   sd_write_op *own_ops;    /* a sorted copy when the caller's ops were not sorted */
   sd_shm_span *spans;      /* the request's, sorted by base */
-  sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
-  sd_direct zc;            /* zero-copy writes of fill */
-  uint64_t bytes_direct;   /* file bytes written straight from the clients' segments */
-  uint64_t bytes_gathered; /* ... of them gathered from several sources in one writev (not in bytes_direct) */
-  uint64_t bytes_sealed;   /* source bytes staged from sealed memfds (no shrink check, no guard) */
-  int said_buffered;       /* the O_DIRECT fallback was logged */
-  uint32_t *ready;         /* files whose bytes are all written, awaiting fsync */
-  size_t ready_head, ready_tail, nsynced;
+  size_t nspans;
+  const uint8_t *op_ready;
+  sd_fileset *fs;          /* the files' writes and fsyncs, and the publish's first failure */
 
-  uint64_t ops_left;       /* bytes still to read from callers' sources */
-  uint64_t bytes_total, bytes_written;
+  uint64_t bytes_total;
   int released;
 
   pub_phase phase;
   int hold;                /* sources may still change: do not publish yet */
   int dir_queued, dir_done;
   int renamed, exchanged;
-
-  int failed;
-  sd_error err;
 
   sd_publish_released_cb on_released;
   sd_publish_done_cb on_done;

@@ -1,7 +1,6 @@
-/* A publish as the writer's job: its files' writes (staged and zero-copy) and fsyncs, the folder's fsync, the swap-in, the parent's fsync, and its end either way. */
+/* A publish as the writer's job: its file set's writes and fsyncs (fileset.c), the folder's fsync, the swap-in, the parent's fsync, and its end either way. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,43 +18,17 @@ void sd_publish_log(const sd_publish *p, const char *msg) {
   sd_log_warn("save '%s': publish: %s", p->tag ? p->tag : "?", msg);
 }
 
-/* The first failure wins: later ones are usually its consequences. */
-static void pub_fail(sd_publish *p, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void pub_fail(sd_publish *p, int code, const char *fmt, ...) {
-  if (p->failed) return;
-  p->failed = 1;
-  va_list ap;
-  va_start(ap, fmt);
-  sd_vfail(&p->err, code, fmt, ap);
-  va_end(ap);
-}
-
-static void fail_errno(sd_publish *p, int e, uint32_t f, const char *what, uint64_t off) {
-  const char *name = f == DIR_TAG ? "" : p->files[f].name;
-  const char *sep = f == DIR_TAG ? "" : "/";
-  int code = sd_err_from_errno(e);
-  if (code == SHARDD_E_NO_SPACE)
-    pub_fail(p, code, "no space left writing %s%s%s: %s", p->rel_dir, sep, name, strerror(e));
-  else if (!strcmp(what, "write"))
-    pub_fail(p, code, "%s%s%s: write at offset %llu: %s", p->rel_dir, sep, name, (unsigned long long)off,
-             strerror(e));
-  else
-    pub_fail(p, code, "%s%s%s: %s: %s", p->rel_dir, sep, name, what, strerror(e));
+static int failed(const sd_publish *p) {
+  return sd_fileset_error(p->fs) != NULL;
 }
 
 /* ------------------------------------------------------------------------ *
  * Tear-down
  * ------------------------------------------------------------------------ */
-static void close_file(sd_publish *p, pub_file *pf) {
-  if (pf->slot >= 0) sd_writer_file_unslot(p->job.w, pf->slot);
-  pf->slot = -1;
-  if (pf->fd >= 0) close(pf->fd);
-  pf->fd = -1;
-}
-
 static void close_all(sd_publish *p) {
-  for (size_t i = 0; i < p->nfiles; i++) close_file(p, &p->files[i]);
+  for (size_t i = 0; p->fds && i < p->nfiles; i++)
+    if (p->fds[i] >= 0) close(p->fds[i]), p->fds[i] = -1;
+  if (p->fs) sd_fileset_close(p->fs);
   if (p->tmp_fd >= 0) close(p->tmp_fd);
   p->tmp_fd = -1;
 }
@@ -67,14 +40,14 @@ void sd_publish_free(sd_publish *p) {
   free(p->rel_dir);
   free(p->tag);
   free(p->tmp_name);
-  free(p->files);
-  free(p->artifact_bytes);
+  sd_fileset_free(p->fs);
   free(p->names);
+  free(p->fds);
+  free(p->artifact_bytes);
+  free(p->artifact_names);
   free(p->fill_files);
   free(p->own_ops);
   free(p->spans);
-  sd_direct_free(&p->zc);
-  free(p->ready);
   free(p);
 }
 
@@ -100,10 +73,10 @@ void sd_publish_discard(sd_publish *p) {
 }
 
 static void finish_failed(sd_publish *p) {
+  sd_error err = *sd_fileset_error(p->fs);
   sd_publish_discard(p);
-  sd_publish_log(p, p->err.msg);
+  sd_publish_log(p, err.msg);
   sd_writer_detach(p->job.w, &p->job);
-  sd_error err = p->err;
   p->on_done(p, p->ud, &err, NULL);
   sd_publish_free(p);
 }
@@ -136,82 +109,10 @@ static void finish_ok(sd_publish *p) {
 /* ------------------------------------------------------------------------ *
  * The job as the writer sees it
  * ------------------------------------------------------------------------ */
-/* Buffered from now on: the file system refused a direct write. */
-static void go_buffered(sd_publish *p, pub_file *pf) {
-  int fl = fcntl(pf->fd, F_GETFL);
-  if (fl >= 0) fcntl(pf->fd, F_SETFL, fl & ~O_DIRECT);
-  pf->direct = 0;
-  if (!p->said_buffered) {
-    p->said_buffered = 1;
-    sd_log_warn("save '%s': writing buffered: %s/%s refused a direct write (%s); the rest goes through the page cache",
-                p->tag, p->rel_dir, pf->name, strerror(EINVAL));
-  }
-}
-
-static int file_fd(sd_publish *p, pub_file *pf, int *fixed) {
-  if (pf->slot == -2) pf->slot = sd_writer_file_slot(p->job.w, pf->fd);
-  *fixed = pf->slot >= 0;
-  return pf->slot >= 0 ? pf->slot : pf->fd;
-}
-
-static void put_chunk(sd_publish *p, sd_chunk *c) {
-  sd_writer_chunk_put(p->job.w, c);
-}
-
-static void drop_waiting(sd_publish *p) {
-  while (p->wq) {
-    sd_chunk *c = p->wq;
-    p->wq = c->next;
-    put_chunk(p, c);
-  }
-  p->wq_tail = &p->wq;
-}
-
-/* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
-static int direct_next(sd_publish *p, sd_io *io) {
-  sd_fill_piece *pc = sd_direct_next(&p->zc, &p->fill);
-  if (!pc) return 0;
-  pub_file *pf = &p->files[pc->file];
-  sd_direct_io(&p->fill, pc, io);
-  io->count = sd_io_count_of(pf->direct);
-  io->fd = file_fd(p, pf, &io->fixed);
-  io->off = pc->off;
-  return 1;
-}
-
 static int job_next(sd_wjob *job, sd_io *io) {
   sd_publish *p = (sd_publish *)job;
-  if (p->failed) return 0;
-  if (p->phase == PH_WRITE) {
-    /* fsyncs first: they end a file, and a file's fsync overlaps the next file's writes */
-    if (p->ready_head < p->ready_tail) {
-      uint32_t f = p->ready[p->ready_head++];
-      io->kind = SD_IO_FSYNC;
-      io->fd = file_fd(p, &p->files[f], &io->fixed);
-      io->tag = f;
-      return 1;
-    }
-    sd_chunk *c = p->wq;
-    if (!c) return direct_next(p, io);
-    p->wq = c->next;
-    if (!p->wq) p->wq_tail = &p->wq;
-    c->next = NULL;
-    pub_file *pf = &p->files[c->file];
-    /* A direct file takes whole blocks: the last one goes out padded with
-     * zeros, and the file is cut to its size before its fsync. */
-    uint32_t len = pf->direct ? (uint32_t)sd_align_up(c->len) : c->len;
-    if (len > c->len) pf->trim = 1;
-    if (c->done == 0) io->count = sd_io_count_of(pf->direct);
-    io->kind = SD_IO_WRITE;
-    io->fd = file_fd(p, pf, &io->fixed);
-    io->buf_index = c->buf_index;
-    io->tag = c->file;
-    io->off = c->off + c->done;
-    io->src = c->buf + c->done;
-    io->len = len - c->done;
-    io->chunk = c;
-    return 1;
-  }
+  if (failed(p)) return 0;
+  if (p->phase == PH_WRITE) return sd_fileset_next(p->fs, io);
   if (p->dir_queued) return 0;
   p->dir_queued = 1;
   io->kind = SD_IO_FSYNC;
@@ -220,144 +121,40 @@ static int job_next(sd_wjob *job, sd_io *io) {
   return 1;
 }
 
-/* Bytes of the file itself, never the padding of a last block. */
 static void job_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
-  sd_publish *p = (sd_publish *)job;
-  const sd_chunk *c = io->chunk;
-  if (!c) {
-    if (io->kind == SD_IO_WRITE) p->bytes_written += bytes, *(io->iov ? &p->bytes_gathered : &p->bytes_direct) += bytes;
-    return;
-  }
-  uint64_t before = (uint64_t)c->done + io->done, after = before + bytes;
-  p->bytes_written += (after < c->len ? after : c->len) - (before < c->len ? before : c->len);
-}
-
-/* len more bytes of file f are on disk; once all are, it is cut to size and its fsync queued. */
-static void file_wrote(sd_publish *p, uint32_t f, uint64_t len) {
-  pub_file *pf = &p->files[f];
-  sd_crash_point("write");
-  if (f == p->index_file) sd_crash_point("index");
-  if ((pf->left -= len) > 0) return;
-  if (pf->trim && ftruncate(pf->fd, (off_t)pf->size) < 0) {
-    fail_errno(p, errno, f, "truncate to its size", 0);
-    return;
-  }
-  p->ready[p->ready_tail++] = f;
-}
-
-static void write_complete(sd_publish *p, const sd_io *io, int res) {
-  sd_chunk *c = io->chunk;
-  uint32_t f = io->tag;
-  pub_file *pf = &p->files[f];
-  if (res == -EINVAL && pf->direct && !p->failed) {
-    /* Whatever went out stays; the rest goes again through the page cache.
-     * A padded last block may have gone out whole: past c->len is padding. */
-    go_buffered(p, pf);
-    uint64_t done = (uint64_t)c->done + io->done;
-    c->done = done < c->len ? (uint32_t)done : c->len;
-    if (c->done < c->len) {
-      c->next = p->wq;
-      p->wq = c;
-      if (!c->next) p->wq_tail = &c->next;
-      return;
-    }
-    res = (int)c->len;
-  }
-  put_chunk(p, c);
-  if (res < 0) {
-    fail_errno(p, -res, f, "write", io->off + io->done);
-    return;
-  }
-  file_wrote(p, f, c->len);
-}
-
-/* A zero-copy write ended: its pages leave the daemon's page tables, as a
- * staged copy's do. A segment the client shrank makes it fail with EFAULT
- * (save.c then reports the region as out_of_range). */
-static void direct_complete(sd_publish *p, const sd_io *io, int res) {
-  sd_fill_piece *pc = io->req;
-  pub_file *pf = &p->files[pc->file];
-  uint64_t done;
-  int buffered;
-  res = sd_direct_complete(&p->zc, pc, res, io, pf->direct && !p->failed, &done, &buffered);
-  p->ops_left -= done;
-  if (buffered) go_buffered(p, pf);
-  if (res == 1) {
-    pf->left -= done;
-    return;
-  }
-  if (res < 0) {
-    fail_errno(p, -res, pc->file, "write", io->off + io->done);
-    return;
-  }
-  file_wrote(p, pc->file, done);
+  sd_fileset_progress(((sd_publish *)job)->fs, io, bytes);
 }
 
 static void job_complete(sd_wjob *job, const sd_io *io, int res) {
   sd_publish *p = (sd_publish *)job;
-  if (io->tag != DIR_TAG) res = sd_fault_point(io->kind == SD_IO_FSYNC ? "fsync" : "write", res);
-  if (io->tag == DIR_TAG) {
-    if (res < 0)
-      fail_errno(p, -res, DIR_TAG,
-                 p->phase == PH_DIRSYNC ? "fsync of the new folder" : "fsync of its parent", 0);
-    else
-      p->dir_done = 1;
+  if (io->tag != DIR_TAG) {
+    sd_fileset_complete(p->fs, io, res);
     return;
   }
-  uint32_t f = io->tag;
-  if (io->kind == SD_IO_FSYNC) {
-    if (res < 0) {
-      fail_errno(p, -res, f, "fsync", 0);
-      return;
-    }
-    close_file(p, &p->files[f]);
-    p->nsynced++;
-    sd_crash_point("fsync");
-    if (f == p->index_file) sd_crash_point("index");
-    return;
-  }
-  if (io->chunk)
-    write_complete(p, io, res);
+  if (res < 0)
+    sd_fileset_fail_errno(p->fs, -res, DIR_TAG,
+                          p->phase == PH_DIRSYNC ? "fsync of the new folder" : "fsync of its parent", 0);
   else
-    direct_complete(p, io, res);
+    p->dir_done = 1;
 }
 
 static int job_stage(sd_wjob *job, sd_chunk *c) {
   sd_publish *p = (sd_publish *)job;
-  if (p->failed || p->phase != PH_WRITE) return 0;
-  return sd_fill_next(&p->fill, c->cap, c);
+  return p->phase == PH_WRITE && sd_fileset_stage(p->fs, c);
 }
 
 static void job_fill(sd_wjob *job, sd_chunk *c) {
-  sd_fill_copy(&((sd_publish *)job)->fill, c);
+  sd_fileset_fill(((sd_publish *)job)->fs, c);
 }
 
 static void job_filled(sd_wjob *job, sd_chunk *c) {
-  sd_publish *p = (sd_publish *)job;
-  p->ops_left -= c->src_bytes;
-  p->bytes_sealed += c->src_sealed;
-  if (c->fault) {
-    /* save.c names the client's segment that shrank, when it finds it. */
-    const char *why = c->fault == EFAULT    ? "faulted (SIGBUS): a client's shared memory is shorter than when it was attached"
-                      : c->fault == ENODATA ? "came up short: a client's shared memory is shorter than when it was attached"
-                                            : strerror(c->fault);
-    pub_fail(p, SHARDD_E_IO, "%s/%s: reading the bytes for offset %llu %s%s", p->rel_dir, p->files[c->file].name,
-             (unsigned long long)c->fault_off, c->fault == EFAULT || c->fault == ENODATA ? "" : "from shared memory: ",
-             why);
-  }
-  if (p->failed) {
-    put_chunk(p, c);
-    return;
-  }
-  c->next = NULL;
-  *p->wq_tail = c;
-  p->wq_tail = &c->next;
+  sd_fileset_filled(((sd_publish *)job)->fs, c);
 }
 
 static int do_rename(sd_publish *p) {
   sd_error err;
   if (sd_publish_swap_in(p->parent_fd, p->tmp_name, p->base, p->rel_dir, p->overwrite, &p->exchanged, &err) != 0) {
-    pub_fail(p, err.code, "%s", err.msg);
+    sd_fileset_failf(p->fs, err.code, "%s", err.msg);
     return -1;
   }
   p->renamed = 1;
@@ -366,16 +163,16 @@ static int do_rename(sd_publish *p) {
 
 static void job_poll(sd_wjob *job) {
   sd_publish *p = (sd_publish *)job;
-  if (!p->failed && !p->released && p->ops_left == 0) {
+  if (!failed(p) && !p->released && sd_fileset_released(p->fs)) {
     p->released = 1;
     if (p->on_released) p->on_released(p, p->ud); /* may cancel p */
   }
-  if (p->failed) {
-    drop_waiting(p);
+  if (failed(p)) {
+    sd_fileset_drop(p->fs);
     if (p->job.inflight == 0 && p->job.filling == 0) finish_failed(p);
     return;
   }
-  if (p->phase == PH_WRITE && p->nsynced == p->nfiles && p->job.inflight == 0 && !p->hold) {
+  if (p->phase == PH_WRITE && sd_fileset_done(p->fs) && p->job.inflight == 0 && !p->hold) {
     p->phase = PH_DIRSYNC;
     p->dir_queued = p->dir_done = 0;
   } else if (p->phase == PH_DIRSYNC && p->dir_done) {
@@ -411,13 +208,12 @@ const sd_wjob_ops sd_publish_ops = {
 void sd_publish_cancel(sd_publish *p, int code, const char *why) {
   /* Past the rename the checkpoint is in place; only the parent's fsync
    * remains, and finishing it beats unpublishing a whole checkpoint. */
-  if (p->failed || p->renamed) return;
-  pub_fail(p, code, "%s", why ? why : sd_err_message(code));
-  sd_writer_kick(p->job.w);
+  if (failed(p) || p->renamed) return;
+  sd_fileset_failf(p->fs, code, "%s", why ? why : sd_err_message(code));
 }
 
 void sd_publish_poke(sd_publish *p) {
-  if (!p->failed) sd_writer_kick(p->job.w);
+  if (!failed(p)) sd_writer_kick(p->job.w);
 }
 
 void sd_publish_unhold(sd_publish *p) {
@@ -426,19 +222,19 @@ void sd_publish_unhold(sd_publish *p) {
 }
 
 uint64_t sd_publish_bytes_written(const sd_publish *p) {
-  return p->bytes_written;
+  return sd_fileset_counts_of(p->fs)->written;
 }
 
 uint64_t sd_publish_bytes_direct(const sd_publish *p) {
-  return p->bytes_direct;
+  return sd_fileset_counts_of(p->fs)->direct;
 }
 
 uint64_t sd_publish_bytes_gathered(const sd_publish *p) {
-  return p->bytes_gathered;
+  return sd_fileset_counts_of(p->fs)->gathered;
 }
 
 uint64_t sd_publish_bytes_sealed(const sd_publish *p) {
-  return p->bytes_sealed;
+  return sd_fileset_counts_of(p->fs)->sealed;
 }
 
 uint64_t sd_publish_bytes_total(const sd_publish *p) {

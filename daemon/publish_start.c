@@ -1,7 +1,8 @@
-/* A publish begun: the request checked and laid out, the temporary folder beside the checkpoint and its files made (O_DIRECT where taken), the job handed to the writer. */
+/* A publish begun: the request checked and laid out, the temporary folder beside the checkpoint and its files made, their file set and the job handed to the writer. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,17 +30,13 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   const sd_plan *plan = req->plan;
   size_t nf = plan->nfiles + req->nartifacts + (plan->needs_index ? 1 : 0);
   if (nf >= FILES_MAX) return sd_fail(err, SHARDD_E_LIMIT, "too many files in one checkpoint");
-  p->files = calloc(nf ? nf : 1, sizeof *p->files);
-  p->ready = calloc(nf ? nf : 1, sizeof *p->ready);
+  p->names = calloc(nf ? nf : 1, sizeof *p->names);
+  p->fds = malloc((nf ? nf : 1) * sizeof *p->fds);
   p->fill_files = calloc(nf ? nf : 1, sizeof *p->fill_files);
-  if (!p->files || !p->ready || !p->fill_files) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
+  if (!p->names || !p->fds || !p->fill_files) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
   p->nfiles = nf;
   p->index_file = DIR_TAG;
-  p->wq_tail = &p->wq;
-  for (size_t i = 0; i < nf; i++) {
-    p->files[i].fd = -1;
-    p->files[i].slot = -2;
-  }
+  for (size_t i = 0; i < nf; i++) p->fds[i] = -1;
 
   size_t art_bytes = 0, name_bytes = 0;
   for (size_t i = 0; i < req->nartifacts; i++) {
@@ -51,8 +48,8 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
     name_bytes += strlen(req->artifacts[i].name) + 1;
   }
   p->artifact_bytes = malloc(art_bytes ? art_bytes : 1);
-  p->names = malloc(name_bytes ? name_bytes : 1);
-  if (!p->artifact_bytes || !p->names) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
+  p->artifact_names = malloc(name_bytes ? name_bytes : 1);
+  if (!p->artifact_bytes || !p->artifact_names) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish files");
 
   sd_fill_file *ff = p->fill_files;
   uint32_t f = 0;
@@ -62,7 +59,7 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
     if (rc) return rc;
     if (pf->header_size > pf->file_size)
       return sd_fail(err, SHARDD_E_INTERNAL, "%s: header is larger than the file", pf->name);
-    p->files[f].name = pf->name;
+    p->names[f] = pf->name;
     ff[f] = (sd_fill_file){(const uint8_t *)pf->header, pf->header_size, pf->file_size};
   }
   for (size_t i = 0; i < req->nops; i++) {
@@ -76,15 +73,14 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
       return sd_fail(err, SHARDD_E_INTERNAL, "write %zu (%llu bytes at %llu) lies outside %s", i,
                      (unsigned long long)op->len, (unsigned long long)op->file_offset,
                      plan->files[op->file].name);
-    p->ops_left += op->len;
   }
   uint8_t *ab = p->artifact_bytes;
-  char *nb = p->names;
+  char *nb = p->artifact_names;
   for (size_t i = 0; i < req->nartifacts; i++, f++) {
     const sd_artifact *a = &req->artifacts[i];
     size_t nl = strlen(a->name) + 1;
     memcpy(nb, a->name, nl);
-    p->files[f].name = nb;
+    p->names[f] = nb;
     nb += nl;
     if (a->len) memcpy(ab, a->data, a->len);
     ff[f] = (sd_fill_file){ab, a->len, a->len};
@@ -96,61 +92,35 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
     if (!req->index_json)
       return sd_fail(err, SHARDD_E_INTERNAL, "%s: the plan needs an index but none was given",
                      plan->index_name);
-    p->files[f].name = plan->index_name;
+    p->names[f] = plan->index_name;
     p->index_file = f;
     ff[f] = (sd_fill_file){(const uint8_t *)req->index_json, req->index_len, req->index_len};
     f++;
   }
-  p->fill.files = ff;
-  p->fill.nfiles = nf;
-  if (req->nspans && !(p->spans = sd_fill_set_spans(&p->fill, req->spans, req->nspans)))
+  sd_fill fill = {.files = ff, .nfiles = nf};
+  if (req->nspans && !(p->spans = sd_fill_set_spans(&fill, req->spans, req->nspans)))
     return sd_fail(err, SHARDD_E_NO_MEMORY, "publish sources");
+  p->nspans = fill.nspans;
   if (req->op_ready && !sd_fill_ops_sorted(req->ops, req->nops))
     return sd_fail(err, SHARDD_E_INTERNAL, "publish: streamed writes must come sorted");
-  if (sd_fill_set_ops(&p->fill, req->ops, req->nops, &p->own_ops) != 0)
+  if (sd_fill_set_ops(&fill, req->ops, req->nops, &p->own_ops) != 0)
     return sd_fail(err, SHARDD_E_NO_MEMORY, "publish writes");
-  p->fill.ready = req->op_ready;
+  p->ops = fill.ops;
+  p->nops = fill.nops;
+  p->op_ready = req->op_ready;
   /* Each file's writes in order: none may overlap another or the header. */
   const sd_write_op *prev = NULL;
-  for (size_t i = 0; i < p->fill.nops; i++) {
-    const sd_write_op *c = &p->fill.ops[i];
+  for (size_t i = 0; i < p->nops; i++) {
+    const sd_write_op *c = &p->ops[i];
     if (c->len == 0) continue;
     uint64_t floor = prev && prev->file == c->file ? prev->file_offset + prev->len : ff[c->file].head_len;
     if (c->file_offset < floor)
       return sd_fail(err, SHARDD_E_INTERNAL, "writes overlap in %s at offset %llu",
-                     p->files[c->file].name, (unsigned long long)c->file_offset);
+                     p->names[c->file], (unsigned long long)c->file_offset);
     prev = c;
   }
   /* Every byte of every file is written (bytes no write covers as zeros). */
-  for (size_t i = 0; i < nf; i++) {
-    p->files[i].size = p->files[i].left = ff[i].size;
-    p->bytes_total += ff[i].size;
-  }
-  return 0;
-}
-
-/* O_DIRECT when the file system takes it; the file then gets its blocks up
- * front (preallocated: the writes overwrite allocated blocks instead of
- * allocating under an exclusive lock) and its size rounded up to whole
- * blocks, cut back once the last write is in. */
-static int go_direct(sd_publish *p, pub_file *pf) {
-  if (sd_writer_buffered(p->job.w) || pf->size == 0) return 0;
-  int fl = fcntl(pf->fd, F_GETFL);
-  if (fl < 0 || fcntl(pf->fd, F_SETFL, fl | O_DIRECT) < 0) {
-    if (!p->said_buffered) {
-      p->said_buffered = 1;
-      sd_log_warn("save '%s': writing buffered: %s%s%s refuses O_DIRECT (%s)", p->tag, p->root_path,
-                  p->root_path[0] && p->root_path[strlen(p->root_path) - 1] == '/' ? "" : "/", p->rel_dir,
-                  strerror(errno));
-    }
-    return 0;
-  }
-  pf->direct = 1;
-  /* A failure here only loses the optimisation: the writes themselves
-   * report a full disk or a file too large, naming the file and offset. */
-  off_t sized = (off_t)sd_align_up(pf->size);
-  if (fallocate(pf->fd, 0, 0, sized) == 0 || ftruncate(pf->fd, sized) == 0)
-    pf->trim = (uint64_t)sized > pf->size;
+  for (size_t i = 0; i < nf; i++) p->bytes_total += ff[i].size;
   return 0;
 }
 
@@ -174,23 +144,18 @@ static int make_files(sd_publish *p, sd_error *err) {
 
   int rc = 0;
   for (size_t i = 0; i < p->nfiles && !rc; i++) {
-    pub_file *pf = &p->files[i];
+    const char *name = p->names[i];
     /* The folder is fresh and the name plain, so nothing here can be a symlink. */
-    pf->fd = openat(p->tmp_fd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, p->file_mode);
-    if (pf->fd < 0) {
+    int fd = p->fds[i] = openat(p->tmp_fd, name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, p->file_mode);
+    if (fd < 0) {
       int e = errno;
       if (e == EEXIST)
-        rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", pf->name,
-                     p->rel_dir);
+        rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "'%s' is given twice in %s", name, p->rel_dir);
       else
-        rc = sd_fail(err, sd_err_from_errno(e),
-                     "cannot create %s/%s: %s", p->rel_dir, pf->name, strerror(e));
-    } else if (fchmod(pf->fd, p->file_mode) < 0) {
-      rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of %s/%s: %s", p->rel_dir, pf->name, strerror(errno));
-    } else {
-      rc = go_direct(p, pf);
+        rc = sd_fail(err, sd_err_from_errno(e), "cannot create %s/%s: %s", p->rel_dir, name, strerror(e));
+    } else if (fchmod(fd, p->file_mode) < 0) {
+      rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of %s/%s: %s", p->rel_dir, name, strerror(errno));
     }
-    if (!rc && pf->left == 0) p->ready[p->ready_tail++] = (uint32_t)i;
   }
   /* Exactly the configured modes, whatever the daemon's umask; the folder's
    * last, so a mode without owner write cannot stop the files being made. */
@@ -205,12 +170,21 @@ static int make_files(sd_publish *p, sd_error *err) {
   return rc;
 }
 
-/* The zero-copy stretches; one O_DIRECT file tells for the folder's device. */
-static void plan_direct(sd_publish *p) {
-  int probe = -1;
-  for (size_t i = 0; i < p->nfiles && probe < 0; i++)
-    if (p->files[i].direct) probe = p->files[i].fd;
-  sd_direct_init(&p->zc, &p->fill, probe, 1);
+/* The set that writes and fsyncs every file takes the descriptors over. */
+static int make_set(sd_publish *p, sd_error *err) {
+  size_t rl = strlen(p->root_path);
+  char *where = malloc(rl + strlen(p->rel_dir) + 2);
+  if (!where) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
+  sprintf(where, "%s%s%s", p->root_path, rl && p->root_path[rl - 1] == '/' ? "" : "/", p->rel_dir);
+  sd_fileset_req r = {.fds = p->fds, .names = p->names, .files = p->fill_files, .nfiles = p->nfiles,
+                      .ops = p->ops, .nops = p->nops, .op_ready = p->op_ready, .spans = p->spans,
+                      .nspans = p->nspans, .durable = 1, .gather = 1, .dir = p->rel_dir, .where = where,
+                      .tag = p->tag, .index_file = p->index_file};
+  int rc = sd_fileset_new(p->job.w, &r, &p->fs, err);
+  free(where);
+  if (rc) return rc;
+  for (size_t i = 0; i < p->nfiles; i++) p->fds[i] = -1;
+  return 0;
 }
 
 int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, sd_error *err) {
@@ -241,7 +215,7 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
     return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
   }
 
-  p->job.w = w; /* for go_direct; attach sets it again */
+  p->job.w = w; /* for the file set; attach sets it again */
   rc = prepare(p, req, err);
   if (!rc) rc = sd_path_open_parent(p->root_fd, p->rel_dir, 1, &p->parent_fd,
                                     &p->created_parents, &p->base, err);
@@ -262,10 +236,9 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
     }
   }
   if (!rc) rc = make_files(p, err);
-  if (!rc) plan_direct(p);
+  if (!rc) rc = make_set(p, err);
   if (!rc) rc = sd_writer_attach(w, &p->job, err);
   if (rc) {
-    p->err = *err;
     sd_publish_discard(p);
     sd_publish_log(p, err->msg);
     sd_publish_free(p);

@@ -132,11 +132,8 @@ static uint64_t ckpt_data(const char *rel) {
 /* ------------------------------------------------------------------------ *
  * Layouts
  * ------------------------------------------------------------------------ */
-/* Pipeline parallel: node n holds layers 2n and 2n+1 (each split by rows
- * between its two ranks); a shard holds exactly two layers, so every file
- * is written by the node that holds it and nothing crosses the network. */
-Test(peers, pipeline_layout_writes_every_file_locally) {
-  static h_put puts[12];
+/* Six small layers, node n holding layers 2n and 2n+1 (each split by rows between its two ranks). */
+static void pipeline_puts(h_put puts[12]) {
   static char names[6][32];
   for (int L = 0; L < 6; L++) {
     snprintf(names[L], sizeof names[L], "layers.%d.w", L);
@@ -144,6 +141,14 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
     puts[2 * L] = (h_put)IBOX2(r, names[L], "F32", 8, 16, 0, 0, 4, 16, L);
     puts[2 * L + 1] = (h_put)IBOX2(r + 1, names[L], "F32", 8, 16, 4, 0, 4, 16, L);
   }
+}
+
+/* Pipeline parallel: node n holds layers 2n and 2n+1 (each split by rows
+ * between its two ranks); a shard holds exactly two layers, so every file
+ * is written by the node that holds it and nothing crosses the network. */
+Test(peers, pipeline_layout_writes_every_file_locally) {
+  static h_put puts[12];
+  pipeline_puts(puts);
   h_script s = {.opts = cluster_opts("pipe", "ck/pipe", 1024), .puts = puts, .nputs = 12, .seed = 41};
   run_ranks(&s);
   h_expect_committed(&s);
@@ -152,6 +157,37 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
   totals t = report("pipeline", ckpt_data("ck/pipe"));
   cr_assert_eq(t.fwd, 0, "a pipeline layout forwards nothing (%llu bytes were)", (unsigned long long)t.fwd);
   for (int i = 0; i < NODES; i++) cr_assert_eq(node_totals(i).local, 1024, "node %d writes its two layers", i);
+  h_shared_free(s.sh);
+}
+
+/* The leader's own files (the artifacts, the index) go through its writer
+ * as a publish's do: every byte, an unaligned tail cut back, an empty one. */
+Test(peers, the_leaders_own_files_are_whole) {
+  static h_put puts[12];
+  pipeline_puts(puts);
+  static char cfg[5001];
+  for (size_t i = 0; i < sizeof cfg; i++) cfg[i] = (char)('a' + i % 26);
+  const h_file files[] = {
+      {.rank = -1, .path = "config.json", .data = cfg, .len = sizeof cfg},
+      {.rank = 3, .path = "empty.txt", .data = "", .len = 0},
+  };
+  h_script s = {.opts = cluster_opts("own", "ck/own", 1024), .puts = puts, .nputs = 12, .files = files,
+                .nfiles = 2, .seed = 43};
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  char p[PATH_MAX];
+  struct stat st;
+  cr_assert_eq(stat(h_path(p, sizeof p, "ck/own/empty.txt"), &st), 0, "%s: %s", p, strerror(errno));
+  cr_assert_eq(st.st_size, 0);
+  int fd = open(h_path(p, sizeof p, "ck/own/config.json"), O_RDONLY);
+  cr_assert_geq(fd, 0, "%s: %s", p, strerror(errno));
+  static char got[sizeof cfg + 1];
+  ssize_t n = read(fd, got, sizeof got);
+  close(fd);
+  cr_assert_eq(n, (ssize_t)sizeof cfg, "config.json holds %zd bytes", n);
+  cr_assert_eq(memcmp(got, cfg, sizeof cfg), 0, "config.json's bytes differ");
+  cr_assert(h_exists(h_path(p, sizeof p, "ck/own/model.safetensors.index.json")), "no index");
   h_shared_free(s.sh);
 }
 

@@ -1,4 +1,4 @@
-/* Parallel staging copies (writer_copy.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, sealed memfds staged unguarded, a tiny staging, a shrunken segment; and filejob.c, whole files a caller opened written the same way. */
+/* Parallel staging copies (writer_copy.c, copy_threads): the same bytes on disk with 1, 2 and 4 copy trips in flight, shared and private sources, sealed memfds staged unguarded, a tiny staging, a shrunken segment; and fileset.c, whole files a caller opened written the same way. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "filejob.h"
+#include "fileset.h"
 #include "fixture_ckpt.h"
 #include "fixture_root.h"
 #include "pathsafe.h"
@@ -235,7 +235,7 @@ Test(copies, a_shrunken_segment_under_parallel_trips, .init = setup, .fini = fr_
 }
 
 /* ------------------------------------------------------------------------ *
- * filejob.c: whole files into descriptors the caller opened (a node's share
+ * fileset.c: whole files into descriptors the caller opened (a node's share
  * of a multi-node save), through the same staging and the same counters
  * ------------------------------------------------------------------------ */
 typedef struct {
@@ -250,8 +250,8 @@ static void fj_done(void *ud, const sd_error *err) {
   if (err) snprintf(o->msg, sizeof o->msg, "%s", err->msg);
 }
 
-/* Starts a file job writing c's files (created in FR.root) and runs the loop until it reports. */
-static void run_filejob(fc_ckpt *c, const sd_shm_span *span, const int *stop, int stop_now, fj_outcome *o, int *fds) {
+/* Starts a file set writing c's files (created in FR.root) and runs the loop until it reports. */
+static void run_fileset(fc_ckpt *c, const sd_shm_span *span, const int *stop, int stop_now, fj_outcome *o, int *fds) {
   size_t n = c->plan.nfiles;
   sd_fill_file *ff = calloc(n, sizeof *ff);
   const char **names = calloc(n, sizeof *names);
@@ -272,10 +272,10 @@ static void run_filejob(fc_ckpt *c, const sd_shm_span *span, const int *stop, in
       *a = *b;
       *b = t;
     }
-  sd_filejob_req r = {.fds = fds, .names = names, .files = ff, .nfiles = n, .ops = c->ops, .nops = c->nops,
+  sd_fileset_req r = {.fds = fds, .names = names, .files = ff, .nfiles = n, .ops = c->ops, .nops = c->nops,
                       .spans = span, .nspans = span ? 1 : 0, .stop = stop, .tag = "node", .cb = fj_done, .ud = o};
   sd_error err;
-  cr_assert_eq(sd_filejob_start(FR.w, &r, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_fileset_start(FR.w, &r, &err), 0, "%s", err.msg);
   if (stop_now) *(int *)stop = 1;
   while (!o->done) cr_assert(uv_run(&FR.loop, UV_RUN_ONCE) || o->done, "the loop ran dry before the job reported");
   cr_assert_eq(o->done, 1, "reported %d times", o->done);
@@ -292,7 +292,7 @@ static void expect_files(const fc_ckpt *c) {
   }
 }
 
-Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = fr_teardown, .timeout = 60) {
+Test(copies, fileset_writes_whole_files_through_staging, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(2, 1 << 20, 64 << 10);
   enum { F = 2, SIZE = (3 << 20) + 4093 }; /* an unaligned tail: padded, then cut back */
   uint8_t *src = malloc((size_t)F * SIZE);
@@ -301,7 +301,7 @@ Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = 
   fc_init_even(&c, F, SIZE, 70000, src, 0);
   fj_outcome o = {0};
   int fds[F];
-  run_filejob(&c, NULL, NULL, 0, &o, fds);
+  run_fileset(&c, NULL, NULL, 0, &o, fds);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   expect_files(&c);
   sd_writer_stats st;
@@ -318,7 +318,7 @@ Test(copies, filejob_writes_whole_files_through_staging, .init = setup, .fini = 
 
 /* The caller's stop flag (a failed multi-node save) ends the job early and
  * says so; nothing is left in flight and the writer carries on. */
-Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeout = 60) {
+Test(copies, fileset_stops_when_told, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(2, 256 << 10, 64 << 10);
   enum { SIZE = 8 << 20 };
   uint8_t *src = malloc(SIZE);
@@ -327,11 +327,11 @@ Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeo
   fc_init_even(&c, 1, SIZE, 100000, src, 0);
   fj_outcome o = {0};
   int stop = 0, fds[1];
-  run_filejob(&c, NULL, &stop, 1, &o, fds);
+  run_fileset(&c, NULL, &stop, 1, &o, fds);
   cr_expect_eq(o.code, SHARDD_E_ABORTED, "%d: %s", o.code, o.msg);
   stop = 0;
   fj_outcome again = {0};
-  run_filejob(&c, NULL, &stop, 0, &again, fds);
+  run_fileset(&c, NULL, &stop, 0, &again, fds);
   cr_assert_eq(again.code, 0, "%s", again.msg);
   expect_files(&c);
   fc_free(&c);
@@ -340,7 +340,7 @@ Test(copies, filejob_stops_when_told, .init = setup, .fini = fr_teardown, .timeo
 
 /* A rank's segment cut short under the job: the job fails naming the file,
  * through the descriptor (short read) or the mapping (SIGBUS). */
-Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr_teardown, .timeout = 60) {
+Test(copies, fileset_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(2, 1 << 20, 64 << 10);
   size_t len = 4u << 20;
   for (int with_span = 0; with_span < 2; with_span++) {
@@ -352,7 +352,7 @@ Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
     sd_shm_span span = {m, len, fd, 0, 0};
     fj_outcome o = {0};
     int fds[1];
-    run_filejob(&c, with_span ? &span : NULL, NULL, 0, &o, fds);
+    run_fileset(&c, with_span ? &span : NULL, NULL, 0, &o, fds);
     cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
     cr_expect_not_null(strstr(o.msg, c.plan.files[0].name), "%s", o.msg);
     cr_expect_not_null(strstr(o.msg, with_span ? "came up short" : "SIGBUS"), "%s", o.msg);
@@ -363,7 +363,7 @@ Test(copies, filejob_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
 }
 
 /* O_DIRECT refused (ramfs): the same job goes through the page cache. */
-Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
+Test(copies, fileset_buffered_where_direct_io_is_refused, .init = setup, .fini = fr_teardown, .timeout = 60) {
   fr_open_ramfs_root();
   make_writer(2, 256 << 10, 64 << 10);
   enum { SIZE = 300001 };
@@ -373,7 +373,7 @@ Test(copies, filejob_buffered_where_direct_io_is_refused, .init = setup, .fini =
   fc_init_even(&c, 2, SIZE, 999, src, 0);
   fj_outcome o = {0};
   int fds[2];
-  run_filejob(&c, NULL, NULL, 0, &o, fds);
+  run_fileset(&c, NULL, NULL, 0, &o, fds);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   expect_files(&c);
   sd_writer_stats st;
