@@ -241,7 +241,8 @@ static void scan(const char *path, int depth, scan_t *s) {
     }
     char p[PATH_MAX];
     struct stat sb;
-    snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+    int len = snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+    cr_assert(len > 0 && (size_t)len < sizeof p, "path too long under %s", path);
     cr_assert_eq(lstat(p, &sb), 0, "%s", p);
     if (S_ISDIR(sb.st_mode)) scan(p, depth + 1, s);
     else files++;
