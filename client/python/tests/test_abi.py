@@ -67,6 +67,34 @@ class Layouts(unittest.TestCase):
                 self.assertEqual(_save.default_save_id(sid), sid)
 
 
+class TorchrunEnvironment(unittest.TestCase):
+    """Python's torchrun_env reads the one-node topology itself; libshardd's
+    shardd_save_opts_from_env (nodes_from_env) reads the same variables in C."""
+
+    CASES = [
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0", "MASTER_ADDR": "10.0.0.1"},
+        {"RANK": "5", "WORLD_SIZE": "6", "GROUP_WORLD_SIZE": "3", "GROUP_RANK": "2", "MASTER_ADDR": "h0"},
+        {"RANK": "1", "WORLD_SIZE": "4", "NNODES": "2", "NODE_RANK": "0", "GROUP_WORLD_SIZE": "4",
+         "GROUP_RANK": "3", "SHARDD_LEADER": "h0:9000"},
+        {"RANK": "0", "WORLD_SIZE": "1"},
+    ]
+    KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NNODES", "NODE_RANK", "GROUP_RANK",
+            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SHARDD_LEADER", "SHARDD_PEER_PORT")
+
+    def test_same_topology(self):
+        probe = ("import json, shardd; c = shardd.nodes_from_env(); p = shardd.torchrun_env(); "
+                 "print(json.dumps([c, p]))")
+        for case in self.CASES:
+            env = {k: v for k, v in os.environ.items() if k not in self.KEYS}
+            env.update(case)
+            out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True,
+                                 text=True).stdout
+            c, p = json.loads(out)
+            for key in ("rank", "world_size", "nnodes", "node_rank"):
+                self.assertEqual(p[key] if p[key] is not None else (1 if key == "nnodes" else 0), c[key],
+                                 "%s under %s" % (key, case))
+
+
 def main():
     return suite.run(__name__)
 
