@@ -215,7 +215,7 @@ static void own_files_staged(const char *mode, const char *save, const char *dir
   uint64_t before[NODES], direct0[NODES];
   for (int i = 0; i < NODES; i++) {
     before[i] = metric(i, "copy_trips");
-    direct0[i] = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered");
+    direct0[i] = metric(i, "write_bytes_odirect") + metric(i, "write_bytes_buffered");
   }
   h_script s = {.opts = cluster_opts(save, dir, 2u << 20), .puts = puts, .nputs = 12, .seed = seed};
   s.opts.write_mode = mode;
@@ -233,10 +233,10 @@ static void own_files_staged(const char *mode, const char *save, const char *dir
   for (int i = 0; i < NODES; i++) {
     uint64_t trips = metric(i, "copy_trips") - before[i];
     cr_assert_geq(trips, 1, "node %d staged nothing", i);
-    uint64_t bytes = metric(i, "write_bytes_direct") + metric(i, "write_bytes_buffered") - direct0[i];
+    uint64_t bytes = metric(i, "write_bytes_odirect") + metric(i, "write_bytes_buffered") - direct0[i];
     cr_assert_geq(bytes, 2u << 20, "node %d's writer took %llu bytes for its 2 MiB file", i, (unsigned long long)bytes);
     if (direct)
-      cr_assert_geq(metric(i, "write_bytes_direct"), 2u << 20, "node %d wrote its file without O_DIRECT", i);
+      cr_assert_geq(metric(i, "write_bytes_odirect"), 2u << 20, "node %d wrote its file without O_DIRECT", i);
   }
   h_shared_free(s.sh);
 }
@@ -255,7 +255,7 @@ Test(peers, a_file_mixing_own_and_forwarded_bytes_goes_direct_where_it_can) {
       BOX2(2, "small.w", "F32", 4, 16, 0, 0, 2, 16),        BOX2(4, "small.w", "F32", 4, 16, 2, 0, 2, 16),
       BOX2(3, "tiny.w", "F32", 2, 16, 0, 0, 1, 16),         BOX2(5, "tiny.w", "F32", 2, 16, 1, 0, 1, 16),
   };
-  uint64_t direct0 = metric(0, "write_bytes_direct"), buffered0 = metric(0, "write_bytes_buffered");
+  uint64_t direct0 = metric(0, "write_bytes_odirect"), buffered0 = metric(0, "write_bytes_buffered");
   h_script s = {.opts = cluster_opts("mixed", "ck/mixed", 64u << 20), .puts = puts,
                 .nputs = sizeof puts / sizeof puts[0], .seed = 46};
   run_ranks(&s);
@@ -263,7 +263,7 @@ Test(peers, a_file_mixing_own_and_forwarded_bytes_goes_direct_where_it_can) {
   h_check_script(&s);
   totals t = report("mixed", ckpt_data("ck/mixed"));
   cr_assert_gt(t.fwd, 0, "the small tensors are forwarded to node 0");
-  uint64_t direct = metric(0, "write_bytes_direct") - direct0, buffered = metric(0, "write_bytes_buffered") - buffered0;
+  uint64_t direct = metric(0, "write_bytes_odirect") - direct0, buffered = metric(0, "write_bytes_buffered") - buffered0;
   cr_assert_gt(buffered, 0, "node 0 wrote the shared last block through the page cache");
   char probe[4096];
   h_path(probe, sizeof probe, ".direct-probe");
@@ -308,7 +308,7 @@ Test(peers, split_tensors_are_forwarded_to_the_file_owner) {
   cr_assert_gt(t.fwd, 0, "slices of other nodes' files must be forwarded");
   /* Files that take other nodes' bytes go through the page cache, in the same writer counters. */
   uint64_t counted = 0;
-  for (int i = 0; i < NODES; i++) counted += metric(i, "write_bytes_buffered") + metric(i, "write_bytes_direct");
+  for (int i = 0; i < NODES; i++) counted += metric(i, "write_bytes_buffered") + metric(i, "write_bytes_odirect");
   cr_assert_geq(counted, data, "the writers counted %llu of %llu bytes", (unsigned long long)counted,
                 (unsigned long long)data);
   /* The leader records who began the save, as a one-node save does (test_perms.c). */

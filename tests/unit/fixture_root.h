@@ -46,7 +46,7 @@ typedef struct {
   char msg[SD_ERRMSG_MAX];
   char path[1024];
   uint64_t written, total;
-  uint64_t direct;          /* of written: zero-copy from the sources */
+  uint64_t zero_copy;       /* of written: zero-copy from the sources */
   uint64_t gathered;        /* of written: gathered from several sources in one writev */
   uint64_t sealed;          /* source bytes staged from sealed spans by plain memcpy */
 } fr_outcome;

@@ -263,7 +263,7 @@ class SaveTest(unittest.TestCase):
         before = self.client.status()["totals"]
         shardd.save(t, "zerocopy", client=self.client, timeout=WAIT)
         after = self.client.status()["totals"]
-        direct = after["bytes_direct"] - before["bytes_direct"]
+        direct = after["bytes_zero_copy"] - before["bytes_zero_copy"]
         copied = after["bytes_copied"] - before["bytes_copied"]
         gathered = after["bytes_gathered"] - before["bytes_gathered"]
         self.assertEqual(direct + gathered + copied, after["bytes_written"] - before["bytes_written"])
