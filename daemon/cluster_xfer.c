@@ -1,4 +1,4 @@
-/* A node's part of a multi-node save, the bytes: its own files staged and written with O_DIRECT as a single-node save's are, the rest through the ring, forwarding in windows, receiving in place. */
+/* A node's part of a multi-node save, the bytes: its own blocks through a file set (fileset.c) as a single-node save's files, zero-copy and O_DIRECT where they can, the rest through the ring, forwarding in windows, receiving in place. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@ typedef struct {
   const uint8_t *src;      /* shm mapping or heap; valid until the done callback */
   uint64_t len;
   uint32_t flags;          /* SD_WOP_* */
-  uint32_t slice;          /* the caller's label (save.c: which slice it copies) */
+  uint32_t slice;          /* the caller's label (save_end.c: which slice it copies) */
 } sd_write_op;
 
 /* src lies in a client's MAP_SHARED mapping. When a sealed span holds it

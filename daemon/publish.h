@@ -1,4 +1,4 @@
-/* Writes a planned checkpoint into a temporary sibling folder with io_uring and publishes it atomically. */
+/* One publish's face (publish_start.c, publish_job.c): a planned checkpoint written into a temporary sibling folder through a file set, then swapped in atomically. */
 #ifndef SD_PUBLISH_H
 #define SD_PUBLISH_H
 

@@ -1,4 +1,4 @@
-/* The daemon's one io_uring (writer_ring.c, with writer_copy.c, writer_pin.c, writer_raw.c): publish and file jobs, staged or zero-copy, and the multi-node path's raw writes and fsyncs. */
+/* The daemon's one io_uring (writer_ring.c, with writer_copy.c, writer_pin.c, writer_raw.c): publish and file-set jobs, staged or zero-copy, and the multi-node path's raw writes and fsyncs. */
 #ifndef SD_WRITER_H
 #define SD_WRITER_H
 
@@ -47,7 +47,7 @@ typedef struct {
   uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
   uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
   uint64_t writes_fixed_file;/* ... to a registered file */
-  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes and file jobs; raw requests never) */
+  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes and file sets; raw requests never) */
   uint64_t copy_trips;       /* trips to the copy workers */
   uint64_t copy_trips_peak;  /* trips with the copy workers at once, at most */
   unsigned copy_threads;     /* the bound on that */

@@ -1,4 +1,4 @@
-/* The writer's ring: the daemon's one io_uring, batched submissions fed round-robin from every job (publishes, file jobs, raw requests), completions reaped on the libuv loop. */
+/* The writer's ring: the daemon's one io_uring, batched submissions fed round-robin from every job (publishes, file sets, raw requests), completions reaped on the libuv loop. */
 #include <errno.h>
 #include <liburing.h>
 #include <stdio.h>

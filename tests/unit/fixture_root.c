@@ -1,4 +1,4 @@
-/* Shared fixture of the writer tests (test_publish.c, test_staging.c): a root in a fresh folder, a loop, a writer, publish outcomes, bytes read back. */
+/* Shared fixture of the writer tests (test_publish.c, test_staging.c, test_copies.c, test_gather.c): a root in a fresh folder, a loop, a writer, publish outcomes, bytes read back. */
 #include "fixture_root.h"
 
 #include <criterion/criterion.h>
