@@ -466,7 +466,7 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   n->b_fwd = (uint64_t)json_integer_value(json_object_get(h, "forwarded"));
   n->b_recv = (uint64_t)json_integer_value(json_object_get(h, "received"));
   n->b_written = (uint64_t)json_integer_value(json_object_get(h, "written")); /* 0 from an older node */
-  n->b_zero_copy = (uint64_t)json_integer_value(json_object_get(h, "direct")); /* the wire's name for zero-copy */
+  n->b_zero_copy = (uint64_t)json_integer_value(json_object_get(h, "direct")); /* the wire keeps "direct": older peers send it */
   L->ndone++;
   sd_log_debug("save '%s': node %u is durable (%u of %u)", L->id, k, L->ndone, L->nnodes);
   if (L->ndone == L->nnodes) {

@@ -259,7 +259,6 @@ static void send_done(sd_csave *cs) {
   sd_log_debug("save '%s': node %u wrote its files (%llu own bytes here, %llu forwarded, %llu received)",
                cs->save->id, cs->node_rank, (unsigned long long)cs->bytes_local, (unsigned long long)cs->bytes_fwd,
                (unsigned long long)cs->bytes_recv);
-  /* "direct" on the wire means zero-copy: the name stays, so that peers of other versions still agree. */
   sd_node_to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files,
                                   "local", (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd,
                                   "received", (json_int_t)cs->bytes_recv, "written", (json_int_t)cs->bytes_written,

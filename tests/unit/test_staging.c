@@ -482,7 +482,7 @@ Test(staging, zero_copy_pieces_wait_for_their_write) {
 /* One file holding a whole tensor placed congruently (zero-copy middle),
  * one placed off by 8 bytes, an inner-dimension split (rows) and a tiny
  * tensor: mixed zero-copy and staged writes, every byte compared. */
-static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *direct_want) {
+static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *zero_copy_want) {
   enum { A = 1000000, B = 300000, R = 200, W = 300, T = 7 };
   uint64_t data = A + B + 2 * R * W + T;
   fc_init(c, 1, &data, 0, NULL, 0);
@@ -492,7 +492,7 @@ static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *direct_want) {
   seg = 8192;
   fc_add_op(c, 0, at, A, m + seg, SD_WOP_SHARED);
   memcpy(m + seg, c->want[0] + at, A);
-  *direct_want = ((at + A) & ~4095ull) - at;
+  *zero_copy_want = ((at + A) & ~4095ull) - at;
   at += A;
   seg += A + 4096 + 8; /* off by 8: staged */
   fc_add_op(c, 0, at, B, m + seg, SD_WOP_SHARED);
@@ -516,16 +516,16 @@ Test(staging, mixed_zero_copy_and_staged_writes_in_one_file, .init = setup, .fin
   int fd;
   uint8_t *m = fc_shared_segment(len, &fd);
   fc_ckpt c;
-  uint64_t direct_want;
-  mixed_ckpt(&c, m, &direct_want);
+  uint64_t zero_copy_want;
+  mixed_ckpt(&c, m, &zero_copy_want);
   fr_outcome o = {0};
   fc_publish(&c, "mixed", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1);
   cr_expect_eq(o.written, o.total);
   fc_expect("mixed", &c);
-  cr_expect_eq(o.zero_copy, direct_want, "zero-copy bytes %llu, want %llu", (unsigned long long)o.zero_copy,
-               (unsigned long long)direct_want);
+  cr_expect_eq(o.zero_copy, zero_copy_want, "zero-copy bytes %llu, want %llu", (unsigned long long)o.zero_copy,
+               (unsigned long long)zero_copy_want);
   cr_expect_lt(mapping_rss_kb(m), 1024, "pages written zero-copy are dropped too");
   fc_free(&c);
   munmap(m, len);
@@ -572,13 +572,13 @@ Test(staging, zero_copy_where_direct_io_is_refused, .init = setup, .fini = fr_te
   int fd;
   uint8_t *m = fc_shared_segment(len, &fd);
   fc_ckpt c;
-  uint64_t direct_want;
-  mixed_ckpt(&c, m, &direct_want);
+  uint64_t zero_copy_want;
+  mixed_ckpt(&c, m, &zero_copy_want);
   fr_outcome o = {0};
   fc_publish(&c, "ram", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   fc_expect("ram", &c);
-  cr_expect_eq(o.zero_copy, direct_want);
+  cr_expect_eq(o.zero_copy, zero_copy_want);
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   cr_expect_eq(st.writes_odirect, 0);
