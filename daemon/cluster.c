@@ -311,7 +311,7 @@ static void sd_cluster_result(const sd_save *save, uint64_t *files, uint64_t *te
 }
 
 static uint64_t sd_cluster_bytes_written(const sd_save *save) { return save->cl->bytes_written; }
-static uint64_t sd_cluster_bytes_direct(const sd_save *save) { return save->cl->bytes_direct; }
+static uint64_t sd_cluster_bytes_zero_copy(const sd_save *save) { return save->cl->bytes_zero_copy; }
 static uint64_t sd_cluster_bytes_forwarded(const sd_save *save) { return save->cl->bytes_fwd; }
 
 const sd_save_ext_ops sd_cluster_save_ext = {
@@ -323,7 +323,7 @@ const sd_save_ext_ops sd_cluster_save_ext = {
     .detach = sd_cluster_save_free,
     .result = sd_cluster_result,
     .bytes_written = sd_cluster_bytes_written,
-    .bytes_direct = sd_cluster_bytes_direct,
+    .bytes_zero_copy = sd_cluster_bytes_zero_copy,
     .bytes_forwarded = sd_cluster_bytes_forwarded,
 };
 

@@ -18,7 +18,7 @@
 #define SD_FWD_FRAME (1u << 20)
 #define SD_FWD_RUNS 512
 /* A node's file is cut in blocks of this: those made only of its own bytes
- * are written direct (cluster_xfer.c), the others buffered. */
+ * are written with O_DIRECT (cluster_xfer.c), the others buffered. */
 #define SD_XFER_BLOCK (1u << 20)
 /* Local ring requests a save keeps in flight. */
 #define SD_NODE_INFLIGHT 64
@@ -84,7 +84,7 @@ typedef struct {
   uint64_t done;           /* of hdr_len + data */
   int sync;                /* 0 not yet, 1 queued, 2 durable */
   uint8_t *own;            /* per block of SD_XFER_BLOCK, 1: only this node's bytes, staged and written
-                            * direct (cluster_xfer.c); NULL when none is */
+                            * with O_DIRECT (cluster_xfer.c); NULL when none is */
 } sd_cfile;
 
 typedef struct {
@@ -159,7 +159,7 @@ typedef struct sd_csave {
   struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer.c) */
 
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
-  uint64_t bytes_direct;   /* of bytes_written: zero-copy from this node's ranks' segments (fileset.c) */
+  uint64_t bytes_zero_copy;   /* of bytes_written: zero-copy from this node's ranks' segments (fileset.c) */
   uint64_t r_files, r_tensors, r_bytes;
   int failing, from_leader, leader_lost, released, done_sent;
   int stalled;             /* the assignment could not be taken up: waiting for the leader's verdict */

@@ -170,17 +170,17 @@ static void after_prepare(sd_lead *L) {
 static void commit(sd_lead *L) {
   const sd_cplan *P = &L->plan;
   double secs = (double)(uv_now(L->cl->d->loop) - L->t0) / 1000.0;
-  uint64_t fwd = 0, written = 0, direct = 0;
+  uint64_t fwd = 0, written = 0, zero_copy = 0;
   for (uint32_t k = 0; k < L->nnodes; k++) {
     fwd += L->nodes[k].b_fwd;
     written += L->nodes[k].b_written;
-    direct += L->nodes[k].b_direct;
+    zero_copy += L->nodes[k].b_zero_copy;
   }
   /* Direct and copied: the sum over the nodes (each logs its own share when the commit reaches it). */
   sd_log_info("save '%s': published %s (%llu files, %llu bytes) from %u nodes, %llu bytes forwarded, %llu bytes "
               "direct, %llu copied, %.3f s after the last seal", L->id, L->dir, (unsigned long long)P->nfiles_total,
-              (unsigned long long)P->total_bytes, L->nnodes, (unsigned long long)fwd, (unsigned long long)direct,
-              (unsigned long long)(written > direct ? written - direct : 0), secs);
+              (unsigned long long)P->total_bytes, L->nnodes, (unsigned long long)fwd, (unsigned long long)zero_copy,
+              (unsigned long long)(written > zero_copy ? written - zero_copy : 0), secs);
   for (uint32_t k = 0; k < L->nnodes; k++)
     to_node(L, k, json_pack("{s:s,s:I,s:I,s:I}", "t", "commit", "files", (json_int_t)P->nfiles_total, "tensors",
                             (json_int_t)P->ntensors, "bytes", (json_int_t)P->total_bytes),
@@ -466,7 +466,7 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   n->b_fwd = (uint64_t)json_integer_value(json_object_get(h, "forwarded"));
   n->b_recv = (uint64_t)json_integer_value(json_object_get(h, "received"));
   n->b_written = (uint64_t)json_integer_value(json_object_get(h, "written")); /* 0 from an older node */
-  n->b_direct = (uint64_t)json_integer_value(json_object_get(h, "direct"));
+  n->b_zero_copy = (uint64_t)json_integer_value(json_object_get(h, "direct")); /* the wire keeps "direct": older peers send it */
   L->ndone++;
   sd_log_debug("save '%s': node %u is durable (%u of %u)", L->id, k, L->ndone, L->nnodes);
   if (L->ndone == L->nnodes) {

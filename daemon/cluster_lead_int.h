@@ -15,7 +15,7 @@ typedef struct {
   char addr[SD_PEER_ADDR_MAX];
   char name[SD_PEER_NAME_MAX + 1];
   uint64_t b_local, b_fwd, b_recv;
-  uint64_t b_written, b_direct; /* of its files: all it wrote, and zero-copy */
+  uint64_t b_written, b_zero_copy; /* of its files: all it wrote, and zero-copy */
 } lnode;
 
 typedef struct sd_lead {

@@ -1,4 +1,4 @@
-/* A node's part of a multi-node save, the bytes: its own files staged and written direct as a single-node save's are, the rest through the ring, forwarding in windows, receiving in place. */
+/* A node's part of a multi-node save, the bytes: its own blocks through a file set (fileset.c) as a single-node save's files, zero-copy and O_DIRECT where they can, the rest through the ring, forwarding in windows, receiving in place. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -262,7 +262,7 @@ static void send_done(sd_csave *cs) {
   sd_node_to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files,
                                   "local", (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd,
                                   "received", (json_int_t)cs->bytes_recv, "written", (json_int_t)cs->bytes_written,
-                                  "direct", (json_int_t)cs->bytes_direct));
+                                  "direct", (json_int_t)cs->bytes_zero_copy));
 }
 
 void sd_xfer_progress(sd_csave *cs) {
@@ -485,7 +485,7 @@ static void on_staged(void *ud, const sd_error *err) {
     sd_node_fail_held(cs, err->code, "node %u ('%s'): %s", cs->node_rank, cs->cl->node, err->msg);
     return;
   }
-  /* cs->bytes_written and bytes_direct grew as the job wrote */
+  /* cs->bytes_written and bytes_zero_copy grew as the job wrote */
   for (size_t k = 0; k < xs->n; k++) cs->files[xs->lf[k]].done += xs->files[k].size;
   cs->bytes_local += xs->data;
   cs->cl->bytes_local += xs->data;
@@ -683,7 +683,7 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
     sd_fileset_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
                         .nspans = xs->nspans, .dir = cs->save->dir, .point = "filejob", .stop = &cs->failing,
-                        .bytes_written = &cs->bytes_written, .bytes_direct = &cs->bytes_direct, .tag = cs->save->id,
+                        .bytes_written = &cs->bytes_written, .bytes_zero_copy = &cs->bytes_zero_copy, .tag = cs->save->id,
                         .cb = on_staged, .ud = xs};
     cs->io++;
     cs->staged = xs;

@@ -28,7 +28,7 @@ typedef struct sd_counters {
   uint64_t connections, puts, bytes_put;
   uint64_t saves_committed, saves_failed, failed_by_code[SD_COUNT_CODES];
   uint64_t files_committed, bytes_committed;
-  uint64_t bytes_direct, bytes_gathered, bytes_copied; /* of bytes_committed: zero-copy from the segments, gathered, through staging */
+  uint64_t bytes_zero_copy, bytes_gathered, bytes_copied; /* of bytes_committed: zero-copy from the segments, gathered, through staging */
   uint64_t bytes_copied_sealed;     /* of bytes_copied: source bytes from sealed memfds (no shrink check, no guard) */
   double duration_sum, write_sum;
   uint64_t duration_buckets[SD_DURATION_NBUCKETS]; /* not cumulative; summed when reported */

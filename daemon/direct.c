@@ -8,11 +8,11 @@
 #include "crashpoint.h"
 #include "direct.h"
 
-void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather) {
+void sd_zero_copy_init(sd_zero_copy *d, sd_fill *f, int probe_fd, int gather) {
   memset(d, 0, sizeof *d);
   for (unsigned k = 0; k < SD_DIRECT_INFLIGHT; k++) d->pfree[d->npfree++] = SD_DIRECT_INFLIGHT - 1 - k;
-  f->direct = NULL;
-  f->ndirect = 0;
+  f->zc = NULL;
+  f->nzc = 0;
   struct statx sx;
   uint32_t mem = 0, off = 0;
   if (probe_fd >= 0 && statx(probe_fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
@@ -20,35 +20,35 @@ void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather) {
     mem = sx.stx_dio_mem_align, off = sx.stx_dio_offset_align;
   }
   size_t n = 0;
-  d->plan = sd_fill_plan_direct(f, SD_DIRECT_MIN, &n);
-  if (gather && mem && off) d->plan = sd_fill_plan_gather(f, d->plan, &n, mem, off, SD_DIRECT_MIN, sd_test_gather_min_piece(SD_GATHER_MIN_PIECE));
+  d->plan = sd_fill_plan_zero_copy(f, SD_ZERO_COPY_MIN, &n);
+  if (gather && mem && off) d->plan = sd_fill_plan_gather(f, d->plan, &n, mem, off, SD_ZERO_COPY_MIN, sd_test_gather_min_piece(SD_GATHER_MIN_PIECE));
   for (size_t i = 0; i < n && !d->giov; i++)
     if (d->plan[i].gather && !(d->giov = malloc(SD_DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *d->giov))) {
       free(d->plan); /* no memory for the iovecs: everything is staged */
       d->plan = NULL;
       n = 0;
     }
-  f->direct = d->plan;
-  f->ndirect = n;
+  f->zc = d->plan;
+  f->nzc = n;
 }
 
-void sd_direct_free(sd_direct *d) {
+void sd_zero_copy_free(sd_zero_copy *d) {
   free(d->plan);
   d->plan = NULL;
   free(d->giov);
   d->giov = NULL;
 }
 
-sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f) {
+sd_fill_piece *sd_zero_copy_next(sd_zero_copy *d, sd_fill *f) {
   if (d->npredo) return &d->pieces[d->predo[--d->npredo]];
   if (!d->npfree) return NULL;
   sd_fill_piece *pc = &d->pieces[d->pfree[d->npfree - 1]];
   pc->iov = d->giov ? d->giov + (size_t)(pc - d->pieces) * SD_GATHER_IOV : NULL;
-  if (!sd_fill_next_direct(f, SD_DIRECT_PIECE, pc)) return NULL;
+  if (!sd_fill_next_zero_copy(f, SD_ZERO_COPY_PIECE, pc)) return NULL;
   return &d->pieces[d->pfree[--d->npfree]];
 }
 
-void sd_direct_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io) {
+void sd_zero_copy_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io) {
   io->kind = SD_IO_WRITE;
   io->tag = pc->file;
   io->src = pc->src;
@@ -62,7 +62,7 @@ void sd_direct_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io) {
                       : -1;
 }
 
-int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
+int sd_zero_copy_complete(sd_zero_copy *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
                        int *to_buffered) {
   unsigned k = (unsigned)(pc - d->pieces);
   uint32_t done = res >= 0 ? pc->len : io->done;

@@ -10,29 +10,29 @@
 #define SD_DIRECT_INFLIGHT 16 /* zero-copy writes of one job on the ring at once */
 
 typedef struct {
-  sd_fill_direct *plan;    /* f->direct: the stretches (owned) */
+  sd_fill_zero_copy *plan;    /* f->zc: the stretches (owned) */
   sd_fill_piece pieces[SD_DIRECT_INFLIGHT]; /* on the ring, or waiting to go again */
   unsigned pfree[SD_DIRECT_INFLIGHT], npfree, predo[SD_DIRECT_INFLIGHT], npredo;
   struct iovec *giov;      /* SD_GATHER_IOV entries per piece, when some stretches are gathered */
-} sd_direct;
+} sd_zero_copy;
 
-/* Plans f's zero-copy stretches (sd_fill_plan_direct, SD_DIRECT_MIN) into
- * f->direct, unless probe_fd (an O_DIRECT file of the job; -1: none is, the
+/* Plans f's zero-copy stretches (sd_fill_plan_zero_copy, SD_ZERO_COPY_MIN) into
+ * f->zc, unless probe_fd (an O_DIRECT file of the job; -1: none is, the
  * stretches then go zero-copy through the page cache) sits on a device that
  * wants coarser direct-I/O alignment than SD_DIO_ALIGN (statx
  * STATX_DIOALIGN): then all is staged. With gather, and where the device
  * says what it takes, inner-dimension rows of several segments that meet its
  * alignment are planned as gathered writes too (sd_fill_plan_gather). */
-void sd_direct_init(sd_direct *d, sd_fill *f, int probe_fd, int gather);
-void sd_direct_free(sd_direct *d);
+void sd_zero_copy_init(sd_zero_copy *d, sd_fill *f, int probe_fd, int gather);
+void sd_zero_copy_free(sd_zero_copy *d);
 /* The next zero-copy write: one to resubmit first, then the next ready
  * stretch of f; NULL when none is (or all slots are on the ring). */
-sd_fill_piece *sd_direct_next(sd_direct *d, sd_fill *f);
+sd_fill_piece *sd_zero_copy_next(sd_zero_copy *d, sd_fill *f);
 /* Fills io with pc's write (the caller sets fd and off): its bytes, its
  * iovecs when gathered, and the registered buffer slot it goes from when its
  * segment was pinned at attach (sd_writer_pin; else -1, a plain write that
  * pins its pages itself). */
-void sd_direct_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io);
+void sd_zero_copy_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io);
 /* pc's write (io) ended with res (-errno, or its length; io->done bytes went
  * out before a failure). *wrote: bytes of it now in the file (their pages leave
  * the daemon's page tables). A segment the client shrank fails with -EFAULT.
@@ -40,7 +40,7 @@ void sd_direct_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io);
  * means the file system refused a direct write: then *to_buffered is set,
  * the caller turns the file buffered, and the rest of pc (if any) goes again
  * first. Returns 1 when pc goes again, 0 when it ended well, else -errno. */
-int sd_direct_complete(sd_direct *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
+int sd_zero_copy_complete(sd_zero_copy *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,
                        int *to_buffered);
 
 #endif

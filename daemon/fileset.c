@@ -15,7 +15,7 @@
 typedef struct {
   int fd;
   int slot;                /* fixed-file slot, -1 none, -2 not asked for yet */
-  int direct;              /* O_DIRECT set: whole blocks only */
+  int odirect;             /* O_DIRECT set: whole blocks only */
   int trim;                /* written past its size (a padded last block): cut back once whole */
   uint64_t base;           /* where in the descriptor's file it starts */
   uint64_t size, left;     /* bytes not yet written */
@@ -26,7 +26,7 @@ struct sd_fileset {
   sd_writer *w;
   sd_fileset_req r;
   sd_fill fill;
-  sd_direct zc;            /* zero-copy writes of fill */
+  sd_zero_copy zc;         /* zero-copy writes of fill */
   fs_file *f;
   sd_chunk *wq, **wq_tail; /* filled chunks waiting for the ring */
   uint32_t *ready;         /* durable: files whose bytes are all written, awaiting fsync */
@@ -77,12 +77,12 @@ static int stopped(const sd_fileset *s) {
 /* ------------------------------------------------------------------------ *
  * O_DIRECT and its fallback
  * ------------------------------------------------------------------------ */
-/* Buffered from now on: the file system refused a direct write. */
+/* Buffered from now on: the file system refused an O_DIRECT write. */
 static void go_buffered(sd_fileset *s, uint32_t i) {
   fs_file *ff = &s->f[i];
   int fl = fcntl(ff->fd, F_GETFL);
   if (fl >= 0) fcntl(ff->fd, F_SETFL, fl & ~O_DIRECT);
-  ff->direct = 0;
+  ff->odirect = 0;
   if (!s->said_buffered) {
     s->said_buffered = 1;
     sd_log_warn("save '%s': writing buffered: %s%s%s refused a direct write (%s); the rest goes through the page cache",
@@ -96,7 +96,7 @@ static void go_buffered(sd_fileset *s, uint32_t i) {
  * out padded, so only a file (or region) ending that way grows to whole
  * blocks, and it is cut back once its last write is in. A failure here only
  * loses the optimisation: the writes themselves report a full disk. */
-static void go_direct(sd_fileset *s, uint32_t i) {
+static void go_odirect(sd_fileset *s, uint32_t i) {
   fs_file *ff = &s->f[i];
   if (sd_writer_buffered(s->w) || ff->size == 0) return;
   int fl = fcntl(ff->fd, F_GETFL);
@@ -111,7 +111,7 @@ static void go_direct(sd_fileset *s, uint32_t i) {
     }
     return;
   }
-  ff->direct = 1;
+  ff->odirect = 1;
   off_t sized = (off_t)sd_align_up(ff->size);
   ff->trim = (uint64_t)sized > ff->size;
   if (fallocate(ff->fd, 0, (off_t)ff->base, sized) < 0 && ff->trim) (void)!ftruncate(ff->fd, (off_t)ff->base + sized);
@@ -140,12 +140,12 @@ static void whole(sd_fileset *s, uint32_t i) {
 }
 
 /* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
-static int direct_next(sd_fileset *s, sd_io *io) {
-  sd_fill_piece *pc = sd_direct_next(&s->zc, &s->fill);
+static int zero_copy_next(sd_fileset *s, sd_io *io) {
+  sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill);
   if (!pc) return 0;
   fs_file *ff = &s->f[pc->file];
-  sd_direct_io(&s->fill, pc, io);
-  io->count = sd_io_count_of(ff->direct);
+  sd_zero_copy_io(&s->fill, pc, io);
+  io->count = sd_io_count_of(ff->odirect);
   io->fd = file_fd(s, ff, &io->fixed);
   io->off = ff->base + pc->off;
   return 1;
@@ -162,14 +162,14 @@ int sd_fileset_next(sd_fileset *s, sd_io *io) {
     return 1;
   }
   sd_chunk *c = s->wq;
-  if (!c) return direct_next(s, io);
+  if (!c) return zero_copy_next(s, io);
   s->wq = c->next;
   if (!s->wq) s->wq_tail = &s->wq;
   c->next = NULL;
   fs_file *ff = &s->f[c->file];
-  /* A direct file takes whole blocks: the last one goes out padded with zeros. */
-  uint32_t len = ff->direct ? (uint32_t)sd_align_up(c->len) : c->len;
-  if (c->done == 0) io->count = sd_io_count_of(ff->direct);
+  /* An O_DIRECT file takes whole blocks: the last one goes out padded with zeros. */
+  uint32_t len = ff->odirect ? (uint32_t)sd_align_up(c->len) : c->len;
+  if (c->done == 0) io->count = sd_io_count_of(ff->odirect);
   io->kind = SD_IO_WRITE;
   io->fd = file_fd(s, ff, &io->fixed);
   io->buf_index = c->buf_index;
@@ -185,17 +185,17 @@ int sd_fileset_next(sd_fileset *s, sd_io *io) {
 void sd_fileset_progress(sd_fileset *s, const sd_io *io, uint32_t bytes) {
   if (io->kind != SD_IO_WRITE) return;
   const sd_chunk *c = io->chunk;
-  uint64_t n = bytes, direct = 0;
+  uint64_t n = bytes, zc = 0;
   if (!c) {
     if (io->iov) s->n.gathered += bytes;
-    else s->n.direct += bytes, direct = bytes;
+    else s->n.zero_copy += bytes, zc = bytes;
   } else {
     uint64_t before = (uint64_t)c->done + io->done, after = before + bytes;
     n = (after < c->len ? after : c->len) - (before < c->len ? before : c->len);
   }
   s->n.written += n;
   if (s->r.bytes_written) *s->r.bytes_written += n;
-  if (s->r.bytes_direct) *s->r.bytes_direct += direct;
+  if (s->r.bytes_zero_copy) *s->r.bytes_zero_copy += zc;
 }
 
 /* len more bytes of file i are written; once all are, a padded last block is cut back. */
@@ -216,7 +216,7 @@ static void file_wrote(sd_fileset *s, uint32_t i, uint64_t len) {
 static void write_complete(sd_fileset *s, const sd_io *io, int res) {
   sd_chunk *c = io->chunk;
   uint32_t i = c->file;
-  if (res == -EINVAL && s->f[i].direct && !stopped(s)) {
+  if (res == -EINVAL && s->f[i].odirect && !stopped(s)) {
     /* Whatever went out stays; the rest goes again through the page cache.
      * A padded last block may have gone out whole: past c->len is padding. */
     go_buffered(s, i);
@@ -240,12 +240,12 @@ static void write_complete(sd_fileset *s, const sd_io *io, int res) {
 
 /* A zero-copy write ended: its pages leave the daemon's page tables, as a
  * staged copy's do. A segment the client shrank makes it fail with EFAULT. */
-static void direct_complete(sd_fileset *s, const sd_io *io, int res) {
+static void zero_copy_complete(sd_fileset *s, const sd_io *io, int res) {
   sd_fill_piece *pc = io->req;
   fs_file *ff = &s->f[pc->file];
   uint64_t done;
   int buffered;
-  res = sd_direct_complete(&s->zc, pc, res, io, ff->direct && !stopped(s), &done, &buffered);
+  res = sd_zero_copy_complete(&s->zc, pc, res, io, ff->odirect && !stopped(s), &done, &buffered);
   s->ops_left -= done;
   if (buffered) go_buffered(s, pc->file);
   if (res == 1) {
@@ -280,7 +280,7 @@ void sd_fileset_complete(sd_fileset *s, const sd_io *io, int res) {
   else if (io->chunk)
     write_complete(s, io, res);
   else
-    direct_complete(s, io, res);
+    zero_copy_complete(s, io, res);
 }
 
 int sd_fileset_stage(sd_fileset *s, sd_chunk *c) {
@@ -358,7 +358,7 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
     s->f[i].slot = req->durable ? -2 : -1; /* a descriptor the caller keeps may close under a slot */
     s->f[i].size = s->f[i].left = req->files[i].size;
     s->f[i].base = req->bases ? req->bases[i] : 0;
-    go_direct(s, i);
+    go_odirect(s, i);
     if (s->f[i].left == 0) whole(s, i);
   }
   s->r.fds = NULL; /* read at the start only */
@@ -366,8 +366,8 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
   /* One O_DIRECT file tells for the device. */
   int probe = -1;
   for (size_t i = 0; i < req->nfiles && probe < 0; i++)
-    if (s->f[i].direct) probe = s->f[i].fd;
-  sd_direct_init(&s->zc, &s->fill, probe, req->gather);
+    if (s->f[i].odirect) probe = s->f[i].fd;
+  sd_zero_copy_init(&s->zc, &s->fill, probe, req->gather);
   *out = s;
   return 0;
 }
@@ -380,7 +380,7 @@ void sd_fileset_close(sd_fileset *s) {
 void sd_fileset_free(sd_fileset *s) {
   if (!s) return;
   sd_fileset_close(s);
-  sd_direct_free(&s->zc);
+  sd_zero_copy_free(&s->zc);
   free(s->ready);
   free(s->f);
   free(s);

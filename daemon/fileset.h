@@ -21,8 +21,8 @@ typedef struct sd_fileset sd_fileset;
 
 typedef struct {
   uint64_t written;        /* bytes of the files (never a last block's padding) */
-  uint64_t direct;         /* of those, written straight from the clients' segments (zero-copy) */
-  uint64_t gathered;       /* ... gathered from several segments in one writev (not in direct) */
+  uint64_t zero_copy;      /* of those, written straight from the clients' segments (zero-copy) */
+  uint64_t gathered;       /* ... gathered from several segments in one writev (not in zero_copy) */
   uint64_t sealed;         /* source bytes staged from sealed memfds (no shrink check, no guard) */
 } sd_fileset_counts;
 
@@ -61,8 +61,8 @@ typedef struct {
   const char *point;
   uint32_t index_file;
   const int *stop;         /* may be NULL; once nonzero, nothing more is staged and the set ends early */
-  /* may be NULL: counts.written and counts.direct added here too as they go (a caller's running totals) */
-  uint64_t *bytes_written, *bytes_direct;
+  /* may be NULL: counts.written and counts.zero_copy added here too as they go (a caller's running totals) */
+  uint64_t *bytes_written, *bytes_zero_copy;
   sd_fileset_cb cb;        /* sd_fileset_start: on the loop, once; the set is gone by then */
   void *ud;
 } sd_fileset_req;

@@ -23,7 +23,9 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "save_errors", errs);
   json_object_set_new(o, "files_written", u64(c->files_committed));
   json_object_set_new(o, "bytes_written", u64(c->bytes_committed));
-  json_object_set_new(o, "bytes_direct", u64(c->bytes_direct));
+  json_object_set_new(o, "bytes_zero_copy", u64(c->bytes_zero_copy));
+  /* Deprecated spellings, kept one release for scrapers: "direct" once meant zero-copy here and O_DIRECT below. */
+  json_object_set_new(o, "bytes_direct", u64(c->bytes_zero_copy));
   json_object_set_new(o, "bytes_gathered", u64(c->bytes_gathered));
   json_object_set_new(o, "bytes_copied", u64(c->bytes_copied));
   json_object_set_new(o, "bytes_copied_sealed", u64(c->bytes_copied_sealed));
@@ -46,12 +48,14 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   /* The writer's own figures: zeros once it has closed (shutting down). */
   sd_writer_stats ws = {0};
   if (d->writer) sd_writer_get_stats(d->writer, &ws);
-  json_object_set_new(o, "writes_direct", u64(ws.writes_direct));
+  json_object_set_new(o, "writes_odirect", u64(ws.writes_odirect));
+  json_object_set_new(o, "writes_direct", u64(ws.writes_odirect)); /* deprecated */
   json_object_set_new(o, "writes_buffered", u64(ws.writes_buffered));
   json_object_set_new(o, "writes_registered", u64(ws.writes_fixed_buf));
   json_object_set_new(o, "writes_zero_copy", u64(ws.writes_zero_copy));
   json_object_set_new(o, "pinned_bytes", u64(ws.pinned_bytes));
-  json_object_set_new(o, "write_bytes_direct", u64(ws.bytes_direct));
+  json_object_set_new(o, "write_bytes_odirect", u64(ws.bytes_odirect));
+  json_object_set_new(o, "write_bytes_direct", u64(ws.bytes_odirect)); /* deprecated */
   json_object_set_new(o, "write_bytes_buffered", u64(ws.bytes_buffered));
   json_object_set_new(o, "staging_bytes", u64(ws.staging_bytes));
   json_object_set_new(o, "staging_peak_bytes", u64(ws.staging_peak));

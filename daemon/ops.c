@@ -399,9 +399,11 @@ void sd_ops_status_fill(sd_daemon *d, json_t *m, int with_metrics) {
     json_object_set_new(o, "files", json_integer((json_int_t)v->nfiles));
     json_object_set_new(o, "bytes_planned", json_integer((json_int_t)sd_save_bytes_planned(v)));
     json_object_set_new(o, "bytes_written", json_integer((json_int_t)sd_save_bytes_written(v)));
-    json_object_set_new(o, "bytes_direct", json_integer((json_int_t)sd_save_bytes_direct(v)));
+    json_object_set_new(o, "bytes_zero_copy", json_integer((json_int_t)sd_save_bytes_zero_copy(v)));
+    /* deprecated spelling of bytes_zero_copy, kept one release for scripts that read it */
+    json_object_set_new(o, "bytes_direct", json_integer((json_int_t)sd_save_bytes_zero_copy(v)));
     json_object_set_new(o, "bytes_gathered", json_integer((json_int_t)sd_save_bytes_gathered(v)));
-    json_object_set_new(o, "bytes_copied", json_integer((json_int_t)(sd_save_bytes_written(v) - sd_save_bytes_direct(v) -
+    json_object_set_new(o, "bytes_copied", json_integer((json_int_t)(sd_save_bytes_written(v) - sd_save_bytes_zero_copy(v) -
                                                                      sd_save_bytes_gathered(v))));
     if (v->cl) sd_cluster_status_save(v, o);
     json_array_append_new(saves, o);
@@ -409,11 +411,12 @@ void sd_ops_status_fill(sd_daemon *d, json_t *m, int with_metrics) {
   json_object_set_new(m, "saves", saves);
   json_object_set_new(m, "clients", json_integer((json_int_t)d->nsessions));
   json_object_set_new(m, "regions", json_integer((json_int_t)sd_region_live()));
-  json_object_set_new(m, "totals", json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "saves_committed",
+  json_object_set_new(m, "totals", json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "saves_committed",
                                              (json_int_t)d->counters.saves_committed, "saves_failed",
                                              (json_int_t)d->counters.saves_failed, "bytes_written",
-                                             (json_int_t)d->counters.bytes_committed, "bytes_direct",
-                                             (json_int_t)d->counters.bytes_direct, "bytes_gathered",
+                                             (json_int_t)d->counters.bytes_committed, "bytes_zero_copy",
+                                             (json_int_t)d->counters.bytes_zero_copy, "bytes_direct",
+                                             (json_int_t)d->counters.bytes_zero_copy, "bytes_gathered",
                                              (json_int_t)d->counters.bytes_gathered, "bytes_copied",
                                              (json_int_t)d->counters.bytes_copied));
   sd_cluster_status(d, m);

@@ -1,4 +1,4 @@
-/* Turns a fully sealed save into a write plan: coverage, shard plan, write ops, index, artifacts. */
+/* Turns a save every rank has declared or sealed into a write plan (planner.c): coverage, shard plan, write ops, index, artifacts. */
 #ifndef SD_PLANNER_H
 #define SD_PLANNER_H
 

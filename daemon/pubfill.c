@@ -57,14 +57,14 @@ int sd_fill_set_ops(sd_fill *f, const sd_write_op *ops, size_t n, sd_write_op **
 }
 
 /* The staging cursor steps over zero-copy stretches; 1 when one begins at f->off. */
-static int skip_direct(sd_fill *f) {
-  while (f->dskip < f->ndirect) {
-    const sd_fill_direct *d = &f->direct[f->dskip];
+static int skip_zero_copy(sd_fill *f) {
+  while (f->dskip < f->nzc) {
+    const sd_fill_zero_copy *d = &f->zc[f->dskip];
     if (d->file > f->file || (d->file == f->file && d->off + d->len > f->off)) break;
     f->dskip++;
   }
-  if (f->dskip >= f->ndirect) return 0;
-  const sd_fill_direct *d = &f->direct[f->dskip];
+  if (f->dskip >= f->nzc) return 0;
+  const sd_fill_zero_copy *d = &f->zc[f->dskip];
   if (d->file != f->file || d->off != f->off) return 0;
   f->off += d->len;
   f->dskip++;
@@ -78,12 +78,12 @@ int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
       f->off = 0;
     }
     if (f->file >= f->nfiles) return 0;
-  } while (skip_direct(f));
+  } while (skip_zero_copy(f));
   uint64_t len = f->files[f->file].size - f->off;
   if (len > cap) len = cap;
-  if (f->dskip < f->ndirect) {
+  if (f->dskip < f->nzc) {
     /* Stop where the next zero-copy stretch begins (an aligned offset). */
-    const sd_fill_direct *d = &f->direct[f->dskip];
+    const sd_fill_zero_copy *d = &f->zc[f->dskip];
     if (d->file == f->file && d->off < f->off + len) len = d->off - f->off;
   }
   /* Writes wholly before this stretch were handed out with earlier ones;
@@ -110,8 +110,8 @@ int sd_fill_next(sd_fill *f, uint32_t cap, sd_chunk *c) {
   return 1;
 }
 
-sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *n) {
-  sd_fill_direct *d = NULL;
+sd_fill_zero_copy *sd_fill_plan_zero_copy(const sd_fill *f, uint64_t min_len, size_t *n) {
+  sd_fill_zero_copy *d = NULL;
   size_t cap = 0;
   *n = 0;
   for (size_t i = 0; i < f->nops; i++) {
@@ -124,7 +124,7 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
       *n = 0;
       return NULL;
     }
-    d[(*n)++] = (sd_fill_direct){op->file, a, b - a, i, 0, i + 1, 0};
+    d[(*n)++] = (sd_fill_zero_copy){op->file, a, b - a, i, 0, i + 1, 0};
   }
   return d;
 }
@@ -133,12 +133,12 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
  * Gathered stretches
  * ------------------------------------------------------------------------ */
 typedef struct {
-  sd_fill_direct *v;
+  sd_fill_zero_copy *v;
   size_t n, cap;
   int oom;
 } dlist;
 
-static void dlist_add(dlist *l, sd_fill_direct d) {
+static void dlist_add(dlist *l, sd_fill_zero_copy d) {
   if (l->oom) return;
   if (SD_GROW(l->v, l->cap, l->n + 1, 64)) {
     l->oom = 1;
@@ -149,7 +149,7 @@ static void dlist_add(dlist *l, sd_fill_direct d) {
 
 /* The stretch being gathered: file bytes [off, off + len) from writes [op, op_end). */
 typedef struct {
-  sd_fill_direct cur;
+  sd_fill_zero_copy cur;
   unsigned niov;
   const uint8_t *next_src; /* where the last piece's source ends: a piece going on from it shares its iovec */
   uint64_t min_len;
@@ -182,7 +182,7 @@ static void gather_piece(gather_run *g, dlist *out, uint32_t file, size_t i, uin
     int joins = g->cur.len && g->cur.file == file && g->cur.off + g->cur.len == lo;
     if (!joins || g->cur.len >= SD_GATHER_BYTES || (g->niov >= SD_GATHER_IOV && src != g->next_src)) {
       gather_close(g, out);
-      g->cur = (sd_fill_direct){file, lo, 0, i, 0, i + 1, 1};
+      g->cur = (sd_fill_zero_copy){file, lo, 0, i, 0, i + 1, 1};
     }
     uint64_t take = hi - lo;
     if (take > SD_GATHER_BYTES - g->cur.len) take = SD_GATHER_BYTES - g->cur.len;
@@ -195,7 +195,7 @@ static void gather_piece(gather_run *g, dlist *out, uint32_t file, size_t i, uin
   }
 }
 
-sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t *n, uint32_t mem_align,
+sd_fill_zero_copy *sd_fill_plan_gather(const sd_fill *f, sd_fill_zero_copy *d, size_t *n, uint32_t mem_align,
                                     uint32_t off_align, uint64_t min_len, uint64_t min_piece) {
   if (!mem_align || !off_align || mem_align > SD_DIO_ALIGN || off_align > SD_DIO_ALIGN) return d;
   /* Linux checks each iovec's address against the memory alignment and its
@@ -227,7 +227,7 @@ sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t 
     return d;
   }
   /* Merge: both lists are sorted and never overlap. */
-  sd_fill_direct *m = malloc((*n + out.n) * sizeof *m);
+  sd_fill_zero_copy *m = malloc((*n + out.n) * sizeof *m);
   if (!m) {
     free(out.v);
     return d;
@@ -244,7 +244,7 @@ sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t 
   return m;
 }
 
-static int stretch_ready(const sd_fill *f, const sd_fill_direct *d) {
+static int stretch_ready(const sd_fill *f, const sd_fill_zero_copy *d) {
   if (!f->ready) return 1;
   for (size_t i = d->op, end = d->op_end > d->op ? d->op_end : d->op + 1; i < end; i++)
     if (!f->ready[i]) return 0;
@@ -252,7 +252,7 @@ static int stretch_ready(const sd_fill *f, const sd_fill_direct *d) {
 }
 
 /* The iovecs of a gathered stretch: its writes' pieces, one iovec per run of one source. */
-static int gather_iov(const sd_fill *f, const sd_fill_direct *d, struct iovec *iov) {
+static int gather_iov(const sd_fill *f, const sd_fill_zero_copy *d, struct iovec *iov) {
   int n = 0;
   const uint64_t a = d->off, b = d->off + d->len;
   for (size_t i = d->op; i < d->op_end; i++) {
@@ -269,11 +269,11 @@ static int gather_iov(const sd_fill *f, const sd_fill_direct *d, struct iovec *i
   return n;
 }
 
-int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out) {
-  while (f->dnext < f->ndirect && f->direct[f->dnext].sent >= f->direct[f->dnext].len) f->dnext++;
-  sd_fill_direct *d = NULL;
-  for (size_t i = f->dnext; i < f->ndirect && i - f->dnext < SD_DIRECT_AHEAD && !d; i++)
-    if (f->direct[i].sent < f->direct[i].len && stretch_ready(f, &f->direct[i])) d = &f->direct[i];
+int sd_fill_next_zero_copy(sd_fill *f, uint32_t max, sd_fill_piece *out) {
+  while (f->dnext < f->nzc && f->zc[f->dnext].sent >= f->zc[f->dnext].len) f->dnext++;
+  sd_fill_zero_copy *d = NULL;
+  for (size_t i = f->dnext; i < f->nzc && i - f->dnext < SD_ZERO_COPY_AHEAD && !d; i++)
+    if (f->zc[i].sent < f->zc[i].len && stretch_ready(f, &f->zc[i])) d = &f->zc[i];
   if (!d) return 0;
   const sd_write_op *op = &f->ops[d->op];
   out->file = d->file;

@@ -16,7 +16,7 @@ typedef struct {
   const uint8_t *src;      /* shm mapping or heap; valid until the done callback */
   uint64_t len;
   uint32_t flags;          /* SD_WOP_* */
-  uint32_t slice;          /* the caller's label (save.c: which slice it copies) */
+  uint32_t slice;          /* the caller's label (save_end.c: which slice it copies) */
 } sd_write_op;
 
 /* src lies in a client's MAP_SHARED mapping. When a sealed span holds it
@@ -63,8 +63,8 @@ typedef struct {
  * to the ring straight from the client's mapping, with no staging copy;
  * its unaligned head and tail, and every other write, are staged.
  * ------------------------------------------------------------------------ */
-#define SD_DIRECT_MIN (64u << 10)   /* smaller middles are staged: not worth a write of their own */
-#define SD_DIRECT_PIECE (8u << 20)  /* largest zero-copy write handed to the ring */
+#define SD_ZERO_COPY_MIN (64u << 10)   /* smaller middles are staged: not worth a write of their own */
+#define SD_ZERO_COPY_PIECE (8u << 20)  /* largest zero-copy write handed to the ring */
 
 typedef struct {
   uint32_t file;
@@ -73,7 +73,7 @@ typedef struct {
   uint64_t sent;           /* loop thread: bytes of it handed out so far */
   size_t op_end;           /* gathered: one past its last write (0: op + 1) */
   int gather;              /* one writev from several writes' sources (sd_fill_plan_gather) */
-} sd_fill_direct;
+} sd_fill_zero_copy;
 
 /* One zero-copy write for the ring: from src, or (niov > 0) gathered from
  * niov pieces of several sources. */
@@ -117,8 +117,8 @@ typedef struct {
   size_t op;
   size_t scan;             /* ops before this one are known ready */
   /* zero-copy stretches, sorted; staged stretches go around them */
-  sd_fill_direct *direct;
-  size_t ndirect;
+  sd_fill_zero_copy *zc;
+  size_t nzc;
   size_t dskip;            /* the staging cursor: the next one it must not stage */
   size_t dnext;            /* the first one with bytes not yet handed out */
 } sd_fill;
@@ -134,7 +134,7 @@ int sd_fill_set_ops(sd_fill *f, const sd_write_op *ops, size_t n, sd_write_op **
 /* Pure: the zero-copy stretches of f's writes (malloc'd, NULL when none or
  * out of memory: then everything is staged). Only SD_WOP_SHARED writes
  * qualify, with a middle of at least min_len. */
-sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *n);
+sd_fill_zero_copy *sd_fill_plan_zero_copy(const sd_fill *f, uint64_t min_len, size_t *n);
 /* Pure: adds to the zero-copy stretches d (n of them, sorted; taken over,
  * may be NULL) the gathered stretches of f's shared writes outside them,
  * for a device taking direct I/O from addresses aligned to mem_align at
@@ -143,17 +143,17 @@ sd_fill_direct *sd_fill_plan_direct(const sd_fill *f, uint64_t min_len, size_t *
  * SD_GATHER_MIN_PIECE). Each is one write of at most SD_GATHER_IOV pieces and
  * SD_GATHER_BYTES, at least min_len long. Returns the merged stretches,
  * sorted (*n updated); on no memory, d as it was. */
-sd_fill_direct *sd_fill_plan_gather(const sd_fill *f, sd_fill_direct *d, size_t *n, uint32_t mem_align,
+sd_fill_zero_copy *sd_fill_plan_gather(const sd_fill *f, sd_fill_zero_copy *d, size_t *n, uint32_t mem_align,
                                     uint32_t off_align, uint64_t min_len, uint64_t min_piece);
 /* Pure: the next zero-copy write, at most max bytes (a gathered one whole,
  * its iovecs written to out->iov, which the caller points at SD_GATHER_IOV
  * entries and which is kept), or 0 when none is
  * ready (streaming: its writes' ready flags) or left. Stretches go out in
- * file order, except that a ready one up to SD_DIRECT_AHEAD stretches past
+ * file order, except that a ready one up to SD_ZERO_COPY_AHEAD stretches past
  * the first unready one goes first (ranks fill their memory in their own
  * order, not the file's). */
-#define SD_DIRECT_AHEAD 256
-int sd_fill_next_direct(sd_fill *f, uint32_t max, sd_fill_piece *out);
+#define SD_ZERO_COPY_AHEAD 256
+int sd_fill_next_zero_copy(sd_fill *f, uint32_t max, sd_fill_piece *out);
 
 /* Pure: the next stretch, at most cap bytes (a multiple of SD_DIO_ALIGN)
  * of one file: sets c->file, off, len and cursor and advances. Returns 0

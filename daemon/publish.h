@@ -1,4 +1,4 @@
-/* Writes a planned checkpoint into a temporary sibling folder with io_uring and publishes it atomically. */
+/* One publish's face (publish_start.c, publish_job.c): a planned checkpoint written into a temporary sibling folder through a file set, then swapped in atomically. */
 #ifndef SD_PUBLISH_H
 #define SD_PUBLISH_H
 
@@ -77,8 +77,8 @@ uint64_t sd_publish_bytes_written(const sd_publish *p);
 uint64_t sd_publish_bytes_total(const sd_publish *p);
 /* Of the bytes written, those that went straight from the clients' segments
  * (zero-copy); the rest went through staging (copied). */
-uint64_t sd_publish_bytes_direct(const sd_publish *p);
-/* Bytes gathered in one writev from several sources (not in bytes_direct). */
+uint64_t sd_publish_bytes_zero_copy(const sd_publish *p);
+/* Bytes gathered in one writev from several sources (not in bytes_zero_copy). */
 uint64_t sd_publish_bytes_gathered(const sd_publish *p);
 /* Of the staged bytes, those read from sealed memfds
  * (no preadv, no SIGBUS guard). */

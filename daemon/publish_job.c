@@ -225,8 +225,8 @@ uint64_t sd_publish_bytes_written(const sd_publish *p) {
   return sd_fileset_counts_of(p->fs)->written;
 }
 
-uint64_t sd_publish_bytes_direct(const sd_publish *p) {
-  return sd_fileset_counts_of(p->fs)->direct;
+uint64_t sd_publish_bytes_zero_copy(const sd_publish *p) {
+  return sd_fileset_counts_of(p->fs)->zero_copy;
 }
 
 uint64_t sd_publish_bytes_gathered(const sd_publish *p) {

@@ -106,9 +106,9 @@ typedef struct sd_save {
   /* Deadlines (save_deadline.c), from the first begin; seconds, 0: never. */
   uint32_t join_timeout, idle_timeout;
   uint64_t t_active_ms;    /* last begin, put, file, declared, ready or seal of any rank (monotonic ms) */
-  uint64_t bytes_direct;   /* once the publish ended: bytes written zero-copy from the segments, */
+  uint64_t bytes_zero_copy;   /* once the publish ended: bytes written zero-copy from the segments, */
   uint64_t bytes_gathered; /* ... gathered from several segments in one writev, */
-  uint64_t bytes_copied;   /* ... and through staging (sd_publish_bytes_direct) */
+  uint64_t bytes_copied;   /* ... and through staging (sd_publish_bytes_zero_copy) */
   uint64_t bytes_sealed;   /* of the staged source bytes: from sealed memfds (sd_publish_bytes_sealed) */
   struct sd_csave *cl;     /* multi-node part (cluster.c); NULL for a one-node save */
 } sd_save;
@@ -197,7 +197,7 @@ typedef struct sd_save_ext_ops {
   void (*result)(const struct sd_save *save, uint64_t *files, uint64_t *tensors, uint64_t *bytes);
   uint64_t (*bytes_written)(const struct sd_save *save);
   /* Of those, bytes written zero-copy from this node's ranks' segments. */
-  uint64_t (*bytes_direct)(const struct sd_save *save);
+  uint64_t (*bytes_zero_copy)(const struct sd_save *save);
   /* Bytes of this node's slices streamed to other nodes, for the summary line. */
   uint64_t (*bytes_forwarded)(const struct sd_save *save);
 } sd_save_ext_ops;
@@ -263,7 +263,7 @@ uint64_t sd_save_bytes_planned(const sd_save *save);
 void sd_save_writing_totals(const sd_daemon *d, uint64_t *writing, uint64_t *pending);
 uint64_t sd_save_bytes_written(const sd_save *save);
 /* Of those, written zero-copy straight from the ranks' segments (the rest were copied through staging). */
-uint64_t sd_save_bytes_direct(const sd_save *save);
+uint64_t sd_save_bytes_zero_copy(const sd_save *save);
 /* ... and gathered from several ranks' segments in one writev. */
 uint64_t sd_save_bytes_gathered(const sd_save *save);
 const char *sd_save_state_name(const sd_save *save);

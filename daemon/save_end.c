@@ -59,15 +59,15 @@ static void finalize(sd_save *save, const char *final_path) {
     }
     if (save->cl) {
       /* This node's share, in its own summary line and counters. */
-      save->bytes_direct = d->multi_node->bytes_direct(save);
-      save->bytes_copied = d->multi_node->bytes_written(save) - save->bytes_direct;
+      save->bytes_zero_copy = d->multi_node->bytes_zero_copy(save);
+      save->bytes_copied = d->multi_node->bytes_written(save) - save->bytes_zero_copy;
     }
     uint64_t now = uv_hrtime();
     double secs = (double)(now - save->t_write) / 1e9, total = (double)(now - save->t_begin) / 1e9;
     uint64_t forwarded = 0; /* bytes streamed to peer daemons (multi-node saves) */
     if (save->cl) forwarded = d->multi_node->bytes_forwarded(save);
     count_committed(&d->counters, r.files, r.bytes, total, secs);
-    d->counters.bytes_direct += save->bytes_direct;
+    d->counters.bytes_zero_copy += save->bytes_zero_copy;
     d->counters.bytes_gathered += save->bytes_gathered;
     d->counters.bytes_copied += save->bytes_copied;
     d->counters.bytes_copied_sealed += save->bytes_sealed;
@@ -76,7 +76,7 @@ static void finalize(sd_save *save, const char *final_path) {
                 "%llu bytes forwarded, %llu bytes direct, %llu gathered, %llu copied (%.3f s since the first begin)",
                 save->id, final_path, (unsigned long long)r.files, (unsigned long long)r.tensors,
                 (unsigned long long)r.bytes, secs, secs > 0 ? (double)r.bytes / secs / 1e9 : 0.0,
-                (unsigned long long)forwarded, (unsigned long long)save->bytes_direct,
+                (unsigned long long)forwarded, (unsigned long long)save->bytes_zero_copy,
                 (unsigned long long)save->bytes_gathered, (unsigned long long)save->bytes_copied, total);
   } else {
     r.err = save->err;
@@ -209,9 +209,9 @@ static void on_released(sd_publish *pub, void *ud) {
 
 static void on_done(sd_publish *pub, void *ud, const sd_error *err, const char *final_path) {
   sd_save *save = ud;
-  save->bytes_direct = sd_publish_bytes_direct(pub);
+  save->bytes_zero_copy = sd_publish_bytes_zero_copy(pub);
   save->bytes_gathered = sd_publish_bytes_gathered(pub);
-  save->bytes_copied = sd_publish_bytes_written(pub) - save->bytes_direct - save->bytes_gathered;
+  save->bytes_copied = sd_publish_bytes_written(pub) - save->bytes_zero_copy - save->bytes_gathered;
   save->bytes_sealed = sd_publish_bytes_sealed(pub);
   if (save->in_start) {
     /* Reported from inside sd_publish_start: finish after it returns. */

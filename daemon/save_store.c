@@ -198,9 +198,9 @@ uint64_t sd_save_bytes_written(const sd_save *save) {
   return save->pub ? sd_publish_bytes_written(save->pub) : 0;
 }
 
-uint64_t sd_save_bytes_direct(const sd_save *save) {
-  if (save->cl) return save->d->multi_node->bytes_direct(save);
-  return save->pub ? sd_publish_bytes_direct(save->pub) : save->bytes_direct;
+uint64_t sd_save_bytes_zero_copy(const sd_save *save) {
+  if (save->cl) return save->d->multi_node->bytes_zero_copy(save);
+  return save->pub ? sd_publish_bytes_zero_copy(save->pub) : save->bytes_zero_copy;
 }
 
 uint64_t sd_save_bytes_gathered(const sd_save *save) {

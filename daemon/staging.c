@@ -1,4 +1,4 @@
-/* Staging buffers for direct I/O (allocated on demand, registered with the ring), fixed-file slots, and the SIGBUS guard for shared-memory copies. */
+/* Staging buffers for O_DIRECT writes (allocated on demand, registered with the ring), fixed-file slots, and the SIGBUS guard for shared-memory copies. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-/* Staging for direct I/O: aligned buffers registered with the ring, fixed-file slots, and a copy that survives a vanishing source. */
+/* Staging for O_DIRECT writes: aligned buffers registered with the ring, fixed-file slots, and a copy that survives a vanishing source. */
 #ifndef SD_STAGING_H
 #define SD_STAGING_H
 

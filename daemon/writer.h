@@ -1,4 +1,4 @@
-/* The daemon's one io_uring (writer_ring.c, with writer_copy.c, writer_pin.c, writer_raw.c): publish and file jobs, staged or zero-copy, and the multi-node path's raw writes and fsyncs. */
+/* The daemon's one io_uring (writer_ring.c, with writer_copy.c, writer_pin.c, writer_raw.c): publish and file-set jobs, staged or zero-copy, and the multi-node path's raw writes and fsyncs. */
 #ifndef SD_WRITER_H
 #define SD_WRITER_H
 
@@ -43,18 +43,18 @@ void sd_writer_close(sd_writer *w, void (*cb)(void *ud), void *ud);
 
 /* What the writer has done since it started (status, tests, benchmarks). */
 typedef struct {
-  uint64_t writes_direct;    /* data writes through O_DIRECT */
+  uint64_t writes_odirect;   /* data writes through O_DIRECT */
   uint64_t writes_buffered;  /* data writes through the page cache (fallback) */
   uint64_t writes_fixed_buf; /* ... from a buffer registered with the ring */
   uint64_t writes_fixed_file;/* ... to a registered file */
-  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes and file jobs; raw requests never) */
+  uint64_t writes_zero_copy; /* ... straight from a client's segment, no staging chunk (publishes and file sets; raw requests never) */
   uint64_t copy_trips;       /* trips to the copy workers */
   uint64_t copy_trips_peak;  /* trips with the copy workers at once, at most */
   unsigned copy_threads;     /* the bound on that */
   uint64_t staging_bytes;    /* staging allocated now */
   uint64_t staging_peak;     /* staging allocated at most */
   uint64_t staging_max;      /* the bound */
-  uint64_t bytes_direct;     /* bytes the kernel took through O_DIRECT (with last-block padding) */
+  uint64_t bytes_odirect;    /* bytes the kernel took through O_DIRECT (with last-block padding) */
   uint64_t bytes_buffered;   /* ... through the page cache */
   int registered;            /* staging buffers are registered with the ring (0: plain writes) */
   uint64_t pinned_bytes;     /* clients' segments registered with the ring now (sd_writer_pin) */
@@ -87,7 +87,7 @@ typedef enum { SD_IO_WRITE, SD_IO_FSYNC } sd_io_kind;
  * byte counts of its completions follow the same answer. A piece that resumes a chunk already counted (one whose
  * direct write was refused goes out again through the page cache) is not counted again, and its bytes count as
  * buffered. */
-typedef enum { SD_IO_UNCOUNTED, SD_IO_COUNT_BUFFERED, SD_IO_COUNT_DIRECT } sd_io_count;
+typedef enum { SD_IO_UNCOUNTED, SD_IO_COUNT_BUFFERED, SD_IO_COUNT_ODIRECT } sd_io_count;
 
 typedef struct sd_wjob sd_wjob;
 
@@ -168,8 +168,8 @@ int sd_writer_file_slot(sd_writer *w, int fd);
 void sd_writer_file_unslot(sd_writer *w, int slot);
 /* 1 when the writer was told never to use O_DIRECT. */
 int sd_writer_buffered(const sd_writer *w);
-/* The count of a new data write to a file opened direct or not. */
-static inline sd_io_count sd_io_count_of(int direct) { return direct ? SD_IO_COUNT_DIRECT : SD_IO_COUNT_BUFFERED; }
+/* The count of a new data write to a file opened O_DIRECT or not. */
+static inline sd_io_count sd_io_count_of(int odirect) { return odirect ? SD_IO_COUNT_ODIRECT : SD_IO_COUNT_BUFFERED; }
 
 /* ------------------------------------------------------------------------ *
  * Raw requests: a write of any length (short writes and pieces past

@@ -45,7 +45,7 @@ struct sd_writer {
   unsigned qd;
   unsigned inflight;       /* SQEs handed to the ring and not yet reaped */
   sd_io *slots;            /* qd of them; a request holds one until it ends */
-  unsigned char *slot_direct; /* per slot: its write goes through O_DIRECT (byte counts) */
+  unsigned char *slot_odirect; /* per slot: its write goes through O_DIRECT (byte counts) */
   sd_io *free_slots;
   sd_io *retry;            /* short writes to resubmit for the remainder */
   sd_io **retry_tail;

@@ -1,4 +1,4 @@
-/* The writer's ring: the daemon's one io_uring, batched submissions fed round-robin from every job (publishes, file jobs, raw requests), completions reaped on the libuv loop. */
+/* The writer's ring: the daemon's one io_uring, batched submissions fed round-robin from every job (publishes, file sets, raw requests), completions reaped on the libuv loop. */
 #include <errno.h>
 #include <liburing.h>
 #include <stdio.h>
@@ -59,11 +59,11 @@ static sd_io *next_request(sd_writer *w) {
       memset(io, 0, sizeof *io);
       io->buf_index = -1;
       if (j->ops->next(j, io)) {
-        int direct = io->kind == SD_IO_WRITE && io->count == SD_IO_COUNT_DIRECT;
-        w->slot_direct[io - w->slots] = (unsigned char)direct;
+        int odirect = io->kind == SD_IO_WRITE && io->count == SD_IO_COUNT_ODIRECT;
+        w->slot_odirect[io - w->slots] = (unsigned char)odirect;
         if (io->kind == SD_IO_WRITE && io->count != SD_IO_UNCOUNTED) {
-          if (direct)
-            w->st.writes_direct++;
+          if (odirect)
+            w->st.writes_odirect++;
           else
             w->st.writes_buffered++;
         }
@@ -179,8 +179,8 @@ static void reap(sd_writer *w) {
       w->inflight--;
       sd_wjob *j = io->job;
       if (io->kind == SD_IO_WRITE && res > 0) {
-        if (w->slot_direct[io - w->slots])
-          w->st.bytes_direct += (uint64_t)res;
+        if (w->slot_odirect[io - w->slots])
+          w->st.bytes_odirect += (uint64_t)res;
         else
           w->st.bytes_buffered += (uint64_t)res;
         j->ops->progress(j, io, (uint32_t)res);
@@ -281,8 +281,8 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
   if (!w) return sd_fail(err, SHARDD_E_NO_MEMORY, "writer");
   int rc;
   w->slots = calloc(queue_depth, sizeof *w->slots);
-  w->slot_direct = calloc(queue_depth, 1);
-  if (!w->slots || !w->slot_direct) {
+  w->slot_odirect = calloc(queue_depth, 1);
+  if (!w->slots || !w->slot_odirect) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "writer slots");
     goto no_ring;
   }
@@ -339,7 +339,7 @@ no_efd:
   io_uring_queue_exit(&w->ring);
 no_ring:
   free(w->slots);
-  free(w->slot_direct);
+  free(w->slot_odirect);
   free(w);
   return rc;
 }
@@ -353,7 +353,7 @@ static void on_handle_closed(uv_handle_t *h) {
   void (*cb)(void *) = w->close_cb;
   void *ud = w->close_ud;
   free(w->slots);
-  free(w->slot_direct);
+  free(w->slot_odirect);
   free(w->trips);
   free(w);
   if (cb) cb(ud);

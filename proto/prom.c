@@ -7,6 +7,12 @@
 
 static double num(const json_t *o, const char *key) { return json_number_value(json_object_get(o, key)); }
 
+/* A key by its name, or by the name an older shardd gave it. */
+static double num_or(const json_t *o, const char *key, const char *old) {
+  const json_t *v = json_object_get(o, key);
+  return json_number_value(v ? v : json_object_get(o, old));
+}
+
 static const char *str(const json_t *o, const char *key) {
   const char *s = json_string_value(json_object_get(o, key));
   return s ? s : "?";
@@ -27,12 +33,39 @@ static void prom_simple(FILE *out, const char *name, const char *type, const cha
   prom_value(out, v);
 }
 
+/* A family of one sample per label value: name{label="values[k]"} v[k]. */
+static void prom_family(FILE *out, const char *name, const char *help, const char *label, const char *const values[],
+                        const double v[], int n) {
+  prom_head(out, name, "counter", help);
+  for (int k = 0; k < n; k++) {
+    fprintf(out, "%s{%s=\"%s\"} ", name, label, values[k]);
+    prom_value(out, v[k]);
+  }
+}
+
 /* Label values escape backslash, double quote and newline. */
 static void prom_label(FILE *out, const char *v) {
   for (; *v; v++) {
     if (*v == '\\' || *v == '"') fprintf(out, "\\%c", *v);
     else if (*v == '\n') fputs("\\n", out);
     else fputc(*v, out);
+  }
+}
+
+/* The families as named before "direct" was split into O_DIRECT and zero-copy, kept one release so that
+ * dashboards and alerts keep working; separate families, so that a sum over one never counts a byte twice. */
+static void print_deprecated(FILE *out, const double writes[2], const double bytes[2], const double saved[3]) {
+  static const char *const modes[2] = {"direct", "buffered"}, *const paths[3] = {"direct", "gathered", "copied"};
+  static const struct {
+    const char *name, *now, *label;
+  } old[3] = {{"shardd_writes_total", "shardd_data_writes_total, mode direct now odirect", "mode"},
+              {"shardd_write_bytes_total", "shardd_data_write_bytes_total, mode direct now odirect", "mode"},
+              {"shardd_saved_bytes_total", "shardd_committed_bytes_total, path direct now zero_copy", "path"}};
+  const double *v[3] = {writes, bytes, saved};
+  for (int k = 0; k < 3; k++) {
+    char help[128];
+    snprintf(help, sizeof help, "Deprecated: %s.", old[k].now);
+    prom_family(out, old[k].name, help, old[k].label, k < 2 ? modes : paths, v[k], k < 2 ? 2 : 3);
   }
 }
 
@@ -72,35 +105,28 @@ static void print_prometheus(FILE *out, const json_t *st, const json_t *m) {
   prom_simple(out, "shardd_io_queue_depth", "gauge", "io_uring queue depth (entries).", num(m, "queue_depth"));
 
   /* The writer's I/O and staging memory (absent from an older shardd). */
-  if (json_object_get(m, "writes_direct")) {
-    static const char *const modes[2] = {"direct", "buffered"};
-    static const char *const wkeys[2] = {"writes_direct", "writes_buffered"};
-    static const char *const bkeys[2] = {"write_bytes_direct", "write_bytes_buffered"};
-    prom_head(out, "shardd_writes_total", "counter",
-              "Data writes handed to io_uring, by mode (buffered: the file system refused O_DIRECT).");
-    for (int k = 0; k < 2; k++) {
-      fprintf(out, "shardd_writes_total{mode=\"%s\"} ", modes[k]);
-      prom_value(out, num(m, wkeys[k]));
-    }
-    prom_head(out, "shardd_write_bytes_total", "counter",
-              "Bytes the kernel took from data writes, by mode (direct ones include last-block padding).");
-    for (int k = 0; k < 2; k++) {
-      fprintf(out, "shardd_write_bytes_total{mode=\"%s\"} ", modes[k]);
-      prom_value(out, num(m, bkeys[k]));
-    }
+  if (json_object_get(m, "writes_odirect") || json_object_get(m, "writes_direct")) {
+    static const char *const modes[2] = {"odirect", "buffered"};
+    const double writes[2] = {num_or(m, "writes_odirect", "writes_direct"), num(m, "writes_buffered")};
+    const double bytes[2] = {num_or(m, "write_bytes_odirect", "write_bytes_direct"), num(m, "write_bytes_buffered")};
+    prom_family(out, "shardd_data_writes_total",
+                "Data writes handed to io_uring, by mode (buffered: the file system refused O_DIRECT).",
+                "mode", modes, writes, 2);
+    prom_family(out, "shardd_data_write_bytes_total",
+                "Bytes the kernel took from data writes, by mode (O_DIRECT ones include last-block padding).",
+                "mode", modes, bytes, 2);
     prom_simple(out, "shardd_registered_buffer_writes_total", "counter",
                 "Data writes from staging buffers registered with io_uring.", num(m, "writes_registered"));
     prom_simple(out, "shardd_zero_copy_writes_total", "counter",
                 "Data writes straight from clients' shared memory, no staging copy.", num(m, "writes_zero_copy"));
-    prom_head(out, "shardd_saved_bytes_total", "counter",
-              "Bytes of committed saves, by path: zero-copy from shared memory, gathered from several ranks' "
-              "memory in one write, or copied through staging.");
-    fprintf(out, "shardd_saved_bytes_total{path=\"direct\"} ");
-    prom_value(out, num(m, "bytes_direct"));
-    fprintf(out, "shardd_saved_bytes_total{path=\"gathered\"} ");
-    prom_value(out, num(m, "bytes_gathered"));
-    fprintf(out, "shardd_saved_bytes_total{path=\"copied\"} ");
-    prom_value(out, num(m, "bytes_copied"));
+    static const char *const paths[3] = {"zero_copy", "gathered", "copied"};
+    const double saved[3] = {num_or(m, "bytes_zero_copy", "bytes_direct"), num(m, "bytes_gathered"),
+                             num(m, "bytes_copied")};
+    prom_family(out, "shardd_committed_bytes_total",
+                "Bytes of committed saves, by path: zero-copy from shared memory, gathered from several ranks' "
+                "memory in one write, or copied through staging.",
+                "path", paths, saved, 3);
+    print_deprecated(out, writes, bytes, saved);
     prom_simple(out, "shardd_staging_bytes", "gauge", "Staging buffer memory allocated now.",
                 num(m, "staging_bytes"));
     prom_simple(out, "shardd_staging_peak_bytes", "gauge", "Most staging buffer memory allocated at once.",

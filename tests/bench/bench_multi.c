@@ -119,10 +119,10 @@ static uint64_t num(const json_t *o, const char *a, const char *b) {
 static void add_counters(char sock[][PATH_MAX], const pid_t *dp, int nd, run *r, int sign) {
   for (int d = 0; d < nd; d++) {
     json_t *st = dp[d] > 0 ? status_of(sock[d]) : NULL;
-    r->direct += (uint64_t)sign * num(st, "metrics", "write_bytes_direct");
+    r->direct += (uint64_t)sign * num(st, "metrics", "write_bytes_odirect");
     r->buffered += (uint64_t)sign * num(st, "metrics", "write_bytes_buffered");
     r->fwd += (uint64_t)sign * num(st, "peers", "bytes_forwarded");
-    r->zc += (uint64_t)sign * num(st, "totals", "bytes_direct");
+    r->zc += (uint64_t)sign * num(st, "totals", "bytes_zero_copy");
     r->gathered += (uint64_t)sign * num(st, "totals", "bytes_gathered");
     r->copied += (uint64_t)sign * num(st, "totals", "bytes_copied");
     uint64_t tp = num(st, "metrics", "copy_trips_peak");
@@ -447,7 +447,7 @@ int main(int argc, char **argv) {
   all[NPH + 1] = &a2;
   for (size_t i = 0; i < NPH + 2; i++) row(all[i], ra);
   printf("  /raw = against the mean of the raw runs before and after; CPU = every daemon of the phase (utime+stime);\n"
-         "  direct/buf = the daemons' write_bytes_direct / write_bytes_buffered; trips = copy_trips_peak;\n"
+         "  direct/buf = the daemons' write_bytes_odirect / write_bytes_buffered; trips = copy_trips_peak;\n"
          "  blk/cpy = the slowest rank's blocked time over its plain memcpy; anon = peak RssAnon, daemons summed\n");
   for (size_t i = 0; i < NPH + 2; i++)
     if (all[i]->ran) printf("  %s: %s\n", all[i]->label, all[i]->note);

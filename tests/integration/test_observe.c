@@ -261,11 +261,11 @@ Test(observe, usage_errors_and_unreachable_daemon) {
 }
 
 /* ------------------------------------------------------------------------ *
- * The writer's figures: direct vs buffered writes and bytes, staging memory
+ * The writer's figures: O_DIRECT vs buffered writes and bytes, staging memory
  * ------------------------------------------------------------------------ */
 /* Whether files in dir take O_DIRECT, the way the daemon asks for it (tmpfs
  * does since Linux 6.6, ramfs never does). */
-static int takes_direct(const char *dir) {
+static int takes_odirect(const char *dir) {
   char p[PATH_MAX + 32];
   snprintf(p, sizeof p, "%s/.odirect-probe", dir);
   int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -311,14 +311,14 @@ static double prom_sample(const char *text, const char *name) {
   return strtod(p + strlen(key), NULL);
 }
 
-/* After saves of data_bytes bytes of tensor data in all, written direct or
+/* After saves of data_bytes bytes of tensor data in all, written with O_DIRECT or
  * buffered: the JSON metrics and the Prometheus text agree and add up. */
-static void expect_writer_metrics(int direct, uint64_t data_bytes, uint64_t staging_max) {
+static void expect_writer_metrics(int odirect, uint64_t data_bytes, uint64_t staging_max) {
   json_t *s = status_json();
   const json_t *m = json_object_get(s, "metrics");
   cr_assert(json_is_object(m), "%s", out);
-  json_int_t wd = jint(m, "writes_direct", NULL), wb = jint(m, "writes_buffered", NULL);
-  json_int_t bd = jint(m, "write_bytes_direct", NULL), bb = jint(m, "write_bytes_buffered", NULL);
+  json_int_t wd = jint(m, "writes_odirect", NULL), wb = jint(m, "writes_buffered", NULL);
+  json_int_t bd = jint(m, "write_bytes_odirect", NULL), bb = jint(m, "write_bytes_buffered", NULL);
   json_int_t wr = jint(m, "writes_registered", NULL), reg = jint(m, "staging_registered", NULL);
   json_int_t wz = jint(m, "writes_zero_copy", NULL); /* from the clients' segments, not staging */
   json_int_t sb = jint(m, "staging_bytes", NULL), peak = jint(m, "staging_peak_bytes", NULL);
@@ -327,18 +327,18 @@ static void expect_writer_metrics(int direct, uint64_t data_bytes, uint64_t stag
 
   cr_assert_geq(written, (json_int_t)data_bytes, "committed %lld bytes of %llu of data", (long long)written,
                 (unsigned long long)data_bytes);
-  /* Every byte of every file goes through the writer; direct ones round up the last block. */
+  /* Every byte of every file goes through the writer; O_DIRECT ones round up the last block. */
   cr_assert_geq(bd + bb, written, "the writer wrote %lld + %lld bytes of %lld committed", (long long)bd,
                 (long long)bb, (long long)written);
-  if (direct) {
-    cr_assert_gt(wd, 0, "%s takes O_DIRECT, yet no direct write", fs);
+  if (odirect) {
+    cr_assert_gt(wd, 0, "%s takes O_DIRECT, yet no O_DIRECT write", fs);
     cr_assert_eq(wb, 0, "%s takes O_DIRECT, yet %lld buffered writes", fs, (long long)wb);
     cr_assert_eq(bb, 0, "%s: %lld bytes buffered", fs, (long long)bb);
-    cr_assert_eq(bd % 4096, 0, "direct writes are whole blocks: %lld bytes", (long long)bd);
+    cr_assert_eq(bd % 4096, 0, "O_DIRECT writes are whole blocks: %lld bytes", (long long)bd);
   } else {
-    cr_assert_eq(wd, 0, "%s refuses O_DIRECT, yet %lld direct writes", fs, (long long)wd);
+    cr_assert_eq(wd, 0, "%s refuses O_DIRECT, yet %lld O_DIRECT writes", fs, (long long)wd);
     cr_assert_gt(wb, 0, "%s: no buffered write", fs);
-    cr_assert_eq(bd, 0, "%s: %lld bytes direct", fs, (long long)bd);
+    cr_assert_eq(bd, 0, "%s: %lld bytes with O_DIRECT", fs, (long long)bd);
     cr_assert_eq(bb, written, "buffered writes carry no padding: %lld bytes for %lld", (long long)bb,
                  (long long)written);
   }
@@ -356,7 +356,7 @@ static void expect_writer_metrics(int direct, uint64_t data_bytes, uint64_t stag
   int st = h_shardctl(out, sizeof out, "metrics", (char *)NULL);
   cr_assert(o_exited(st, 0), "%s", out);
   static const char *const want[] = {
-      "# TYPE shardd_writes_total counter\n",          "# TYPE shardd_write_bytes_total counter\n",
+      "# TYPE shardd_data_writes_total counter\n", "# TYPE shardd_data_write_bytes_total counter\n",
       "# TYPE shardd_registered_buffer_writes_total counter\n", "# TYPE shardd_staging_bytes gauge\n",
       "# TYPE shardd_staging_peak_bytes gauge\n",       "# TYPE shardd_staging_max_bytes gauge\n",
       "# TYPE shardd_staging_registered gauge\n",
@@ -364,10 +364,10 @@ static void expect_writer_metrics(int direct, uint64_t data_bytes, uint64_t stag
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     cr_assert(strstr(out, want[i]), "metrics lack '%s':\n%s", want[i], out);
   /* Counters and the high-water mark do not move without saves; staging_bytes may (trimmed when idle). */
-  cr_assert_eq(prom_sample(out, "shardd_writes_total{mode=\"direct\"}"), (double)wd, "%s", out);
-  cr_assert_eq(prom_sample(out, "shardd_writes_total{mode=\"buffered\"}"), (double)wb, "%s", out);
-  cr_assert_eq(prom_sample(out, "shardd_write_bytes_total{mode=\"direct\"}"), (double)bd, "%s", out);
-  cr_assert_eq(prom_sample(out, "shardd_write_bytes_total{mode=\"buffered\"}"), (double)bb, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_data_writes_total{mode=\"odirect\"}"), (double)wd, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_data_writes_total{mode=\"buffered\"}"), (double)wb, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_data_write_bytes_total{mode=\"odirect\"}"), (double)bd, "%s", out);
+  cr_assert_eq(prom_sample(out, "shardd_data_write_bytes_total{mode=\"buffered\"}"), (double)bb, "%s", out);
   cr_assert_eq(prom_sample(out, "shardd_registered_buffer_writes_total"), (double)wr, "%s", out);
   cr_assert_eq(prom_sample(out, "shardd_staging_peak_bytes"), (double)peak, "%s", out);
   cr_assert_eq(prom_sample(out, "shardd_staging_max_bytes"), (double)max, "%s", out);
@@ -393,9 +393,9 @@ Test(observe, writer_metrics_after_a_save) {
   h_run(&sc);
   h_expect_committed(&sc);
   h_check_script(&sc);
-  int direct = takes_direct(H.root);
-  expect_writer_metrics(direct, 3 * 400012, 0);
-  if (direct) {
+  int odirect = takes_odirect(H.root);
+  expect_writer_metrics(odirect, 3 * 400012, 0);
+  if (odirect) {
     cr_assert_eq(log_count("writing buffered: "), 0, "%s takes O_DIRECT, yet the log warns", fs_name(H.root));
   } else {
     char want[PATH_MAX + 128];
@@ -438,7 +438,7 @@ TestSuite(observe_fallback, .init = ramfs_setup, .fini = ramfs_teardown, .timeou
 Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save) {
   if (no_ramfs[0]) cr_skip_test("%s", no_ramfs);
   cr_assert_str_eq(fs_name(H.root), "ramfs");
-  cr_assert(!takes_direct(H.root), "ramfs takes O_DIRECT on this kernel?");
+  cr_assert(!takes_odirect(H.root), "ramfs takes O_DIRECT on this kernel?");
   /* --log-syslog-prefix yes: the warning goes through the daemon's logger, with its priority. */
   const char *const extra[] = {"--staging-mib", "8", "--log-syslog-prefix=yes", NULL};
   o_start(extra, NULL);
@@ -474,11 +474,21 @@ Test(observe_fallback, ramfs_root_is_written_buffered_and_says_so_once_per_save)
   cr_assert_eq(log_count("writing buffered: "), 2, "one warning per save");
   h_check_script(&sc2);
   json_t *st = status_json();
-  cr_assert_gt(jint(json_object_get(st, "metrics"), "bytes_direct", NULL), 0, "placed slices went zero-copy");
+  cr_assert_gt(jint(json_object_get(st, "metrics"), "bytes_zero_copy", NULL), 0, "placed slices went zero-copy");
   json_t *m = json_object_get(st, "metrics"), *tot = json_object_get(st, "totals");
   cr_assert(json_is_integer(json_object_get(m, "bytes_gathered")), "metrics count gathered bytes");
-  cr_assert_eq(jint(tot, "bytes_direct", NULL) + jint(tot, "bytes_gathered", NULL) + jint(tot, "bytes_copied", NULL),
-               jint(tot, "bytes_written", NULL), "direct, gathered and copied split the bytes written");
+  cr_assert_eq(jint(tot, "bytes_zero_copy", NULL) + jint(tot, "bytes_gathered", NULL) + jint(tot, "bytes_copied", NULL),
+               jint(tot, "bytes_written", NULL), "zero-copy, gathered and copied split the bytes written");
+  /* The names from before "direct" was split stay, with the same figures, for one release. */
+  static const char *const renamed[][3] = {{"totals", "bytes_zero_copy", "bytes_direct"},
+                                           {"metrics", "bytes_zero_copy", "bytes_direct"},
+                                           {"metrics", "writes_odirect", "writes_direct"},
+                                           {"metrics", "write_bytes_odirect", "write_bytes_direct"}};
+  for (size_t i = 0; i < sizeof renamed / sizeof renamed[0]; i++) {
+    json_t *o = json_object_get(st, renamed[i][0]);
+    cr_assert(json_is_integer(json_object_get(o, renamed[i][2])), "%s lacks the old %s", renamed[i][0], renamed[i][2]);
+    cr_assert_eq(jint(o, renamed[i][2], NULL), jint(o, renamed[i][1], NULL), "%s: %s", renamed[i][0], renamed[i][2]);
+  }
   json_decref(st);
   h_shared_free(sc.sh);
   h_shared_free(sc2.sh);

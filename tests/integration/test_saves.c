@@ -383,7 +383,7 @@ static const h_put placed_puts[] = {
 #define B_W (256 * 512 * 4)
 
 Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
-  json_int_t d0 = total_of("bytes_direct"), c0 = total_of("bytes_copied"), w0 = total_of("bytes_written");
+  json_int_t d0 = total_of("bytes_zero_copy"), c0 = total_of("bytes_copied"), w0 = total_of("bytes_written");
   json_int_t g0 = total_of("bytes_gathered");
   unsigned align = th_dio_align(H.root);
   h_script s = {.opts = {.save = "placed", .dir = "zc/placed", .world_size = 2}, .puts = placed_puts,
@@ -391,7 +391,7 @@ Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
   h_run(&s);
   h_expect_committed(&s);
   h_check_script(&s);
-  json_int_t direct = total_of("bytes_direct") - d0, copied = total_of("bytes_copied") - c0;
+  json_int_t direct = total_of("bytes_zero_copy") - d0, copied = total_of("bytes_copied") - c0;
   json_int_t written = total_of("bytes_written") - w0, gathered = total_of("bytes_gathered") - g0;
   printf("saves: placed: %lld bytes direct, %lld gathered, %lld copied of %lld (dio alignment %u)\n",
          (long long)direct, (long long)gathered, (long long)copied, (long long)written, align);
@@ -410,7 +410,7 @@ Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
   }
 
   /* The same slices packed as an old client packs them: staged where they do not line up. */
-  json_int_t d1 = total_of("bytes_direct"), c1 = total_of("bytes_copied");
+  json_int_t d1 = total_of("bytes_zero_copy"), c1 = total_of("bytes_copied");
   h_script o = s;
   o.opts.save = "packed";
   o.opts.dir = "zc/packed";
@@ -419,7 +419,7 @@ Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
   h_run(&o);
   h_expect_committed(&o);
   h_check_script(&o);
-  direct = total_of("bytes_direct") - d1;
+  direct = total_of("bytes_zero_copy") - d1;
   copied = total_of("bytes_copied") - c1;
   printf("saves: packed: %lld bytes direct, %lld copied\n", (long long)direct, (long long)copied);
   cr_assert_gt(copied, PLACED_STAGED_MAX + B_W, "packed anywhere, more goes through staging");
@@ -430,7 +430,7 @@ Test(saves, placed_slices_are_written_zero_copy_and_others_staged) {
 /* A slice at an odd offset (any old client may put one there): all of it is
  * copied through staging, and the file is right. */
 Test(saves, a_slice_at_an_odd_offset_is_staged) {
-  json_int_t d0 = total_of("bytes_direct");
+  json_int_t d0 = total_of("bytes_zero_copy");
   shardd_client *c = NULL;
   shardd_arena *a = NULL;
   cr_assert_eq(shardd_connect(H.sock, &c), 0, "%s", shardd_last_error(NULL));
@@ -447,7 +447,7 @@ Test(saves, a_slice_at_an_odd_offset_is_staged) {
   cr_assert_eq(shardd_wait(c, "odd", H_WAIT_MS, &res), 0, "%s", shardd_last_error(c));
   h_check_bytes("zc/odd", "odd", want, 1 << 20);
   h_verify_ok("zc/odd");
-  cr_assert_eq(total_of("bytes_direct") - d0, 0, "nothing lines up: nothing goes zero-copy");
+  cr_assert_eq(total_of("bytes_zero_copy") - d0, 0, "nothing lines up: nothing goes zero-copy");
   free(want);
   shardd_arena_destroy(a);
   shardd_close(c);

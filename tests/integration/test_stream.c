@@ -121,7 +121,7 @@ Test(stream, placed_slices_stream_zero_copy) {
   h_run(&s);
   h_expect_committed(&s);
   h_check_script(&s);
-  int64_t direct = total("bytes_direct"), copied = total("bytes_copied"), gathered = total("bytes_gathered");
+  int64_t direct = total("bytes_zero_copy"), copied = total("bytes_copied"), gathered = total("bytes_gathered");
   unsigned align = th_dio_align(H.root);
   printf("stream: placed: %lld bytes direct, %lld gathered, %lld copied (dio alignment %u)\n", (long long)direct,
          (long long)gathered, (long long)copied, align);

@@ -93,9 +93,9 @@ static void placed_save_goes_direct_on_each_node(const char *mode, const char *s
   start_nodes(NULL);
   json_int_t d0[NODES], c0[NODES], md0[NODES];
   for (int i = 0; i < NODES; i++) {
-    d0[i] = total(i, "bytes_direct");
+    d0[i] = total(i, "bytes_zero_copy");
     c0[i] = total(i, "bytes_copied");
-    md0[i] = metric(i, "bytes_direct");
+    md0[i] = metric(i, "bytes_zero_copy");
   }
   h_script s = {.opts = opts(save, dir, mode), .puts = layout, .nputs = sizeof layout / sizeof *layout, .seed = seed,
                 .place = 1};
@@ -106,13 +106,13 @@ static void placed_save_goes_direct_on_each_node(const char *mode, const char *s
                (unsigned long long)s.sh->r[0].res.files);
   json_int_t sum = 0;
   for (int i = 0; i < NODES; i++) {
-    json_int_t direct = total(i, "bytes_direct") - d0[i], copied = total(i, "bytes_copied") - c0[i];
+    json_int_t direct = total(i, "bytes_zero_copy") - d0[i], copied = total(i, "bytes_copied") - c0[i];
     printf("xfer_direct %s: node %d wrote %lld bytes direct, %lld copied\n", mode, i, (long long)direct,
            (long long)copied);
     cr_assert_gt(direct, 3u << 19, "node %d wrote only %lld bytes zero-copy of its ~3 MiB", i, (long long)direct);
     cr_assert_leq(copied, COPIED_MAX, "node %d copied %lld bytes: only its header and the slices' ends should be", i,
                   (long long)copied);
-    cr_assert_eq(metric(i, "bytes_direct") - md0[i], direct, "node %d: metrics and status disagree", i);
+    cr_assert_eq(metric(i, "bytes_zero_copy") - md0[i], direct, "node %d: metrics and status disagree", i);
     sum += direct;
   }
   /* The leader's summary line sums the nodes' shares. */
@@ -170,7 +170,7 @@ Test(xfer_direct, o_direct_refused_mid_job_falls_back_to_buffered) {
   if (fd < 0) cr_skip_test("the root's file system refuses O_DIRECT: nothing to fall back from");
   close(fd);
   unlink(probe);
-  json_int_t d0 = total(1, "bytes_direct");
+  json_int_t d0 = total(1, "bytes_zero_copy");
   h_script s = {.opts = opts("xd-einval", "xd/einval", "owner"), .puts = layout,
                 .nputs = sizeof layout / sizeof *layout, .seed = 54, .place = 1};
   run_ranks(&s);
@@ -178,6 +178,6 @@ Test(xfer_direct, o_direct_refused_mid_job_falls_back_to_buffered) {
   h_check_script(&s);
   cr_assert(log_has(1, "fault point filejob:1 reached"), "node 1's fault point was never reached");
   cr_assert(log_has(1, "writing buffered"), "node 1 did not say it went on through the page cache");
-  cr_assert_gt(total(1, "bytes_direct") - d0, 3u << 19, "node 1's placed slices still go zero-copy, buffered");
+  cr_assert_gt(total(1, "bytes_zero_copy") - d0, 3u << 19, "node 1's placed slices still go zero-copy, buffered");
   h_shared_free(s.sh);
 }

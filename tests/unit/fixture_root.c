@@ -1,4 +1,4 @@
-/* Shared fixture of the writer tests (test_publish.c, test_staging.c): a root in a fresh folder, a loop, a writer, publish outcomes, bytes read back. */
+/* Shared fixture of the writer tests (test_publish.c, test_staging.c, test_copies.c, test_gather.c): a root in a fresh folder, a loop, a writer, publish outcomes, bytes read back. */
 #include "fixture_root.h"
 
 #include <criterion/criterion.h>
@@ -90,7 +90,7 @@ void fr_on_done(sd_publish *p, void *ud, const sd_error *err, const char *path) 
   snprintf(o->path, sizeof o->path, "%s", path ? path : "");
   o->written = sd_publish_bytes_written(p);
   o->total = sd_publish_bytes_total(p);
-  o->direct = sd_publish_bytes_direct(p);
+  o->zero_copy = sd_publish_bytes_zero_copy(p);
   o->gathered = sd_publish_bytes_gathered(p);
   o->sealed = sd_publish_bytes_sealed(p);
 }

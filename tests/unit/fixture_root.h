@@ -1,4 +1,4 @@
-/* Shared fixture of the writer tests (test_publish.c, test_staging.c): a root in a fresh folder, a loop, a writer, publish outcomes, bytes read back. */
+/* Shared fixture of the writer tests (test_publish.c, test_staging.c, test_copies.c, test_gather.c): a root in a fresh folder, a loop, a writer, publish outcomes, bytes read back. */
 #ifndef SD_UNIT_FIXTURE_ROOT_H
 #define SD_UNIT_FIXTURE_ROOT_H
 
@@ -46,7 +46,7 @@ typedef struct {
   char msg[SD_ERRMSG_MAX];
   char path[1024];
   uint64_t written, total;
-  uint64_t direct;          /* of written: zero-copy from the sources */
+  uint64_t zero_copy;       /* of written: zero-copy from the sources */
   uint64_t gathered;        /* of written: gathered from several sources in one writev */
   uint64_t sealed;          /* source bytes staged from sealed spans by plain memcpy */
 } fr_outcome;

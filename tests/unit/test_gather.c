@@ -60,7 +60,7 @@ static void expect_cover(sd_fill *f, uint64_t size, uint64_t *gathered) {
   static struct iovec iov[SD_GATHER_IOV];
   sd_fill_piece pc = {.iov = iov};
   *gathered = 0;
-  while (sd_fill_next_direct(f, SD_DIRECT_PIECE, &pc)) {
+  while (sd_fill_next_zero_copy(f, SD_ZERO_COPY_PIECE, &pc)) {
     cr_expect_eq(pc.off % SD_DIO_ALIGN, 0);
     cr_expect_eq(pc.len % SD_DIO_ALIGN, 0);
     if (!pc.niov) {
@@ -97,13 +97,13 @@ Test(gather, aligned_row_fragments_are_gathered) {
   sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * R * W}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &nd);
+  sd_fill_zero_copy *d = sd_fill_plan_zero_copy(&f, SD_ZERO_COPY_MIN, &nd);
   cr_expect_eq(nd, 0, "rows are too small to go zero-copy alone");
-  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN, 0);
+  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_ZERO_COPY_MIN, 0);
   cr_assert_eq(nd, 1, "one gathered stretch");
   cr_expect(d[0].gather && d[0].off == 4096 && d[0].len == 2 * R * W);
-  f.direct = d;
-  f.ndirect = nd;
+  f.zc = d;
+  f.nzc = nd;
   uint64_t g;
   expect_cover(&f, files[0].size, &g);
   cr_expect_eq(g, 2 * R * W, "all of it gathered");
@@ -116,19 +116,19 @@ Test(gather, unaligned_fragments_are_not) {
   sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 2000 * 100}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
+  sd_fill_zero_copy *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_ZERO_COPY_MIN, 0);
   cr_expect_eq(nd, 0, "100-byte fragments: copied");
   free(d);
   const uint64_t off[2] = {8, (1 << 20) + 8}; /* 512-byte fragments at misaligned addresses */
   n = rows_ops(pops, 4096, 400, 512, off);
   f.nops = n;
   files[0].size = 4096 + 2 * 400 * 512;
-  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_ZERO_COPY_MIN, 0);
   cr_expect_eq(nd, 0, "misaligned sources: copied");
-  d = sd_fill_plan_gather(&f, NULL, &nd, 8, 512, SD_DIRECT_MIN, 0);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 8, 512, SD_ZERO_COPY_MIN, 0);
   cr_expect_eq(nd, 0, "lengths are fine but Linux wants every iovec aligned to the offset alignment too");
   free(d);
-  d = sd_fill_plan_gather(&f, NULL, &nd, 8192, 512, SD_DIRECT_MIN, 0);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 8192, 512, SD_ZERO_COPY_MIN, 0);
   cr_expect_eq(nd, 0, "an alignment coarser than staging's: nothing");
   free(d);
 }
@@ -140,10 +140,10 @@ Test(gather, fragments_under_min_piece_are_staged) {
   sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 512 * 4096}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, SD_GATHER_MIN_PIECE);
+  sd_fill_zero_copy *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_ZERO_COPY_MIN, SD_GATHER_MIN_PIECE);
   cr_expect_eq(nd, 0, "4 KiB fragments under the default minimum: copied");
   free(d);
-  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 4096);
+  d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_ZERO_COPY_MIN, 4096);
   cr_expect_gt(nd, 0, "4 KiB fragments at a 4 KiB minimum: gathered");
   free(d);
 }
@@ -155,10 +155,10 @@ Test(gather, writes_are_capped_by_iovecs_and_bytes) {
   sd_fill_file files[] = {{NULL, 4096, 4096 + 2 * 2048 * 512}};
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
+  sd_fill_zero_copy *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_ZERO_COPY_MIN, 0);
   cr_assert_eq(nd, 4, "4096 iovecs in writes of %d", SD_GATHER_IOV);
-  f.direct = d;
-  f.ndirect = nd;
+  f.zc = d;
+  f.nzc = nd;
   uint64_t g;
   expect_cover(&f, files[0].size, &g);
   cr_expect_eq(g, 2 * 2048 * 512);
@@ -167,12 +167,12 @@ Test(gather, writes_are_capped_by_iovecs_and_bytes) {
   pops[0] = (sd_write_op){0, 4096, gsrc + 512, 3u << 20, SD_WOP_SHARED, 0}; /* not congruent mod 4096: not zero-copy */
   files[0].size = 4096 + (3u << 20);
   f = (sd_fill){.files = files, .nfiles = 1, .ops = pops, .nops = 1};
-  d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &nd);
+  d = sd_fill_plan_zero_copy(&f, SD_ZERO_COPY_MIN, &nd);
   cr_expect_eq(nd, 0);
-  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_DIRECT_MIN, 0);
+  d = sd_fill_plan_gather(&f, d, &nd, 512, 512, SD_ZERO_COPY_MIN, 0);
   cr_assert_eq(nd, 1, "one run of one source: one iovec");
-  f.direct = d;
-  f.ndirect = nd;
+  f.zc = d;
+  f.nzc = nd;
   expect_cover(&f, files[0].size, &g);
   cr_expect_eq(g, 3u << 20);
   free(d);
@@ -188,17 +188,17 @@ Test(gather, a_gathered_write_waits_for_all_its_writes) {
   ready[77] = 0;
   sd_fill f = {.files = files, .nfiles = 1, .ops = pops, .nops = n, .ready = ready};
   size_t nd = 0;
-  sd_fill_direct *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_DIRECT_MIN, 0);
+  sd_fill_zero_copy *d = sd_fill_plan_gather(&f, NULL, &nd, 512, 512, SD_ZERO_COPY_MIN, 0);
   cr_assert_eq(nd, 1);
-  f.direct = d;
-  f.ndirect = nd;
+  f.zc = d;
+  f.nzc = nd;
   static struct iovec iov[SD_GATHER_IOV];
   sd_fill_piece pc = {.iov = iov};
-  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  cr_expect_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 0);
   ready[77] = 1;
-  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_assert_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 1);
   cr_expect_eq(pc.niov, 128);
-  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  cr_expect_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 0, "nothing more");
   free(d);
 }
 
@@ -210,7 +210,7 @@ Test(gather, a_gathered_write_waits_for_all_its_writes) {
  * alignment), a split of 100-byte fragments (copied). */
 typedef struct {
   fc_ckpt c;
-  uint64_t direct, gathered;   /* what should go which way */
+  uint64_t zero_copy, gathered; /* what should go which way */
 } gckpt;
 
 static void put(gckpt *g, uint64_t at, uint8_t *src, uint64_t len) {
@@ -232,7 +232,7 @@ static void gckpt_init(gckpt *g, uint8_t *m, uint64_t w) {
   g->c.nops = 0;
   uint64_t at = 4096;
   put(g, at, m + 4096, A); /* congruent */
-  g->direct = ((at + A) & ~4095ull) - at;
+  g->zero_copy = ((at + A) & ~4095ull) - at;
   at += A;
   /* A's unaligned tail (2048 bytes) and the split gather as one stretch from A's last block */
   uint64_t seg[2] = {1 << 20, 2 << 20};
@@ -258,12 +258,12 @@ static void mixed(uint64_t w, const char *rel) {
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.written, o.total);
   fc_expect(rel, &g.c);
-  cr_expect_eq(o.direct, g.direct, "zero-copy %llu, want %llu", (unsigned long long)o.direct,
-               (unsigned long long)g.direct);
+  cr_expect_eq(o.zero_copy, g.zero_copy, "zero-copy %llu, want %llu", (unsigned long long)o.zero_copy,
+               (unsigned long long)g.zero_copy);
   uint64_t want = w % a == 0 ? g.gathered : 0;
   cr_expect_eq(o.gathered, want, "gathered %llu, want %llu", (unsigned long long)o.gathered,
                (unsigned long long)want);
-  cr_expect_lt(o.direct + o.gathered, o.written, "the 100-byte split and the unaligned edges were copied");
+  cr_expect_lt(o.zero_copy + o.gathered, o.written, "the 100-byte split and the unaligned edges were copied");
   fc_free(&g.c);
   munmap(m, len);
   close(fd);

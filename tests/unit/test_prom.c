@@ -70,17 +70,37 @@ Test(prom, label_values_are_escaped) {
   json_decref(st);
 }
 
-Test(prom, saved_bytes_by_path_direct_gathered_copied) {
+Test(prom, committed_bytes_by_path_zero_copy_gathered_copied) {
   json_t *m, *st = status_with("s", &m);
-  json_object_set_new(m, "writes_direct", json_integer(4));
-  json_object_set_new(m, "bytes_direct", json_integer(3000));
+  json_object_set_new(m, "writes_odirect", json_integer(4));
+  json_object_set_new(m, "bytes_zero_copy", json_integer(3000));
   json_object_set_new(m, "bytes_gathered", json_integer(1000));
   json_object_set_new(m, "bytes_copied", json_integer(96));
   char *t = sd_prom_render(st, m, NULL, NULL);
   cr_assert_not_null(t);
-  cr_assert(strstr(t, "\nshardd_saved_bytes_total{path=\"direct\"} 3000\n"), "%s", t);
-  cr_assert(strstr(t, "\nshardd_saved_bytes_total{path=\"gathered\"} 1000\n"), "%s", t);
-  cr_assert(strstr(t, "\nshardd_saved_bytes_total{path=\"copied\"} 96\n"), "%s", t);
+  cr_assert(strstr(t, "\nshardd_data_writes_total{mode=\"odirect\"} 4\n"), "%s", t);
+  cr_assert(strstr(t, "\nshardd_committed_bytes_total{path=\"zero_copy\"} 3000\n"), "%s", t);
+  cr_assert(strstr(t, "\nshardd_committed_bytes_total{path=\"gathered\"} 1000\n"), "%s", t);
+  cr_assert(strstr(t, "\nshardd_committed_bytes_total{path=\"copied\"} 96\n"), "%s", t);
+  free(t);
+  json_decref(st);
+}
+
+/* Scrapers of the names from before the split keep their series for one release, and an older daemon's
+ * keys still fill the new ones. */
+Test(prom, deprecated_direct_names_still_emitted) {
+  static const char *const old_keys[] = {"writes_direct", "write_bytes_direct", "bytes_direct"};
+  static const char *const want[] = {
+      "\nshardd_writes_total{mode=\"direct\"} 7\n",           "\nshardd_write_bytes_total{mode=\"direct\"} 7\n",
+      "\nshardd_saved_bytes_total{path=\"direct\"} 7\n",      "\nshardd_data_write_bytes_total{mode=\"odirect\"} 7\n",
+      "\nshardd_committed_bytes_total{path=\"zero_copy\"} 7\n",
+  };
+  json_t *m, *st = status_with("s", &m);
+  for (size_t i = 0; i < sizeof old_keys / sizeof old_keys[0]; i++)
+    json_object_set_new(m, old_keys[i], json_integer(7));
+  char *t = sd_prom_render(st, m, NULL, NULL);
+  cr_assert_not_null(t);
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) cr_expect(strstr(t, want[i]), "lacks %s:\n%s", want[i], t);
   free(t);
   json_decref(st);
 }

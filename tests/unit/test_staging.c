@@ -154,7 +154,7 @@ Test(staging, odd_sizes_and_unaligned_tails_direct, .init = setup, .fini = fr_te
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   if (fc_takes_direct(FR.base)) {
-    cr_expect_gt(st.writes_direct, 0, "O_DIRECT was used");
+    cr_expect_gt(st.writes_odirect, 0, "O_DIRECT was used");
     cr_expect_eq(st.writes_buffered, 0, "and nothing fell back: %llu",
                  (unsigned long long)st.writes_buffered);
   }
@@ -172,8 +172,8 @@ Test(staging, many_tiny_writes_are_coalesced, .init = setup, .fini = fr_teardown
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   /* one write per file (each fits a chunk) plus the index */
-  cr_expect_eq(st.writes_direct + st.writes_buffered, 4, "%llu data writes",
-               (unsigned long long)(st.writes_direct + st.writes_buffered));
+  cr_expect_eq(st.writes_odirect + st.writes_buffered, 4, "%llu data writes",
+               (unsigned long long)(st.writes_odirect + st.writes_buffered));
   fc_free(&c);
 }
 
@@ -187,7 +187,7 @@ Test(staging, a_tensor_larger_than_the_staging, .init = setup, .fini = fr_teardo
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
   cr_expect_leq(st.staging_peak, 128 << 10, "peak staging %llu", (unsigned long long)st.staging_peak);
-  cr_expect_geq(st.writes_direct + st.writes_buffered, (3u << 20) / (32 << 10));
+  cr_expect_geq(st.writes_odirect + st.writes_buffered, (3u << 20) / (32 << 10));
   fc_free(&c);
 }
 
@@ -244,7 +244,7 @@ Test(staging, buffered_when_the_file_system_refuses_direct_io, .init = setup, .f
   publish_ok(&c, "ram");
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
-  cr_expect_eq(st.writes_direct, 0);
+  cr_expect_eq(st.writes_odirect, 0);
   cr_expect_gt(st.writes_buffered, 0);
   fc_free(&c);
 }
@@ -263,7 +263,7 @@ Test(staging, tmpfs_and_forced_buffered, .init = setup, .fini = fr_teardown, .ti
   publish_ok(&c, "forced");
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
-  cr_expect_eq(st.writes_direct, 0, "told never to use O_DIRECT");
+  cr_expect_eq(st.writes_odirect, 0, "told never to use O_DIRECT");
   fc_free(&c);
 }
 
@@ -431,11 +431,11 @@ Test(staging, zero_copy_stretches_and_staged_ones_cover_each_byte_once) {
   };
   sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 4};
   size_t n = 0;
-  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  sd_fill_zero_copy *d = sd_fill_plan_zero_copy(&f, SD_ZERO_COPY_MIN, &n);
   cr_assert_eq(n, 1);
   cr_expect(d[0].file == 0 && d[0].off == 8192 && d[0].len == 303104 - 8192 && d[0].op == 1);
-  f.direct = d;
-  f.ndirect = n;
+  f.zc = d;
+  f.nzc = n;
   static uint8_t seen[4096 + 300000 + 70000 + 9000];
   memset(seen, 0, sizeof seen);
   sd_chunk c;
@@ -446,7 +446,7 @@ Test(staging, zero_copy_stretches_and_staged_ones_cover_each_byte_once) {
   }
   sd_fill_piece pc;
   unsigned pieces = 0;
-  while (sd_fill_next_direct(&f, 128 << 10, &pc)) {
+  while (sd_fill_next_zero_copy(&f, 128 << 10, &pc)) {
     pieces++;
     cr_expect_eq(pc.src, zsrc + 100 + (pc.off - 4196), "the source byte of the file offset");
     cr_expect_leq(pc.len, 128u << 10);
@@ -464,25 +464,25 @@ Test(staging, zero_copy_pieces_wait_for_their_write) {
   uint8_t ready[1] = {0};
   sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 1, .ready = ready};
   size_t n = 0;
-  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  sd_fill_zero_copy *d = sd_fill_plan_zero_copy(&f, SD_ZERO_COPY_MIN, &n);
   cr_assert_eq(n, 1);
-  f.direct = d;
-  f.ndirect = n;
+  f.zc = d;
+  f.nzc = n;
   sd_fill_piece pc;
   sd_chunk c;
-  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  cr_expect_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 0);
   cr_expect_eq(sd_fill_next(&f, 4096, &c), 0, "the whole file is zero-copy: nothing to stage");
   ready[0] = 1;
-  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_assert_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 1);
   cr_expect(pc.off == 0 && pc.len == 1 << 20 && pc.src == zsrc);
-  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  cr_expect_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 0, "nothing more");
   free(d);
 }
 
 /* One file holding a whole tensor placed congruently (zero-copy middle),
  * one placed off by 8 bytes, an inner-dimension split (rows) and a tiny
  * tensor: mixed zero-copy and staged writes, every byte compared. */
-static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *direct_want) {
+static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *zero_copy_want) {
   enum { A = 1000000, B = 300000, R = 200, W = 300, T = 7 };
   uint64_t data = A + B + 2 * R * W + T;
   fc_init(c, 1, &data, 0, NULL, 0);
@@ -492,7 +492,7 @@ static void mixed_ckpt(fc_ckpt *c, uint8_t *m, uint64_t *direct_want) {
   seg = 8192;
   fc_add_op(c, 0, at, A, m + seg, SD_WOP_SHARED);
   memcpy(m + seg, c->want[0] + at, A);
-  *direct_want = ((at + A) & ~4095ull) - at;
+  *zero_copy_want = ((at + A) & ~4095ull) - at;
   at += A;
   seg += A + 4096 + 8; /* off by 8: staged */
   fc_add_op(c, 0, at, B, m + seg, SD_WOP_SHARED);
@@ -516,16 +516,16 @@ Test(staging, mixed_zero_copy_and_staged_writes_in_one_file, .init = setup, .fin
   int fd;
   uint8_t *m = fc_shared_segment(len, &fd);
   fc_ckpt c;
-  uint64_t direct_want;
-  mixed_ckpt(&c, m, &direct_want);
+  uint64_t zero_copy_want;
+  mixed_ckpt(&c, m, &zero_copy_want);
   fr_outcome o = {0};
   fc_publish(&c, "mixed", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   cr_expect_eq(o.released, 1);
   cr_expect_eq(o.written, o.total);
   fc_expect("mixed", &c);
-  cr_expect_eq(o.direct, direct_want, "zero-copy bytes %llu, want %llu", (unsigned long long)o.direct,
-               (unsigned long long)direct_want);
+  cr_expect_eq(o.zero_copy, zero_copy_want, "zero-copy bytes %llu, want %llu", (unsigned long long)o.zero_copy,
+               (unsigned long long)zero_copy_want);
   cr_expect_lt(mapping_rss_kb(m), 1024, "pages written zero-copy are dropped too");
   fc_free(&c);
   munmap(m, len);
@@ -572,16 +572,16 @@ Test(staging, zero_copy_where_direct_io_is_refused, .init = setup, .fini = fr_te
   int fd;
   uint8_t *m = fc_shared_segment(len, &fd);
   fc_ckpt c;
-  uint64_t direct_want;
-  mixed_ckpt(&c, m, &direct_want);
+  uint64_t zero_copy_want;
+  mixed_ckpt(&c, m, &zero_copy_want);
   fr_outcome o = {0};
   fc_publish(&c, "ram", &o, NULL);
   cr_assert_eq(o.code, 0, "%s", o.msg);
   fc_expect("ram", &c);
-  cr_expect_eq(o.direct, direct_want);
+  cr_expect_eq(o.zero_copy, zero_copy_want);
   sd_writer_stats st;
   sd_writer_get_stats(FR.w, &st);
-  cr_expect_eq(st.writes_direct, 0);
+  cr_expect_eq(st.writes_odirect, 0);
   fc_free(&c);
   munmap(m, len);
   close(fd);
@@ -595,17 +595,17 @@ Test(staging, a_ready_zero_copy_stretch_need_not_wait_for_an_earlier_one) {
   uint8_t ready[2] = {0, 1};
   sd_fill f = {.files = files, .nfiles = 1, .ops = ops, .nops = 2, .ready = ready};
   size_t n = 0;
-  sd_fill_direct *d = sd_fill_plan_direct(&f, SD_DIRECT_MIN, &n);
+  sd_fill_zero_copy *d = sd_fill_plan_zero_copy(&f, SD_ZERO_COPY_MIN, &n);
   cr_assert_eq(n, 2);
-  f.direct = d;
-  f.ndirect = n;
+  f.zc = d;
+  f.nzc = n;
   sd_fill_piece pc;
-  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_assert_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 1);
   cr_expect(pc.off == 512 << 10 && pc.op == 1, "the second, ready one first");
-  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0);
+  cr_expect_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 0);
   ready[0] = 1;
-  cr_assert_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 1);
+  cr_assert_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 1);
   cr_expect(pc.off == 0 && pc.len == 512 << 10 && pc.op == 0);
-  cr_expect_eq(sd_fill_next_direct(&f, SD_DIRECT_PIECE, &pc), 0, "nothing more");
+  cr_expect_eq(sd_fill_next_zero_copy(&f, SD_ZERO_COPY_PIECE, &pc), 0, "nothing more");
   free(d);
 }

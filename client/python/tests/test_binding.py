@@ -11,12 +11,8 @@ Run as `test_binding.py --worker JSON` it is one rank of the two-rank test.
 """
 import json
 import os
-import shutil
-import signal
-import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -28,175 +24,18 @@ except ImportError:
     sys.exit(77)
 
 import shardd
+from binding_states import all_dtypes, two_rank_globals, two_rank_state
+from shardd_daemon import WAIT, Daemon
+from st_reader import as_stored, read_checkpoint, read_safetensors  # test_torch and test_venv take them from here too
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(os.path.dirname(HERE), "examples", "train_loop.py")
-WAIT = 30  # seconds; every wait is bounded so a broken daemon fails the test instead of hanging it
-
-# ---------------------------------------------------------------------------
-# An independent safetensors reader: 8-byte little-endian header length, JSON
-# header, then the data; dtypes straight from the format's definition.
-# ---------------------------------------------------------------------------
-ST_DTYPES = {
-    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": "<i2", "U16": "<u2", "F16": "<f2",
-    "I32": "<i4", "U32": "<u4", "F32": "<f4", "I64": "<i8", "U64": "<u8", "F64": "<f8",
-    "C64": "<c8",
-    # No numpy type: compared as raw little-endian bit patterns.
-    "BF16": "<u2", "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E4M3FNUZ": np.uint8,
-    "F8_E5M2FNUZ": np.uint8, "F8_E8M0": np.uint8,
-}
-
-
-def read_safetensors(path):
-    """({name: numpy array}, {name: dtype string}, metadata, [names in data order])."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    data = blob[8 + n:]
-    meta = header.pop("__metadata__", {})
-    arrays, dtypes = {}, {}
-    end = 0
-    for name, t in header.items():
-        b, e = t["data_offsets"]
-        dt = np.dtype(ST_DTYPES[t["dtype"]])
-        count = int(np.prod(t["shape"], dtype=np.int64))
-        assert e - b == count * dt.itemsize, (name, t)
-        arrays[name] = np.frombuffer(data[b:e], dtype=dt).reshape(t["shape"])
-        dtypes[name] = t["dtype"]
-        end = max(end, e)
-    assert end == len(data), "%s: %d data bytes, header covers %d" % (path, len(data), end)
-    order = sorted(header, key=lambda k: header[k]["data_offsets"][0])
-    return arrays, dtypes, meta, order
-
-
-def read_checkpoint(folder):
-    """({name: array}, {name: dtype}, {name: file}, metadata of the first shard)."""
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    arrays, dtypes, where, meta = {}, {}, {}, None
-    for fn in files:
-        a, d, m, _ = read_safetensors(os.path.join(folder, fn))
-        assert not set(a) & set(arrays), "tensor in two files"
-        arrays.update(a)
-        dtypes.update(d)
-        where.update({k: fn for k in a})
-        meta = m if meta is None else meta
-    return arrays, dtypes, where, meta
-
-
-def as_stored(a):
-    """The array as a safetensors reader sees it: little-endian, raw bits for types numpy lacks."""
-    a = np.array(a, order="C")  # ascontiguousarray would turn a 0-d array into 1-d
-    if a.dtype.kind == "V":
-        return a.view("<u%d" % a.dtype.itemsize) if a.dtype.itemsize > 1 else a.view(np.uint8)
-    return a.astype(a.dtype.newbyteorder("<"))
-
-
-# ---------------------------------------------------------------------------
-# The daemon
-# ---------------------------------------------------------------------------
-class Daemon:
-    """A shardd on a fresh temporary folder; `root` and `args` (e.g. --peer-listen) share or add."""
-
-    def __init__(self, root=None, args=()):
-        self.tmp = tempfile.mkdtemp(prefix="shardd-py-")
-        self.root = root or os.path.join(self.tmp, "root")
-        self.socket = os.path.join(self.tmp, "shardd.sock")
-        self.log = open(os.path.join(self.tmp, "shardd.log"), "w+")
-        exe = os.environ.get("SHARDD_BIN")
-        if not exe:
-            raise SystemExit("SHARDD_BIN is not set")
-        self.proc = subprocess.Popen([exe, "--root", self.root, "--socket", self.socket] + list(args),
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + WAIT
-        # The socket appears only once the daemon accepts.
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("shardd did not start:\n" + self.logtext())
-            time.sleep(0.02)
-
-    def logtext(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(WAIT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.final_log = self.logtext()
-        self.log.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        return rc
-
 
 D = None
 
 
 def path(*parts):
     return os.path.join(D.root, *parts)
-
-
-def all_dtypes():
-    rng = np.random.default_rng(7)
-    out = {
-        "bool": rng.integers(0, 2, (3, 5)).astype(np.bool_),
-        "u8": rng.integers(0, 256, (4, 3), dtype=np.uint8),
-        "i8": rng.integers(-128, 128, (7,), dtype=np.int8),
-        "i16": rng.integers(-2**15, 2**15, (2, 3, 4), dtype=np.int16),
-        "u16": rng.integers(0, 2**16, (5,), dtype=np.uint16),
-        "f16": rng.standard_normal((3, 3)).astype(np.float16),
-        "i32": rng.integers(-2**31, 2**31, (4, 4), dtype=np.int32),
-        "u32": rng.integers(0, 2**32, (6,), dtype=np.uint32),
-        "f32": rng.standard_normal((8, 2)).astype(np.float32),
-        "i64": rng.integers(-2**63, 2**63 - 1, (3,), dtype=np.int64),
-        "u64": rng.integers(0, 2**64 - 1, (2, 2), dtype=np.uint64),
-        "f64": rng.standard_normal((5, 1)),
-        "c64": (rng.standard_normal((2, 3)) + 1j * rng.standard_normal((2, 3))).astype(np.complex64),
-    }
-    # Odd layouts the copy must still write row-major and little-endian.
-    out["scalar"] = np.array(np.float32(2.5))
-    out["empty"] = np.zeros((0, 4), np.int32)
-    out["transposed"] = np.arange(24, dtype=np.float32).reshape(4, 6).T
-    out["strided"] = np.arange(40, dtype=np.int64)[::3]
-    out["bigendian"] = np.arange(10, dtype=">f8") / 3.0
-    out["nan"] = np.array([np.nan, -0.0, np.inf], np.float32)
-    return out
-
-
-def two_rank_globals():
-    rng = np.random.default_rng(99)
-    return {
-        "embed": rng.standard_normal((6, 4)).astype(np.float32),
-        "proj": rng.integers(-1000, 1000, (4, 6), dtype=np.int16),
-        "norm": rng.standard_normal(5),
-        "bias": rng.integers(0, 256, (7,), dtype=np.uint8),
-        "flags": rng.integers(0, 2, (2, 2, 2)).astype(np.bool_),
-        "cplx": (rng.standard_normal((2, 3)) + 1j).astype(np.complex64),
-    }
-
-
-def two_rank_state(rank):
-    """Rank `rank`'s slices: row, column (a strided view), uneven and last-axis splits, a replica."""
-    g = two_rank_globals()
-    bias_cut = [(0, 4), (4, 7)][rank]
-    S = shardd.Slice
-    return {
-        "embed": S(g["embed"][3 * rank:3 * rank + 3], g["embed"].shape, (3 * rank, 0)),
-        "proj": S(g["proj"][:, 3 * rank:3 * rank + 3], g["proj"].shape, (0, 3 * rank)),
-        "norm": g["norm"],
-        "bias": S(g["bias"][bias_cut[0]:bias_cut[1]], (7,), (bias_cut[0],)),
-        "flags": S(g["flags"][:, :, rank:rank + 1], (2, 2, 2), (0, 0, rank)),
-        "cplx": S(g["cplx"][rank:rank + 1], (2, 3), (rank, 0)),
-    }
 
 
 def worker(args):
@@ -263,7 +102,7 @@ class SaveTest(unittest.TestCase):
         before = self.client.status()["totals"]
         shardd.save(t, "zerocopy", client=self.client, timeout=WAIT)
         after = self.client.status()["totals"]
-        direct = after["bytes_direct"] - before["bytes_direct"]
+        direct = after["bytes_zero_copy"] - before["bytes_zero_copy"]
         copied = after["bytes_copied"] - before["bytes_copied"]
         gathered = after["bytes_gathered"] - before["bytes_gathered"]
         self.assertEqual(direct + gathered + copied, after["bytes_written"] - before["bytes_written"])
