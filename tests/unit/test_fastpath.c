@@ -1,5 +1,7 @@
 /* The planner's fast paths (word-at-a-time JSON escaping, number printing, shared header block, scratch reuse) against plain references. */
 #include <criterion/criterion.h>
+#include <ctype.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,97 +18,62 @@ static uint64_t rnd(void) {
 }
 
 /* ------------------------------------------------------------------------ *
- * References: the byte-at-a-time escapers the fast ones replaced
+ * References: jansson, an encoder written by others, not a second copy of
+ * header.c's byte path. It prints \u escapes in upper-case hex where
+ * serde_json and Python print lower-case, so those are folded, and keeps
+ * DEL, which Python's ensure_ascii escapes.
  * ------------------------------------------------------------------------ */
-static const char hexd[] = "0123456789abcdef";
-
-static size_t ref_u16(char *o, unsigned v) {
-  char e[6] = {'\\', 'u', hexd[(v >> 12) & 15], hexd[(v >> 8) & 15], hexd[(v >> 4) & 15], hexd[v & 15]};
-  memcpy(o, e, 6);
-  return 6;
-}
-
-static char ref_short(unsigned char c) {
-  switch (c) {
-    case '"': return '"';
-    case '\\': return '\\';
-    case '\b': return 'b';
-    case '\f': return 'f';
-    case '\n': return 'n';
-    case '\r': return 'r';
-    case '\t': return 't';
-    default: return 0;
+static size_t ref_json(char *o, const char *s, size_t n, size_t flags) {
+  json_t *j = json_stringn(s, n);
+  cr_assert_not_null(j, "the test built invalid UTF-8");
+  char *d = json_dumps(j, JSON_ENCODE_ANY | flags);
+  json_decref(j);
+  size_t k = strlen(d);
+  for (size_t i = 0; i < k; i++) {
+    if (d[i] != '\\') continue;
+    if (d[i + 1] == 'u')
+      for (size_t h = i + 2; h < i + 6; h++) d[h] = (char)tolower((unsigned char)d[h]);
+    i += d[i + 1] == 'u' ? 5 : 1;
   }
+  /* Python's ensure_ascii escapes DEL too (everything outside ' '..'~'); jansson keeps it. */
+  size_t w = 0;
+  for (size_t i = 0; i < k; i++) {
+    if (flags & JSON_ENSURE_ASCII && d[i] == 0x7f) {
+      memcpy(o + w, "\\u007f", 6);
+      w += 6;
+    } else {
+      o[w++] = d[i];
+    }
+  }
+  free(d);
+  return w;
 }
 
-/* serde_json: '"', '\\' and C0 controls escaped, every other byte kept. */
+/* serde_json: '"', '\\' and C0 controls escaped, every other byte kept. It
+ * works byte by byte, so lone high bytes (not UTF-8, which jansson refuses)
+ * pass through raw and only the ASCII runs between them go to jansson. */
 static size_t ref_json_str(char *o, const char *s, size_t n) {
   const unsigned char *u = (const unsigned char *)s;
   size_t k = 0;
   o[k++] = '"';
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = u[i];
-    if (c >= 0x20 && c != '"' && c != '\\') {
-      o[k++] = (char)c;
-      continue;
-    }
-    char e = ref_short(c);
-    if (e) {
-      o[k++] = '\\';
-      o[k++] = e;
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    if (u[i] >= 0x80) {
+      while (j < n && u[j] >= 0x80) o[k++] = (char)u[j++];
     } else {
-      k += ref_u16(o + k, c);
+      while (j < n && u[j] < 0x80) j++;
+      size_t w = ref_json(o + k, s + i, j - i, 0);
+      memmove(o + k, o + k + 1, w - 2); /* its quotes dropped */
+      k += w - 2;
     }
+    i = j;
   }
   o[k++] = '"';
   return k;
 }
 
 /* Python's ensure_ascii, for valid UTF-8. */
-static size_t ref_json_str_ascii(char *o, const char *s, size_t n) {
-  const unsigned char *u = (const unsigned char *)s;
-  size_t k = 0, i = 0;
-  o[k++] = '"';
-  while (i < n) {
-    unsigned char c = u[i];
-    if (c >= 0x20 && c <= 0x7E && c != '"' && c != '\\') {
-      o[k++] = (char)c;
-      i++;
-      continue;
-    }
-    char e = c < 0x80 ? ref_short(c) : 0;
-    if (e) {
-      o[k++] = '\\';
-      o[k++] = e;
-      i++;
-      continue;
-    }
-    uint32_t cp;
-    if (c < 0x80) {
-      cp = c;
-      i += 1;
-    } else if (c < 0xE0) {
-      cp = ((uint32_t)(c & 0x1F) << 6) | (u[i + 1] & 0x3F);
-      i += 2;
-    } else if (c < 0xF0) {
-      cp = ((uint32_t)(c & 0x0F) << 12) | ((uint32_t)(u[i + 1] & 0x3F) << 6) | (u[i + 2] & 0x3F);
-      i += 3;
-    } else {
-      cp = ((uint32_t)(c & 0x07) << 18) | ((uint32_t)(u[i + 1] & 0x3F) << 12) |
-           ((uint32_t)(u[i + 2] & 0x3F) << 6) | (u[i + 3] & 0x3F);
-      i += 4;
-    }
-    if (cp >= 0x10000) {
-      cp -= 0x10000;
-      k += ref_u16(o + k, 0xD800 | (cp >> 10));
-      k += ref_u16(o + k, 0xDC00 | (cp & 0x3FF));
-    } else {
-      k += ref_u16(o + k, cp);
-    }
-  }
-  o[k++] = '"';
-  return k;
-}
+static size_t ref_json_str_ascii(char *o, const char *s, size_t n) { return ref_json(o, s, n, JSON_ENSURE_ASCII); }
 
 /* Pieces that stress both the word path and the byte path: plain runs
  * (long enough to fill words), each escape, controls, DEL, and UTF-8 at
