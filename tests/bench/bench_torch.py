@@ -134,8 +134,11 @@ def build_model(args, layout):
     m.to_empty(device="cpu")
     with torch.no_grad():
         for name, p in m.named_parameters():
-            local, start = (dtensor_boxes(name, p)[0], dtensor_boxes(name, p)[1][0][0]) if is_dtensor(p) \
-                else (p, (0,) * p.dim())
+            if is_dtensor(p):
+                local, boxes, _ = dtensor_boxes(name, p)
+                start = boxes[0][0]
+            else:
+                local, start = p, (0,) * p.dim()
             g = torch.Generator().manual_seed(zlib.crc32(("%s@%s" % (name, start)).encode()))
             local.uniform_(-1, 1, generator=g)
     return m
@@ -320,13 +323,11 @@ def worker(args):
     import shardd
     from torch_world import init
 
-    rank, world = init()
+    rank, _ = init()
     layout = args["layout"]
     m = build_model(args, layout)
     fresh = build_model(args, layout)
     own = sum(t.numel() * t.element_size() for t in local_tensors(m).values())
-    totals = [0] * world
-    dist.all_gather_object(totals, own)
     total = sum(p.numel() * p.element_size() for p in m.parameters())  # the global bytes
     client = shardd.Client()
     ctx = {"model": m, "fresh": fresh, "args": args, "rank": rank, "total": total,

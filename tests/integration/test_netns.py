@@ -37,6 +37,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python", "tests"))
 import suite  # noqa: E402
+from shardd_daemon import Daemon  # noqa: E402
 
 PEER_TIMEOUT = 3
 SUBNET = "10.213.7."
@@ -120,41 +121,15 @@ class Net:
             sh("ip", "netns", "del", h, check=False)
 
 
-class HostDaemon:
+def host_daemon(net, i, root, token, tmp, env=None):
     """shardd inside host i's namespace, peer listener on its address, the shared root."""
-
-    def __init__(self, net, i, root, token, tmp, env=None):
-        self.socket = os.path.join(tmp, "h%d.sock" % i)
-        self.log = open(os.path.join(tmp, "h%d.log" % i), "w+")
-        cmd = ["ip", "netns", "exec", net.hosts[i], os.environ["SHARDD_BIN"], "--root", root,
-               "--socket", self.socket, "--peer-listen", "%s:%d" % (net.addr(i), PORT),
-               "--peer-token-file", token, "--peer-timeout", str(PEER_TIMEOUT), "--node-name", "h%d" % i]
-        # ip netns exec execs the daemon: this pid is the daemon's own, for SIGSTOP.
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, **(env or {})))
-        deadline = time.monotonic() + 20
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("shardd h%d did not start:\n%s" % (i, self.text()))
-            time.sleep(0.02)
-
-    def text(self):
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+    return Daemon(root=root, wrap=["ip", "netns", "exec", net.hosts[i]], env=env, tmp=tmp, name="h%d" % i,
+                  args=["--peer-listen", "%s:%d" % (net.addr(i), PORT), "--peer-token-file", token,
+                        "--peer-timeout", str(PEER_TIMEOUT), "--node-name", "h%d" % i])
 
 
 def expected(world):
-    """The global tensors and each rank's rows: a few MiB, so bytes cross the links."""
+    """The global tensors the ranks split by rows: a few MiB, so bytes cross the links."""
     import numpy as np
 
     rng = np.random.default_rng(5)
@@ -206,7 +181,7 @@ class Hosts(unittest.TestCase):
             f.write("netns-test-shared-secret-0123456789abcdef\n")
         os.chmod(cls.token, 0o600)
         cls.net = Net()
-        cls.daemons = [HostDaemon(cls.net, i, cls.root, cls.token, cls.tmp) for i in range(3)]
+        cls.daemons = [host_daemon(cls.net, i, cls.root, cls.token, cls.tmp) for i in range(3)]
         cls.counts = {"saves": 0, "committed": 0, "partitions": 0, "freezes": 0, "errors": 0}
 
     @classmethod
@@ -331,15 +306,15 @@ class Hosts(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="stall-", dir=self.tmp)
         for d in self.daemons:
             d.stop()
-        stalled = [HostDaemon(self.net, i, self.root, self.token, tmp,
+        stalled = [host_daemon(self.net, i, self.root, self.token, tmp,
                               env={"SHARDD_TEST_STALL_AT": "lead_index:1:4000"} if i == 0 else None)
                    for i in range(3)]
         try:
             procs = self.ranks("ns/leader-cut", daemons=stalled)
             deadline = time.monotonic() + 30
-            while "stall point lead_index" not in stalled[0].text():
+            while "stall point lead_index" not in stalled[0].logtext():
                 self.assertLess(time.monotonic(), deadline, "the leader never reached the index:\n"
-                                + stalled[0].text())
+                                + stalled[0].logtext())
                 time.sleep(0.02)
             self.net.cut(0)
             self.counts["partitions"] += 1
@@ -359,7 +334,7 @@ class Hosts(unittest.TestCase):
         finally:
             for d in stalled:
                 d.stop()
-            type(self).daemons = [HostDaemon(self.net, i, self.root, self.token, self.tmp) for i in range(3)]
+            type(self).daemons = [host_daemon(self.net, i, self.root, self.token, self.tmp) for i in range(3)]
 
 
 def rank(args):

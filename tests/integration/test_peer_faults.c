@@ -112,6 +112,28 @@ static const h_put fail_puts[] = {
     BOX2(4, "f", "F32", 12, 64, 8, 0, 2, 64), BOX2(5, "f", "F32", 12, 64, 10, 0, 2, 64),
 };
 
+/* Every rank not on `victim` ends by itself and exits 0 (its outcome is in the script's results). */
+static void reap_survivors(const pid_t *pids, int victim) {
+  for (int r = 0; r < WORLD; r++) {
+    if (rank_node[r] == victim) continue;
+    int st = h_reap(pids[r]);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
+  }
+}
+
+/* Every rank not on `victim` got peer_lost, its message naming `needle`. */
+static void expect_survivors_lost(const h_script *s, int victim, const char *needle) {
+  for (int r = 0; r < WORLD; r++) {
+    if (rank_node[r] == victim) continue;
+    const h_result *x = &s->sh->r[r];
+    int got = x->waited ? x->wrc : x->rc;
+    const char *msg = x->waited ? x->wmsg : x->msg;
+    cr_assert_eq(got, SHARDD_E_PEER_LOST, "rank %d (node %d): expected peer_lost, got %s: %s", r, rank_node[r],
+                 shardd_err_name(got), msg);
+    cr_assert(strstr(msg, needle), "rank %d: '%s' does not name '%s'", r, msg, needle);
+  }
+}
+
 /* Runs the save with `victim`'s daemon killed (SIGKILL) or frozen (SIGSTOP)
  * once every rank not on `late` has sealed, and returns how long the
  * survivors took to hear; asserts each surviving rank got peer_lost naming
@@ -130,29 +152,15 @@ static double lose_node(const char *save, int victim, int late, int sig, const c
   sleep_ms(200); /* let their manifests reach the leader */
   double t0 = now_s();
   kill_node(victim, sig);
-  if (late != victim && sig == SIGSTOP) {
-    /* The late ranks seal now: the leader plans, and the frozen node never answers. */
-  }
+  /* With SIGSTOP the late ranks seal now: the leader plans, and the frozen node never answers. */
   h_signal(s.sh, C_GO);
   /* Survivors' waits must end on their own; the late ranks of a dead daemon fail too. */
-  for (int r = 0; r < WORLD; r++) {
-    if (rank_node[r] == victim) continue;
-    int st = h_reap(pids[r]);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
-  }
+  reap_survivors(pids, victim);
   double secs = now_s() - t0;
   if (sig == SIGSTOP) kill_node(victim, SIGKILL);
   for (int r = 0; r < WORLD; r++)
     if (rank_node[r] == victim) h_reap(pids[r]);
-  for (int r = 0; r < WORLD; r++) {
-    if (rank_node[r] == victim) continue;
-    const h_result *x = &s.sh->r[r];
-    int got = x->waited ? x->wrc : x->rc;
-    const char *msg = x->waited ? x->wmsg : x->msg;
-    cr_assert_eq(got, SHARDD_E_PEER_LOST, "rank %d (node %d): expected peer_lost, got %s: %s", r, rank_node[r],
-                 shardd_err_name(got), msg);
-    cr_assert(strstr(msg, needle), "rank %d: '%s' does not name '%s'", r, msg, needle);
-  }
+  expect_survivors_lost(&s, victim, needle);
   /* Nothing published, and no temporary folder left by a survivor. */
   char p[PATH_MAX];
   cr_assert_not(h_exists(h_path(p, sizeof p, dir)), "%s was published", dir);
@@ -234,23 +242,11 @@ static void lose_during_writing(const char *save, int frozen, int victim, int ob
   double t0 = now_s();
   kill_node(victim, SIGKILL);
   if (frozen != victim) kill(N[frozen].d.pid, SIGCONT);
-  for (int r = 0; r < WORLD; r++) {
-    if (rank_node[r] == victim) continue;
-    int st = h_reap(pids[r]);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
-  }
+  reap_survivors(pids, victim);
   double secs = now_s() - t0;
   for (int r = 0; r < WORLD; r++)
     if (rank_node[r] == victim) h_reap(pids[r]);
-  for (int r = 0; r < WORLD; r++) {
-    if (rank_node[r] == victim) continue;
-    const h_result *x = &s.sh->r[r];
-    int got = x->waited ? x->wrc : x->rc;
-    const char *msg = x->waited ? x->wmsg : x->msg;
-    cr_assert_eq(got, SHARDD_E_PEER_LOST, "rank %d (node %d): expected peer_lost, got %s: %s", r, rank_node[r],
-                 shardd_err_name(got), msg);
-    cr_assert(strstr(msg, needle), "rank %d: '%s' does not name '%s'", r, msg, needle);
-  }
+  expect_survivors_lost(&s, victim, needle);
   printf("peers %s: killed node %d while node %d was writing; survivors heard after %.2f s\n", save, victim,
          observer, secs);
   fflush(stdout);

@@ -48,15 +48,13 @@ class StorageWriter(_Writer):
         super().__init__()
         self.dir = os.fspath(dir)
         self.options = save_options
-        self.result = None
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
             self.dir = os.fspath(checkpoint_id)
-        self.result = None
 
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
-        self.is_coordinator = is_coordinator
+        pass  # every rank does the same: the daemons coordinate among themselves
 
     def prepare_local_plan(self, plan):
         # Refused here, before any rank writes: DCP carries the error to every rank.
@@ -88,7 +86,7 @@ class StorageWriter(_Writer):
             results.append(WriteResult(index=item.index, size_in_bytes=data.numel() * data.element_size(),
                                        storage_data=None))
         # Ranks hold different names once DCP has deduplicated replicas: the coordinator's indices.
-        self.result = save(tensors, self.dir, ordered=plan.storage_data["shardd_index"], **self.options)
+        save(tensors, self.dir, ordered=plan.storage_data["shardd_index"], **self.options)
         return _done(results)
 
     def finish(self, metadata, results):
@@ -124,7 +122,7 @@ class StorageReader(_Reader):
         return Metadata(state_dict_metadata=entries)
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
-        self.is_coordinator = is_coordinator
+        pass  # read_metadata already described everything from the folder itself
 
     def prepare_local_plan(self, plan):
         return plan

@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 from typing import List, Sequence, Tuple
 
-__all__ = ["is_dtensor", "Box", "placement_boxes", "dtensor_boxes", "tensor_identity", "PartialPlacementError"]
+__all__ = ["is_dtensor", "Box", "placement_boxes", "dtensor_boxes", "box_views", "tensor_identity",
+           "PartialPlacementError"]
 
 # (global start, count, local start): one box of a local tensor, one entry per dim each.
 Box = Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]
@@ -159,6 +160,15 @@ def dtensor_boxes(name: str, dt) -> Tuple[object, List[Box], bool]:
                          "mesh %s at %s" % (name, list(local.shape), list(expect), list(dt.placements),
                                             list(mesh.shape), list(coordinate)))
     return local, boxes, primary
+
+
+def box_views(local, boxes: List[Box]):
+    """[(view of local, global start, count), ...]: each box's part of the local tensor, the
+    local tensor itself when one box covers it."""
+    if len(boxes) == 1:
+        return [(local, boxes[0][0], boxes[0][1])]
+    return [(local[tuple(slice(a, a + c) for a, c in zip(at, count))], start, count)
+            for start, count, at in boxes]
 
 
 def tensor_identity(t):

@@ -303,11 +303,11 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         unplaced = [name for name in tensors if name not in ordered]
         if unplaced:
             raise ValueError("ordered gives no index for %s" % ", ".join(map(repr, unplaced[:5])))
-        index_of = lambda name, position: int(ordered[name])  # noqa: E731
+        index = {name: int(ordered[name]) for name in tensors}
     else:
-        index_of = lambda name, position: position if ordered else None  # noqa: E731
-    prepared = [(name,) + tuple(prepare(name, part)) + (index_of(name, position),)
-                for position, (name, value) in enumerate(tensors.items())
+        index = {name: position if ordered else None for position, name in enumerate(tensors)}
+    prepared = [(name,) + tuple(prepare(name, part)) + (index[name],)
+                for name, value in tensors.items()
                 for part in (value if _boxes(value) else [value])]
     offsets, end = place([(name, dt, shape, start, None if start is None else count, index)
                           for name, dt, shape, start, count, _src, index in prepared],

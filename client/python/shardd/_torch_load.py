@@ -11,7 +11,7 @@ from collections import namedtuple
 from typing import Any, Dict, List, Tuple
 
 from ._client import refusal
-from ._dtensor import dtensor_boxes, is_dtensor, tensor_identity
+from ._dtensor import box_views, dtensor_boxes, is_dtensor, tensor_identity
 from ._load import Checkpoint
 from ._tensors import dtype_name
 
@@ -36,10 +36,7 @@ def _targets(name, value) -> List[Tuple[Any, Tuple[int, ...], Tuple[int, ...]]]:
 
     if is_dtensor(value):
         local, boxes, _ = dtensor_boxes(name, value)
-        if len(boxes) == 1:
-            return [(local, boxes[0][0], boxes[0][1])]
-        return [(local[tuple(slice(a, a + c) for a, c in zip(at, count))], start, count)
-                for start, count, at in boxes]
+        return box_views(local, boxes)
     if isinstance(value, torch.Tensor):
         return [(value, (0,) * value.dim(), tuple(value.shape))]
     raise TypeError("state_dict[%r] is a %s, not a tensor or DTensor" % (name, type(value).__name__))

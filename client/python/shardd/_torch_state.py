@@ -5,7 +5,7 @@ refused or dropped, all before the daemon hears of the save."""
 import torch
 
 from ._client import refusal
-from ._dtensor import PartialPlacementError, dtensor_boxes, is_dtensor, tensor_identity
+from ._dtensor import PartialPlacementError, box_views, dtensor_boxes, is_dtensor, tensor_identity
 from ._save import save
 from ._tensors import Slice
 
@@ -27,11 +27,7 @@ def dtensor_slices(name, dt):
     if not primary and shape:
         count = (0,) + shape[1:]
         return [Slice(local.new_empty(count), shape, (0,) * len(shape))]
-    out = []
-    for start, count, at in boxes:
-        view = local[tuple(slice(a, a + c) for a, c in zip(at, count))] if boxes[1:] else local
-        out.append(Slice(view, shape, start))
-    return out
+    return [Slice(view, shape, start) for view, start, _ in box_views(local, boxes)]
 
 
 def tie_groups(state_dict):
