@@ -45,6 +45,9 @@ const sd_config_key sd_config_keys[] = {
                "MiB of aligned staging buffers for direct I/O, registered with io_uring (locked memory)"),
     SD_KEY_NUM("copy_threads", copy_threads, NULL, 1, 256, SD_FIXED,
                "staging copies in flight at once, each on a thread of its own (default: the online cores, at most 8)"),
+    SD_KEY_ENUM("checksums", checksums, "on", "off|on", "on", SD_RELOAD, 0,
+                "record each shard file's data CRC-32C in the index (a single file: its header) for verify --deep"
+                " and load(verify=True); off saves its cost (new saves)"),
     SD_KEY_NUM("keep_results", keep_results, "64", 1, 1000000, SD_FIXED,
                "finished saves remembered for late waits"),
     /* limits and permissions */

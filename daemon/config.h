@@ -45,6 +45,7 @@ typedef struct sd_config {
   unsigned queue_depth;    /* io_uring entries */
   unsigned staging_mib;    /* direct-I/O staging buffers: bounds the writer's memory */
   unsigned copy_threads;   /* staging copies in flight at once (libuv threadpool) */
+  int checksums;           /* 1: each shard file's data CRC-32C recorded (sd_checksum.h) */
   unsigned keep_results;   /* finished saves remembered for late `wait`s */
   /* limits and permissions: a request over a limit gets limit_exceeded naming it */
   unsigned max_connections; /* open connections */

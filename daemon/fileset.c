@@ -1,6 +1,7 @@
 /* One set of files written from spans: per-file state, staged and zero-copy writes with O_DIRECT and its fallback, an fsync per file when durable, its counters and its errors; alone as a writer job, or driven by a publish's. */
 #include <errno.h>
 #include <fcntl.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "direct.h"
 #include "fileset.h"
 #include "log.h"
+#include "sd_checksum.h"
 
 typedef struct {
   int fd;
@@ -139,10 +141,40 @@ static void whole(sd_fileset *s, uint32_t i) {
   if (s->r.durable) s->ready[s->ready_tail++] = i;
 }
 
+/* A chunk's data bytes (never its head) against the end of its file. */
+static uint32_t chunk_share(const sd_fileset *s, const sd_chunk *c) {
+  const sd_fill_file *ff = &s->r.files[c->file];
+  uint64_t lo = ff->head_len > c->off ? ff->head_len : c->off, hi = c->off + c->len;
+  return lo < hi ? sd_crc32c_piece(c->buf + (lo - c->off), hi - lo, ff->size - hi) : 0;
+}
+
+/* A zero-copy piece's share, read from the client's segment before it is
+ * written (on the loop: a few hundred microseconds for the largest piece).
+ * A segment the client shrank faults here as a staged copy would: guarded. */
+static int piece_share(sd_fileset *s, const sd_fill_piece *pc) {
+  sigjmp_buf jb;
+  if (sigsetjmp(jb, 1)) {
+    sd_fileset_failf(s, SHARDD_E_IO, "%s%s%s: reading the bytes for offset %llu faulted (SIGBUS): a client's shared "
+                     "memory is shorter than when it was attached", FS_PATH(s, pc->file), (unsigned long long)pc->off);
+    return -1;
+  }
+  sd_bus_guard = &jb;
+  uint32_t reg = 0;
+  if (pc->niov)
+    for (int i = 0; i < pc->niov; i++) reg = sd_crc32c_run(reg, pc->iov[i].iov_base, pc->iov[i].iov_len);
+  else
+    reg = sd_crc32c_run(0, pc->src, pc->len);
+  sd_bus_guard = NULL;
+  s->r.sums[pc->file] ^= sd_crc32c_shift(reg, s->r.files[pc->file].size - (pc->off + pc->len));
+  return 0;
+}
+
 /* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
 static int zero_copy_next(sd_fileset *s, sd_io *io) {
+  int fresh = s->zc.npredo == 0; /* a resubmitted rest was counted when it first went out */
   sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill);
   if (!pc) return 0;
+  if (fresh && s->r.sums && piece_share(s, pc) < 0) return 0;
   fs_file *ff = &s->f[pc->file];
   sd_zero_copy_io(&s->fill, pc, io);
   io->count = sd_io_count_of(ff->odirect);
@@ -289,6 +321,7 @@ int sd_fileset_stage(sd_fileset *s, sd_chunk *c) {
 
 void sd_fileset_fill(sd_fileset *s, sd_chunk *c) {
   sd_fill_copy(&s->fill, c);
+  c->sum = s->r.sums && !c->fault ? chunk_share(s, c) : 0;
 }
 
 void sd_fileset_filled(sd_fileset *s, sd_chunk *c) {
@@ -307,6 +340,7 @@ void sd_fileset_filled(sd_fileset *s, sd_chunk *c) {
     sd_writer_chunk_put(s->w, c);
     return;
   }
+  if (s->r.sums) s->r.sums[c->file] ^= c->sum;
   c->next = NULL;
   *s->wq_tail = c;
   s->wq_tail = &c->next;

@@ -61,6 +61,14 @@ typedef struct {
   const char *point;
   uint32_t index_file;
   const int *stop;         /* may be NULL; once nonzero, nothing more is staged and the set ends early */
+  /* per file (NULL: no checksums): XORed with the CRC-32C share
+   * (sd_checksum.h) of every data byte as it passes: staged bytes on the copy
+   * workers, zero-copy ones read from the clients' segments before their
+   * write. Shares count against the end of the file as given (a region's
+   * end: its owner shifts them to the real file's); heads are never
+   * counted, bytes no write covers are zeros. Whole once every source has
+   * been read (sd_fileset_released), and at the callback. */
+  uint32_t *sums;
   /* may be NULL: counts.written and counts.zero_copy added here too as they go (a caller's running totals) */
   uint64_t *bytes_written, *bytes_zero_copy;
   sd_fileset_cb cb;        /* sd_fileset_start: on the loop, once; the set is gone by then */

@@ -179,6 +179,7 @@ int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
       .prefix = save->prefix,
       .metadata = save->metadata,
       .nmetadata = save->nmetadata,
+      .checksums = save->d && save->d->cfg ? save->d->cfg->checksums : 1,
   };
   rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, &opts, err);
   if (rc) goto out;

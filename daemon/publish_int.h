@@ -8,9 +8,11 @@
 #include "publish.h"
 
 #define DIR_TAG SD_FILESET_NONE /* the fsync of a folder, not of a file */
+#define LATE_TAG (SD_FILESET_NONE - 1) /* the late file's write or fsync */
 
 typedef enum {
   PH_WRITE,                /* data, headers, artifacts, index; each file fsynced when whole */
+  PH_LATE,                 /* checksums on: the index (or a single file's header) with them, and its fsync */
   PH_DIRSYNC,              /* the temporary folder */
   PH_PARENTSYNC,           /* after the rename: the folder holding ROOT/DIR */
 } pub_phase;
@@ -41,6 +43,17 @@ struct sd_publish {
   size_t nspans;
   const uint8_t *op_ready;
   sd_fileset *fs;          /* the files' writes and fsyncs, and the publish's first failure */
+
+  /* Checksums (plan->checksums): the data's CRC-32C shares per file, and
+   * the bytes that record them, written once every data byte has passed:
+   * the index (left empty until then), or a single file's header (written
+   * first with a placeholder, then again over it). */
+  const sd_plan *plan;
+  uint32_t *sums;
+  uint8_t *late;           /* NULL: nothing late; else block-aligned, zeros from late_len to the block's end */
+  size_t late_len, late_sent;
+  uint32_t late_file;
+  int late_fd, late_busy, late_synced, late_odirect;
 
   uint64_t bytes_total;
   int released;

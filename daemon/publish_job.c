@@ -10,6 +10,7 @@
 #include "log.h"
 #include "pathsafe.h"
 #include "publish_int.h"
+#include "sd_checksum.h"
 
 /* ------------------------------------------------------------------------ *
  * Errors
@@ -26,6 +27,8 @@ static int failed(const sd_publish *p) {
  * Tear-down
  * ------------------------------------------------------------------------ */
 static void close_all(sd_publish *p) {
+  if (p->late_fd >= 0) close(p->late_fd);
+  p->late_fd = -1;
   for (size_t i = 0; p->fds && i < p->nfiles; i++)
     if (p->fds[i] >= 0) close(p->fds[i]), p->fds[i] = -1;
   if (p->fs) sd_fileset_close(p->fs);
@@ -48,6 +51,8 @@ void sd_publish_free(sd_publish *p) {
   free(p->fill_files);
   free(p->own_ops);
   free(p->spans);
+  free(p->sums);
+  free(p->late);
   free(p);
 }
 
@@ -109,10 +114,100 @@ static void finish_ok(sd_publish *p) {
 /* ------------------------------------------------------------------------ *
  * The job as the writer sees it
  * ------------------------------------------------------------------------ */
+/* ------------------------------------------------------------------------ *
+ * The late file: every data byte has passed, so the checksums are known
+ * ------------------------------------------------------------------------ */
+static int late_begin(sd_publish *p) {
+  const sd_plan *plan = p->plan;
+  for (size_t f = 0; f < plan->nfiles; f++)
+    p->sums[f] = sd_crc32c_final(p->sums[f], plan->files[f].file_size - plan->files[f].header_size);
+  if (plan->needs_index) {
+    sd_error err;
+    if (sd_index_put_sums((char *)p->late, p->late_len, plan, p->sums, &err) != 0) {
+      sd_fileset_failf(p->fs, err.code, "%s", err.msg);
+      return -1;
+    }
+  } else {
+    char hex[SD_CHECKSUM_HEX + 1];
+    sd_crc32c_hex(p->sums[0], hex);
+    memcpy(p->late + plan->files[0].sum_at, hex, SD_CHECKSUM_HEX);
+  }
+  /* The set closed its descriptor with the file's fsync. Direct I/O like
+   * the rest, from the block-aligned copy (zeros past its end, cut back once
+   * written); buffered where the file system refuses it. */
+  /* a header that ended mid-block would have its padding land on data: never so (SD_HEADER_ALIGN), but buffered if it did */
+  p->late_odirect = !sd_writer_buffered(p->job.w) && (p->late_file == p->index_file || p->late_len % SD_DIO_ALIGN == 0);
+  p->late_fd = sd_openat_beneath(p->tmp_fd, p->names[p->late_file], O_WRONLY | (p->late_odirect ? O_DIRECT : 0), 0);
+  if (p->late_fd < 0 && p->late_odirect) {
+    p->late_odirect = 0;
+    p->late_fd = sd_openat_beneath(p->tmp_fd, p->names[p->late_file], O_WRONLY, 0);
+  }
+  if (p->late_fd < 0) {
+    sd_fileset_fail_errno(p->fs, -p->late_fd, p->late_file, "open to record its checksums", 0);
+    p->late_fd = -1;
+    return -1;
+  }
+  p->phase = PH_LATE;
+  sd_writer_kick(p->job.w);
+  return 0;
+}
+
+static int late_next(sd_publish *p, sd_io *io) {
+  if (p->late_busy || p->late_synced) return 0;
+  p->late_busy = 1;
+  io->fd = p->late_fd;
+  io->tag = LATE_TAG;
+  if (p->late_sent == p->late_len) {
+    io->kind = SD_IO_FSYNC;
+    return 1;
+  }
+  size_t n = (p->late_odirect ? sd_align_up(p->late_len) : p->late_len) - p->late_sent;
+  io->kind = SD_IO_WRITE;
+  io->off = p->late_sent;
+  io->src = p->late + p->late_sent;
+  io->len = n > SD_IO_CHUNK ? SD_IO_CHUNK : (uint32_t)n;
+  io->count = sd_io_count_of(p->late_odirect);
+  return 1;
+}
+
+static void late_complete(sd_publish *p, const sd_io *io, int res) {
+  p->late_busy = 0;
+  /* tests: the index's points, as when the set writes it */
+  if (p->late_file == p->index_file) sd_crash_point("index");
+  if (res == -EINVAL && io->kind == SD_IO_WRITE && p->late_odirect) {
+    /* refused after all: all of it again, through the page cache */
+    int fl = fcntl(p->late_fd, F_GETFL);
+    if (fl >= 0) fcntl(p->late_fd, F_SETFL, fl & ~O_DIRECT);
+    p->late_odirect = 0;
+    p->late_sent = 0;
+    return;
+  }
+  if (res < 0) {
+    sd_fileset_fail_errno(p->fs, -res, p->late_file, io->kind == SD_IO_FSYNC ? "fsync" : "write", io->off + io->done);
+    return;
+  }
+  if (io->kind == SD_IO_FSYNC) {
+    p->late_synced = 1;
+    close(p->late_fd);
+    p->late_fd = -1;
+    return;
+  }
+  p->late_sent += io->len;
+  if (p->late_sent < p->late_len) return;
+  if (p->late_sent > p->late_len) { /* a padded last block */
+    if (ftruncate(p->late_fd, (off_t)p->late_len) < 0) {
+      sd_fileset_fail_errno(p->fs, errno, p->late_file, "truncate to its size", 0);
+      return;
+    }
+    p->late_sent = p->late_len;
+  }
+}
+
 static int job_next(sd_wjob *job, sd_io *io) {
   sd_publish *p = (sd_publish *)job;
   if (failed(p)) return 0;
   if (p->phase == PH_WRITE) return sd_fileset_next(p->fs, io);
+  if (p->phase == PH_LATE) return late_next(p, io);
   if (p->dir_queued) return 0;
   p->dir_queued = 1;
   io->kind = SD_IO_FSYNC;
@@ -122,11 +217,15 @@ static int job_next(sd_wjob *job, sd_io *io) {
 }
 
 static void job_progress(sd_wjob *job, const sd_io *io, uint32_t bytes) {
-  sd_fileset_progress(((sd_publish *)job)->fs, io, bytes);
+  if (io->tag != LATE_TAG) sd_fileset_progress(((sd_publish *)job)->fs, io, bytes);
 }
 
 static void job_complete(sd_wjob *job, const sd_io *io, int res) {
   sd_publish *p = (sd_publish *)job;
+  if (io->tag == LATE_TAG) {
+    late_complete(p, io, res);
+    return;
+  }
   if (io->tag != DIR_TAG) {
     sd_fileset_complete(p->fs, io, res);
     return;
@@ -172,7 +271,17 @@ static void job_poll(sd_wjob *job) {
     if (p->job.inflight == 0 && p->job.filling == 0) finish_failed(p);
     return;
   }
-  if (p->phase == PH_WRITE && sd_fileset_done(p->fs) && p->job.inflight == 0 && !p->hold) {
+  /* The late file is part of the writing, so a held publish (its sources
+   * all final, a rank's seal awaited) writes it too. */
+  if (p->phase == PH_WRITE && p->late && sd_fileset_done(p->fs) && p->job.inflight == 0) {
+    if (late_begin(p) < 0 && p->job.inflight == 0) finish_failed(p);
+    return;
+  }
+  if (p->phase == PH_WRITE && !p->late && sd_fileset_done(p->fs) && p->job.inflight == 0 && !p->hold) {
+    p->phase = PH_DIRSYNC;
+    p->dir_queued = p->dir_done = 0;
+  } else if (p->phase == PH_LATE && p->late_synced && !p->hold) {
+    sd_crash_point("late");
     p->phase = PH_DIRSYNC;
     p->dir_queued = p->dir_done = 0;
   } else if (p->phase == PH_DIRSYNC && p->dir_done) {
@@ -222,7 +331,9 @@ void sd_publish_unhold(sd_publish *p) {
 }
 
 uint64_t sd_publish_bytes_written(const sd_publish *p) {
-  return sd_fileset_counts_of(p->fs)->written;
+  /* a late index is written once; a single file's header again over itself, so only once counted */
+  uint64_t late = p->late && p->late_file == p->index_file ? p->late_sent : 0;
+  return sd_fileset_counts_of(p->fs)->written + late;
 }
 
 uint64_t sd_publish_bytes_zero_copy(const sd_publish *p) {

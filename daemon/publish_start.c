@@ -25,9 +25,39 @@ static char *dupstr(const char *s) {
   return s ? strdup(s) : NULL;
 }
 
+/* Checksums on: the bytes that record them are written last, from a copy
+ * they are filled into: the index (empty until then), or the single file's
+ * header (written now with its placeholder, and again once filled). */
+static int late_file(sd_publish *p, const sd_plan *plan, const sd_publish_req *req, sd_error *err) {
+  p->plan = plan;
+  p->sums = calloc(p->nfiles ? p->nfiles : 1, sizeof *p->sums); /* the set keeps one for every file it writes */
+  if (!p->sums) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish checksums");
+  const uint8_t *src = NULL;
+  if (plan->needs_index) {
+    p->late_file = p->index_file;
+    src = (const uint8_t *)req->index_json;
+    p->late_len = req->index_len;
+    p->fill_files[p->index_file] = (sd_fill_file){NULL, 0, 0};
+  } else if (plan->nfiles == 1 && plan->files[0].sum_at) {
+    p->late_file = 0;
+    src = (const uint8_t *)plan->files[0].header;
+    p->late_len = plan->files[0].header_size;
+  } else {
+    return 0;
+  }
+  size_t room = sd_align_up(p->late_len ? p->late_len : 1);
+  void *buf = NULL;
+  if (posix_memalign(&buf, SD_DIO_ALIGN, room)) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish checksums");
+  p->late = buf;
+  memcpy(p->late, src, p->late_len);
+  memset(p->late + p->late_len, 0, room - p->late_len);
+  return 0;
+}
+
 /* Files, sizes and writes, checked and laid out before anything touches the disk. */
 static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   const sd_plan *plan = req->plan;
+  int rc_late;
   size_t nf = plan->nfiles + req->nartifacts + (plan->needs_index ? 1 : 0);
   if (nf >= FILES_MAX) return sd_fail(err, SHARDD_E_LIMIT, "too many files in one checkpoint");
   p->names = calloc(nf ? nf : 1, sizeof *p->names);
@@ -97,6 +127,7 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
     ff[f] = (sd_fill_file){(const uint8_t *)req->index_json, req->index_len, req->index_len};
     f++;
   }
+  if (plan->checksums && (rc_late = late_file(p, plan, req, err)) != 0) return rc_late;
   sd_fill fill = {.files = ff, .nfiles = nf};
   if (req->nspans && !(p->spans = sd_fill_set_spans(&fill, req->spans, req->nspans)))
     return sd_fail(err, SHARDD_E_NO_MEMORY, "publish sources");
@@ -121,6 +152,7 @@ static int prepare(sd_publish *p, const sd_publish_req *req, sd_error *err) {
   }
   /* Every byte of every file is written (bytes no write covers as zeros). */
   for (size_t i = 0; i < nf; i++) p->bytes_total += ff[i].size;
+  if (p->late && p->late_file == p->index_file) p->bytes_total += p->late_len;
   return 0;
 }
 
@@ -179,7 +211,7 @@ static int make_set(sd_publish *p, sd_error *err) {
   sd_fileset_req r = {.fds = p->fds, .names = p->names, .files = p->fill_files, .nfiles = p->nfiles,
                       .ops = p->ops, .nops = p->nops, .op_ready = p->op_ready, .spans = p->spans,
                       .nspans = p->nspans, .durable = 1, .gather = 1, .dir = p->rel_dir, .where = where,
-                      .tag = p->tag, .index_file = p->index_file};
+                      .tag = p->tag, .index_file = p->index_file, .sums = p->sums};
   int rc = sd_fileset_new(p->job.w, &r, &p->fs, err);
   free(where);
   if (rc) return rc;
@@ -197,7 +229,7 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
   if (!p) return sd_fail(err, SHARDD_E_NO_MEMORY, "publish");
   p->job.ops = &sd_publish_ops;
   p->root_fd = req->root_fd;
-  p->parent_fd = p->tmp_fd = -1;
+  p->parent_fd = p->tmp_fd = p->late_fd = -1;
   p->overwrite = req->overwrite;
   p->file_mode = req->file_mode ? req->file_mode & 07777 : 0644;
   p->dir_mode = req->dir_mode ? req->dir_mode & 07777 : 0755;

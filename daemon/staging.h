@@ -40,6 +40,7 @@ typedef struct sd_chunk {
   int fault;               /* reading a source failed, buf is incomplete: EFAULT for a
                             * SIGBUS, ENODATA for a short read, else the read's errno */
   uint64_t fault_off;      /* the file offset whose source failed */
+  uint32_t sum;            /* the job's: its data bytes' CRC-32C share (sd_checksum.h), when it keeps sums */
   struct sd_chunk *next;
 } sd_chunk;
 

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sd_checksum.h"
 #include "sd_format.h"
 #include "sd_layout.h"
 
@@ -286,12 +287,14 @@ static int kv_cmp(const void *pa, const void *pb) {
   return strcmp(a->key, b->key);
 }
 
-int sd_header_meta_json(const sd_kv *kv, size_t n, sd_buf *out, sd_error *err) {
+static const sd_kv sum_kv = {SD_CHECKSUM_KEY, "00000000"};
+
+static int meta_json(const sd_kv *kv, size_t n, int with_sum, sd_buf *out, size_t *sum_at, sd_error *err) {
   char shown[SD_MSGNAME_MAX];
   const sd_kv **v = NULL;
   size_t m = 0;
-  if (n) {
-    v = malloc(n * sizeof *v);
+  if (n || with_sum) {
+    v = malloc((n + 1) * sizeof *v);
     if (!v) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding metadata");
   }
   for (size_t i = 0; i < n; i++) {
@@ -310,8 +313,14 @@ int sd_header_meta_json(const sd_kv *kv, size_t n, sd_buf *out, sd_error *err) {
     /* transformers refuses checkpoints whose format is not "pt", so the
      * caller cannot change it. */
     if (strcmp(kv[i].key, "format") == 0) continue;
+    if (strcmp(kv[i].key, SD_CHECKSUM_KEY) == 0) {
+      free(v);
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                     "metadata key '" SD_CHECKSUM_KEY "' is shardd's own (the data checksum); pick another name");
+    }
     v[m++] = &kv[i];
   }
+  if (with_sum) v[m++] = &sum_kv;
   if (m > 1) qsort(v, m, sizeof *v, kv_cmp);
   for (size_t i = 1; i < m; i++) {
     if (strcmp(v[i - 1]->key, v[i]->key) == 0) {
@@ -326,12 +335,27 @@ int sd_header_meta_json(const sd_kv *kv, size_t n, sd_buf *out, sd_error *err) {
     sd_buf_putc(out, ',');
     sd_buf_json_str(out, v[i]->key, strlen(v[i]->key));
     sd_buf_putc(out, ':');
+    if (v[i] == &sum_kv && sum_at) *sum_at = out->len + 1;
     sd_buf_json_str(out, v[i]->value, strlen(v[i]->value));
   }
   sd_buf_putc(out, '}');
   free(v);
   if (out->oom) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding metadata");
   return 0;
+}
+
+int sd_header_meta_json(const sd_kv *kv, size_t n, sd_buf *out, sd_error *err) {
+  return meta_json(kv, n, 0, out, NULL, err);
+}
+
+int sd_header_meta_json_sum(const sd_kv *kv, size_t n, sd_buf *out, size_t *sum_at, sd_error *err) {
+  return meta_json(kv, n, 1, out, sum_at, err);
+}
+
+void sd_header_put_sum(sd_plan_file *f, uint32_t crc) {
+  char hex[SD_CHECKSUM_HEX + 1];
+  sd_crc32c_hex(crc, hex);
+  if (f->sum_at) memcpy(f->header + f->sum_at, hex, SD_CHECKSUM_HEX);
 }
 
 /* ------------------------------------------------------------------------ *

@@ -2,8 +2,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sd_checksum.h"
 #include "sd_format.h"
 #include "sd_layout.h"
+
+#define SUM_PLACEHOLDER "00000000"
+#define SUMS_AT "{\n  \"metadata\": {\n    \"" SD_CHECKSUM_KEY "\": {\n"
 
 static char *index_oom(sd_error *err) {
   sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
@@ -68,7 +72,17 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
     return index_oom(err);
   }
 
-  sd_buf_puts(&b, "{\n  \"metadata\": {\n    \"total_parameters\": ");
+  sd_buf_puts(&b, "{\n  \"metadata\": {\n");
+  if (p->checksums) {
+    sd_buf_puts(&b, "    \"" SD_CHECKSUM_KEY "\": {\n");
+    for (size_t f = 0; f < p->nfiles; f++) {
+      sd_buf_puts(&b, "      ");
+      sd_buf_json_str_ascii(&b, p->files[f].name, strlen(p->files[f].name));
+      sd_buf_puts(&b, f + 1 < p->nfiles ? ": \"" SUM_PLACEHOLDER "\",\n" : ": \"" SUM_PLACEHOLDER "\"\n");
+    }
+    sd_buf_puts(&b, "    },\n");
+  }
+  sd_buf_puts(&b, "    \"total_parameters\": ");
   sd_buf_put_u64(&b, p->total_parameters);
   sd_buf_puts(&b, ",\n    \"total_size\": ");
   sd_buf_put_u64(&b, p->total_size);
@@ -99,4 +113,35 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
   }
   if (len) *len = b.len - 1;
   return b.p;
+}
+
+/* The placeholders sit where sd_index_encode put them: the checksum map
+ * opens the metadata, one file a line, in plan order (which is name order). */
+int sd_index_put_sums(char *json, size_t len, const sd_plan *p, const uint32_t *crcs, sd_error *err) {
+  size_t at = sizeof SUMS_AT - 1;
+  if (!p->checksums || len < at || memcmp(json, SUMS_AT, at))
+    return sd_fail(err, SHARDD_E_INTERNAL, "%s: the index has no checksum map to fill", p->index_name);
+  sd_buf name = {0};
+  for (size_t f = 0; f < p->nfiles; f++) {
+    name.len = 0;
+    sd_buf_puts(&name, "      ");
+    sd_buf_json_str_ascii(&name, p->files[f].name, strlen(p->files[f].name));
+    sd_buf_puts(&name, ": \"");
+    if (name.oom) {
+      free(name.p);
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory filling the index's checksums");
+    }
+    if (len - at < name.len + SD_CHECKSUM_HEX + 1 || memcmp(json + at, name.p, name.len) ||
+        memcmp(json + at + name.len, SUM_PLACEHOLDER, SD_CHECKSUM_HEX)) {
+      free(name.p);
+      return sd_fail(err, SHARDD_E_INTERNAL, "%s: no checksum placeholder for %s", p->index_name, p->files[f].name);
+    }
+    at += name.len;
+    char hex[SD_CHECKSUM_HEX + 1];
+    sd_crc32c_hex(crcs[f], hex);
+    memcpy(json + at, hex, SD_CHECKSUM_HEX);
+    at += SD_CHECKSUM_HEX + (f + 1 < p->nfiles ? 3 : 2); /* the quote, the comma and the newline */
+  }
+  free(name.p);
+  return 0;
 }

@@ -260,12 +260,12 @@ static int name_scan(const char *name, size_t len, uint32_t *esc) {
 int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_opts *opts,
                   sd_error *err) {
   char shown[SD_MSGNAME_MAX];
-  static const sd_plan_opts defaults = {0, NULL, NULL, 0};
+  static const sd_plan_opts defaults = {0};
   int rc = 0;
   uint64_t *nbytes = NULL;
   uint32_t *name_len = NULL;
   uint8_t *esz = NULL;
-  sd_buf meta = {0};
+  sd_buf meta = {0}, meta_sum = {0};
   char *block = NULL;
 
   memset(p, 0, sizeof *p);
@@ -320,6 +320,11 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   sd_error meta_err = {0};
   int meta_rc =
       sd_header_meta_json(opts->metadata, opts->metadata ? opts->nmetadata : 0, &meta, &meta_err);
+  /* A single file carries its own checksum; which case this is shows after the split. */
+  size_t sum_at = 0;
+  if (!meta_rc && opts->checksums)
+    meta_rc = sd_header_meta_json_sum(opts->metadata, opts->metadata ? opts->nmetadata : 0, &meta_sum, &sum_at,
+                                      &meta_err);
 
   /* One block holds every header and then the locations in the end: a few
    * huge pages rather than thousands of separately faulted buffers. Until
@@ -331,7 +336,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
    * consecutive other files hold more than max between them. A bound so
    * loose it would reserve absurd room (huge metadata, tiny max) is cut,
    * and the block grows after the split if needed. */
-  size_t file_bytes = sd_header_file_max(meta.len);
+  size_t file_bytes = sd_header_file_max(meta.len > meta_sum.len ? meta.len : meta_sum.len);
   size_t files_guess = n ? n_over + 2 * (size_t)(small_bytes / max) + 2 : 1;
   if (n && files_guess > n) files_guess = n;
   size_t files_cap = (entry_bytes + (64u << 20)) / file_bytes;
@@ -413,13 +418,16 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory ordering %s", p->files[f].name);
       goto fail;
     }
-    if ((rc = sd_header_encode(&p->files[f], (uint32_t)f, tensors, nbytes, name_len, meta.p,
-                               meta.len, at, p->loc, err)))
+    const sd_buf *m = nfiles == 1 && opts->checksums ? &meta_sum : &meta;
+    if ((rc = sd_header_encode(&p->files[f], (uint32_t)f, tensors, nbytes, name_len, m->p, m->len, at, p->loc,
+                               err)))
       goto fail;
+    if (m == &meta_sum) p->files[f].sum_at = 8 + sum_at;
     at += p->files[f].header_size;
   }
 
   p->needs_index = nfiles > 1;
+  p->checksums = opts->checksums != 0;
   p->index_name = str_printf("%s.safetensors.index.json", prefix);
   if (!p->index_name) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning");
@@ -433,6 +441,7 @@ fail:
 out:
   free(block);
   free(meta.p);
+  free(meta_sum.p);
   free(nbytes);
   free(name_len);
   free(esz);

@@ -84,6 +84,7 @@ typedef struct {
   const char *prefix;       /* NULL: SD_DEFAULT_PREFIX */
   const sd_kv *metadata;    /* caller's __metadata__ pairs ("format" is forced to "pt") */
   size_t nmetadata;
+  int checksums;            /* room for each file's data CRC-32C (sd_checksum.h): in the index, or a single file's header */
 } sd_plan_opts;
 
 typedef struct {
@@ -101,6 +102,7 @@ typedef struct {
   uint64_t header_size;     /* bytes in header[], == 8 + JSON length */
   uint64_t data_size;
   uint64_t file_size;       /* header_size + data_size */
+  uint64_t sum_at;          /* a single file with checksums: where in header[] its CRC's hex digits go (0: none) */
 } sd_plan_file;
 
 typedef struct {
@@ -113,6 +115,7 @@ typedef struct {
   int needs_index;          /* 0 when a single file named PREFIX.safetensors */
   char *index_name;         /* "PREFIX.safetensors.index.json" */
   char *headers;            /* when set, the one block every files[i].header and loc point into */
+  int checksums;            /* sd_plan_opts.checksums: the index (or the one header) holds placeholders for them */
 } sd_plan;
 
 /* Assigns each tensor a file and an offset and encodes every header.
@@ -125,8 +128,15 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
                   sd_error *err);
 void sd_plan_free(sd_plan *p);
 
-/* The index JSON (sorted keys, indent 2, trailing newline), malloc'd. */
+/* The index JSON (sorted keys, indent 2, trailing newline), malloc'd. With
+ * p->checksums its metadata maps every file to "00000000", a placeholder
+ * that sd_index_put_sums fills in once the files' CRCs are known. */
 char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, sd_error *err);
+/* Writes crcs[f] (per plan file) over the placeholders of an index that
+ * sd_index_encode made from p (checksums on), in place: its length does not change. */
+int sd_index_put_sums(char *json, size_t len, const sd_plan *p, const uint32_t *crcs, sd_error *err);
+/* Writes crc over the placeholder of a single file's header (f->sum_at). */
+void sd_header_put_sum(sd_plan_file *f, uint32_t crc);
 
 /* ------------------------------------------------------------------------ *
  * Slices

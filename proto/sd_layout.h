@@ -87,6 +87,10 @@ char *sd_put_u64(char *o, uint64_t v);
  * brace for the outer object): caller pairs sorted by key, "format" forced
  * to "pt", duplicate keys and invalid UTF-8 refused. */
 int sd_header_meta_json(const sd_kv *kv, size_t n, sd_buf *out, sd_error *err);
+/* The same with shardd's checksum pair among them (its value the
+ * placeholder "00000000"): *sum_at is where in out its hex digits start. A
+ * caller's pair of that key is refused either way. */
+int sd_header_meta_json_sum(const sd_kv *kv, size_t n, sd_buf *out, size_t *sum_at, sd_error *err);
 
 /* Upper bounds for sizing the block all headers are encoded into: one
  * tensor's entry (given its name's escaped, quoted length), and a file's

@@ -4,6 +4,7 @@
 shardd_packages=(
   build-essential pkg-config meson ninja-build
   libuv1-dev liburing-dev libjansson-dev libssl-dev
+  libisal-dev                                                # CRC-32C of every shard file's data (ISA-L)
   libmicrohttpd-dev                                          # metrics_listen: GET /metrics
   libcriterion-dev
   ncat python3 python3-numpy
@@ -45,7 +46,7 @@ shardd_build() {
 # records what it holds, and a venv that holds exactly that is left alone.
 SHARDD_VENV=${SHARDD_VENV:-$PWD/.venv}
 shardd_venv_torch="torch==2.13.0"
-shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest)
+shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest crc32c)   # crc32c: an independent check of the recorded checksums
 
 shardd_venv() {
   local stamp="$SHARDD_VENV/.shardd-packages" want="$shardd_venv_torch ${shardd_venv_rest[*]}"

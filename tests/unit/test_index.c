@@ -104,3 +104,67 @@ Test(index, big_plan_is_consistent_and_sorted) {
   free(ix);
   sd_plan_free(&p);
 }
+
+/* json.dumps(indent=2, sort_keys=True) of the same index with the checksum map, as CPython 3 prints it. */
+Test(index, checksum_map_matches_python_and_is_filled_in_place) {
+  sd_tensor t[] = {u8("b", 4), u8("a", 4), u8("\xc3\xa9", 4)};
+  sd_plan p;
+  sd_plan_opts o = {.max_shard_size = 8, .checksums = 1, .prefix = "m\xc3\xa9"};
+  sd_error err = {0};
+  cr_assert_eq(sd_plan_build(&p, t, 3, &o, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.nfiles, 2);
+  cr_assert_eq(p.files[0].sum_at, 0, "only a single file carries its checksum in its header");
+  size_t len = 0;
+  char *ix = sd_index_encode(&p, t, &len, &err);
+  cr_assert_not_null(ix, "%s", err.msg);
+  uint32_t crcs[] = {0xe3069283u, 0x0000000au};
+  cr_assert_eq(sd_index_put_sums(ix, len, &p, crcs, &err), 0, "%s", err.msg);
+  const char *want =
+      "{\n  \"metadata\": {\n    \"shardd_data_crc32c\": {\n"
+      "      \"m\\u00e9-00001-of-00002.safetensors\": \"e3069283\",\n"
+      "      \"m\\u00e9-00002-of-00002.safetensors\": \"0000000a\"\n    },\n"
+      "    \"total_parameters\": 12,\n    \"total_size\": 12\n  },\n"
+      "  \"weight_map\": {\n    \"a\": \"m\\u00e9-00001-of-00002.safetensors\",\n"
+      "    \"b\": \"m\\u00e9-00001-of-00002.safetensors\",\n"
+      "    \"\\u00e9\": \"m\\u00e9-00002-of-00002.safetensors\"\n  }\n}\n";
+  cr_assert_str_eq(ix, want);
+  cr_assert_eq(len, strlen(want));
+  /* an index without the map refuses to be filled */
+  p.checksums = 0;
+  char *plain = sd_index_encode(&p, t, &len, &err);
+  p.checksums = 1;
+  cr_assert_neq(sd_index_put_sums(plain, len, &p, crcs, &err), 0);
+  cr_assert_eq(err.code, SHARDD_E_INTERNAL);
+  free(plain);
+  free(ix);
+  sd_plan_free(&p);
+}
+
+Test(index, a_single_file_carries_its_checksum_in_its_metadata) {
+  sd_tensor t[] = {u8("w", 4)};
+  sd_kv md[] = {{"a", "1"}, {"z", "2"}};
+  sd_plan p;
+  sd_plan_opts o = {.checksums = 1, .metadata = md, .nmetadata = 2};
+  sd_error err = {0};
+  cr_assert_eq(sd_plan_build(&p, t, 1, &o, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.nfiles, 1);
+  cr_assert_eq(p.needs_index, 0);
+  cr_assert_gt(p.files[0].sum_at, 8);
+  sd_header_put_sum(&p.files[0], 0xdeadbeefu);
+  json_error_t je;
+  json_t *h = json_loadb(p.files[0].header + 8, p.files[0].header_size - 8, 0, &je);
+  cr_assert_not_null(h, "%s", je.text);
+  json_t *m = json_object_get(h, "__metadata__");
+  cr_assert_str_eq(json_string_value(json_object_get(m, "shardd_data_crc32c")), "deadbeef");
+  cr_assert_str_eq(json_string_value(json_object_get(m, "format")), "pt");
+  cr_assert_str_eq(json_string_value(json_object_get(m, "z")), "2");
+  json_decref(h);
+  sd_plan_free(&p);
+  /* the key is shardd's: a caller's pair of it is refused, by name */
+  sd_kv mine[] = {{"shardd_data_crc32c", "x"}};
+  o.metadata = mine;
+  o.nmetadata = 1;
+  cr_assert_neq(sd_plan_build(&p, t, 1, &o, &err), 0);
+  cr_assert_eq(err.code, SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "shardd_data_crc32c"), "%s", err.msg);
+}

@@ -64,3 +64,12 @@ def as_stored(a):
     if a.dtype.kind == "V":
         return a.view("<u%d" % a.dtype.itemsize) if a.dtype.itemsize > 1 else a.view(np.uint8)
     return a.astype(a.dtype.newbyteorder("<"))
+
+
+def without_checksum(meta):
+    """A single file's __metadata__ less the data checksum shardd records there (8 hex digits, checked)."""
+    meta = dict(meta)
+    crc = meta.pop("shardd_data_crc32c", None)
+    if crc is None or len(crc) != 8 or any(c not in "0123456789abcdef" for c in crc):
+        raise AssertionError("no data checksum of 8 lowercase hex digits in __metadata__: %r" % (crc,))
+    return meta
