@@ -73,3 +73,16 @@ def without_checksum(meta):
     if crc is None or len(crc) != 8 or any(c not in "0123456789abcdef" for c in crc):
         raise AssertionError("no data checksum of 8 lowercase hex digits in __metadata__: %r" % (crc,))
     return meta
+
+
+def data_crc32c(path):
+    """The CRC-32C of a safetensors file's data section (every byte after its header), as shardd records it:
+    8 lowercase hex digits, from the crc32c package (an implementation independent of shardd's)."""
+    import crc32c
+
+    with open(path, "rb") as f:
+        f.seek(8 + int.from_bytes(f.read(8), "little"))
+        crc = 0
+        for block in iter(lambda: f.read(16 << 20), b""):
+            crc = crc32c.crc32c(block, crc)
+    return "%08x" % crc
