@@ -169,7 +169,7 @@ static uint64_t tree(const char *rel) {
 }
 
 /* ------------------------------------------------------------------------ *
- * kill -9 at each step of the write, fsync, index and rename phases
+ * kill -9 at each step of the write, fsync, index (late, with its checksums) and rename phases
  * ------------------------------------------------------------------------ */
 typedef struct {
   const char *at;          /* SHARDD_TEST_CRASH_AT */
@@ -184,6 +184,8 @@ static const crash_case crashes[] = {
     {"dirsync:1", 0, 0, 0}, {"rename:1", 0, 1, 1},  {"parentsync:1", 0, 1, 0}, {"start:1", 1, 0, 0},
     {"write:2", 1, 0, 0},   {"fsync:2", 1, 0, 0},   {"index:2", 1, 0, 1},   {"dirsync:1", 1, 0, 0},
     {"rename:1", 1, 1, 1},  {"parentsync:1", 1, 1, 0},
+    /* the index with its checksums written and fsynced, the folder not yet */
+    {"late:1", 0, 0, 0},    {"late:1", 1, 0, 0},
 };
 
 Test(faults, kill_9_at_every_step_of_a_save_never_publishes_a_partial_checkpoint) {
