@@ -33,23 +33,6 @@ static int cmp_entry(const void *a, const void *b) {
   return strcmp(((const entry *)a)->t->name, ((const entry *)b)->t->name);
 }
 
-/* The single file is described as a one-file folder so every later call
- * treats both shapes alike. */
-static int read_single_file(const char *path, sd_ckpt *ck, sd_error *err) {
-  memset(ck, 0, sizeof *ck);
-  const char *base = strrchr(path, '/');
-  base = base ? base + 1 : path;
-  ck->files = calloc(1, sizeof *ck->files);
-  if (!ck->files || !(ck->files[0].name = strdup(base)))
-    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
-  ck->nfiles = 1;
-  int rc = sd_st_read_fileat(AT_FDCWD, path, base, &ck->files[0].h, err);
-  if (rc) return rc;
-  ck->ntensors = ck->files[0].h.ntensors;
-  ck->total_parameters = ck->files[0].h.total_parameters;
-  return 0;
-}
-
 /* The header was checked against a file of this size; a file replaced or
  * truncated since then is refused rather than read past its checks. */
 static int open_checked(int dirfd, const sd_ckpt_file *f, int *fd, sd_error *err) {
@@ -119,7 +102,7 @@ SHARDD_EXPORT int shardd_ckpt_open(const char *path, shardd_ckpt **out) {
     rc = sd_fail(&err, SHARDD_E_IO, "cannot open %s: %s", path, strerror(errno));
   } else {
     int is_dir = S_ISDIR(st.st_mode);
-    rc = is_dir ? sd_ckpt_read(path, &c->ck, &err) : read_single_file(path, &c->ck, &err);
+    rc = is_dir ? sd_ckpt_read(path, &c->ck, &err) : sd_ckpt_read_single(path, &c->ck, &err);
     if (!rc) rc = open_files(c, path, is_dir, &err);
     if (!rc) rc = index_names(c, &err);
   }
@@ -230,4 +213,13 @@ SHARDD_EXPORT int shardd_ckpt_read(const shardd_ckpt *c, const char *name, const
   read_ctx r = {.fd = c->fds[e->file], .buf = buf, .file = f->name};
   return sd_box_runs(t->ndim, t->shape, sd_dtype_size(t->dtype), &box, f->h.data_start + t->begin,
                      read_run, &r);
+}
+
+SHARDD_EXPORT int shardd_ckpt_verify(const shardd_ckpt *c) {
+  if (!c) return sd_client_connect_fail(SHARDD_E_INVALID_ARGUMENT, "checkpoint is NULL");
+  sd_error err;
+  sd_error_clear(&err);
+  /* The fds opened when the headers were checked: the bytes compared are the bytes later reads get. */
+  if (sd_ckpt_verify(&c->ck, c->fds, &err) != 0) return fail_err(&err);
+  return 0;
 }

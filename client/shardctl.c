@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "sd_checksum.h"
 #include "sd_layout.h"
 #include "sd_prom.h"
 #include "sd_reader.h"
@@ -24,9 +25,14 @@ static const char usage_text[] =
     "usage: shardctl [--socket PATH] COMMAND [ARGS]\n"
     "\n"
     "Offline checks (no daemon needed):\n"
-    "  verify DIR|FILE    strict check of a checkpoint folder (index + shards) or one\n"
+    "  verify [--deep] DIR|FILE\n"
+    "                     strict check of a checkpoint folder (index + shards) or one\n"
     "                     .safetensors file; prints a one-line summary, or the first\n"
-    "                     problem on stderr and exits 1\n"
+    "                     problem on stderr and exits 1. --deep also reads every data\n"
+    "                     byte and compares each file's CRC-32C with the one shardd\n"
+    "                     recorded (bad_checksum names each file that differs); a\n"
+    "                     checkpoint without recorded checksums is read but not\n"
+    "                     compared, says so, and exits 0\n"
     "  inspect DIR|FILE   table of tensors (name, dtype, shape, file, bytes), by file\n"
     "                     then offset\n"
     "\n"
@@ -62,23 +68,7 @@ static const char *plural(uint64_t n, const char *one, const char *many) {
 static int load(const char *path, sd_ckpt *c, sd_error *err) {
   struct stat st;
   memset(c, 0, sizeof *c);
-  if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode)) {
-    c->files = calloc(1, sizeof *c->files);
-    if (!c->files) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
-    const char *base = strrchr(path, '/');
-    c->files[0].name = strdup(base ? base + 1 : path);
-    if (!c->files[0].name) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
-    c->nfiles = 1;
-    int rc = sd_st_read_fileat(AT_FDCWD, path, c->files[0].name, &c->files[0].h, err);
-    if (rc) {
-      sd_ckpt_free(c);
-      return rc;
-    }
-    c->ntensors = c->files[0].h.ntensors;
-    c->total_parameters = c->files[0].h.total_parameters;
-    c->total_size = c->files[0].h.data_size;
-    return 0;
-  }
+  if (stat(path, &st) == 0 && !S_ISDIR(st.st_mode)) return sd_ckpt_read_single(path, c, err);
   return sd_ckpt_read(path, c, err);
 }
 
@@ -100,12 +90,69 @@ static void print_summary(FILE *out, const char *lead, const char *path, const s
           plural(c->total_parameters, "parameter", "parameters"));
 }
 
-static int cmd_verify(const char *path) {
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Opens file i of a checked checkpoint: inside the folder, or the single file itself. */
+static int open_file(const char *path, int dfd, const sd_ckpt *c, size_t i, sd_error *err) {
+  int fd = dfd >= 0 ? openat(dfd, c->files[i].name, O_RDONLY | O_CLOEXEC) : open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) sd_fail(err, SHARDD_E_IO, "%s: cannot open: %s", c->files[i].name, strerror(errno));
+  return fd;
+}
+
+/* Every file's data read and its CRC-32C compared; every damaged file gets its own invalid: line,
+ * so one run names them all. */
+static int verify_deep(const char *path, const sd_ckpt *c) {
+  struct stat st;
+  int dfd = stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+  size_t with = 0, bad = 0;
+  uint64_t bytes = 0;
+  double t0 = now_s();
+  for (size_t i = 0; i < c->nfiles; i++) {
+    sd_error err;
+    sd_error_clear(&err);
+    const sd_ckpt_file *f = &c->files[i];
+    uint32_t got = 0;
+    int fd = open_file(path, dfd, c, i, &err);
+    int rc = fd < 0 ? err.code : sd_ckpt_file_verify(c, i, fd, &got, &err);
+    if (fd >= 0) close(fd);
+    char hex[SD_CHECKSUM_HEX + 1];
+    sd_crc32c_hex(got, hex);
+    if (rc) {
+      fprintf(stderr, "invalid: %s: %s: %s\n", path, sd_err_name(rc), err.msg);
+      printf("  %s: %s\n", f->name, rc == SHARDD_E_CHECKSUM ? "BAD checksum" : sd_err_name(rc));
+      bad++;
+      continue;
+    }
+    bytes += f->h.data_size;
+    with += f->has_crc != 0;
+    printf("  %s: %s crc32c %s\n", f->name, f->has_crc ? "ok" : "read, no checksum recorded:", hex);
+  }
+  double dt = now_s() - t0;
+  if (dfd >= 0) close(dfd);
+  if (bad) return EXIT_INVALID;
+  char rate[64] = "";
+  if (dt > 0) snprintf(rate, sizeof rate, ", %.2f GB/s", (double)bytes / dt / 1e9);
+  if (with == 0)
+    printf("no checksums recorded: %s: every data byte was read (%" PRIu64 " bytes in %.3f s%s) but there was "
+           "nothing to compare it with (written with checksums = off, or not by shardd)\n",
+           path, bytes, dt, rate);
+  else
+    printf("checksums: %s: %zu of %zu %s match (%" PRIu64 " bytes read in %.3f s%s)\n", path, with, c->nfiles,
+           plural(c->nfiles, "file", "files"), bytes, dt, rate);
+  return 0;
+}
+
+static int cmd_verify(const char *path, int deep) {
   sd_ckpt c;
   if (load_checked(path, &c) != 0) return EXIT_INVALID;
-  print_summary(stdout, "ok: ", path, &c);
+  int rc = deep ? verify_deep(path, &c) : 0;
+  if (rc == 0) print_summary(stdout, "ok: ", path, &c);
   sd_ckpt_free(&c);
-  return 0;
+  return rc;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -495,7 +542,7 @@ int main(int argc, char **argv) {
   const char *socket = getenv("SHARDD_SOCKET");
   if (socket && !*socket) socket = NULL;
   const char *pos[3];
-  int npos = 0, opts_done = 0, as_json = 0;
+  int npos = 0, opts_done = 0, as_json = 0, deep = 0;
   long count = 0, interval_ms = 500;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -515,6 +562,8 @@ int main(int argc, char **argv) {
         socket = a + 9;
       } else if (!strcmp(a, "--json")) {
         as_json = 1;
+      } else if (!strcmp(a, "--deep")) {
+        deep = 1;
       } else if (!strcmp(a, "--once")) {
         count = 1;
       } else if (!strcmp(a, "--count") || !strcmp(a, "--interval")) {
@@ -541,6 +590,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && !daemon_only && strcmp(cmd, "abort") && strcmp(cmd, "rm"))
     return usage_error("unknown command '%s'", cmd);
   if (as_json && strcmp(cmd, "status")) return usage_error("--json goes with status, not %s", cmd);
+  if (deep && strcmp(cmd, "verify")) return usage_error("--deep goes with verify, not %s", cmd);
   if ((count || interval_ms != 500) && strcmp(cmd, "watch"))
     return usage_error("--count, --once and --interval go with watch, not %s", cmd);
   if (npos != want)
@@ -549,7 +599,7 @@ int main(int argc, char **argv) {
                        : !strcmp(cmd, "rm")    ? "%s needs exactly one DIR"
                                                : "%s needs exactly one DIR or FILE",
                        cmd);
-  if (!strcmp(cmd, "verify")) return cmd_verify(pos[1]);
+  if (!strcmp(cmd, "verify")) return cmd_verify(pos[1], deep);
   if (!strcmp(cmd, "inspect")) return cmd_inspect(pos[1]);
   if (!strcmp(cmd, "status")) return cmd_status(socket, as_json);
   if (!strcmp(cmd, "watch")) return cmd_watch(socket, count, interval_ms);

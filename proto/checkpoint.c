@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "sd_checksum.h"
 #include "sd_layout.h"
 #include "sd_grow.h"
 #include "sd_reader.h"
@@ -62,6 +63,7 @@ void sd_st_index_free(sd_st_index *ix) {
   for (size_t i = 0; i < ix->nentries; i++) free(ix->entries[i].tensor);
   free(ix->entries);
   free_names(ix->files, ix->nfiles);
+  free(ix->crcs);
   memset(ix, 0, sizeof *ix);
 }
 
@@ -144,6 +146,44 @@ static int index_weight_map(const char *label, json_t *wm, sd_st_index *ix, sd_e
   return 0;
 }
 
+/* metadata's checksums, read once the weight_map has named the files: the
+ * daemon records every file's or none, so a file left out, a name the
+ * weight_map does not know, or a value that is not 8 hex digits is damage
+ * (or an edit), not something to skip. */
+static int index_checksums(const char *label, json_t *meta, sd_st_index *ix, sd_error *err) {
+  json_t *sums = json_object_get(meta, SD_CHECKSUM_KEY);
+  if (!sums) return 0;
+  if (!json_is_object(sums))
+    return sd_fail(err, SHARDD_E_FORMAT,
+                   "%s: metadata." SD_CHECKSUM_KEY " is not an object of file names", label);
+  ix->crcs = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *ix->crcs);
+  if (!ix->crcs) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+  const char *k;
+  json_t *v;
+  char kb[SD_MSGNAME_MAX], vb[SD_MSGNAME_MAX];
+  json_object_foreach(sums, k, v) {
+    ssize_t f = find_name(ix->files, ix->nfiles, k);
+    if (f < 0)
+      return sd_fail(err, SHARDD_E_FORMAT,
+                     "%s: metadata." SD_CHECKSUM_KEY " names %s, which the weight_map does not",
+                     label, SHOW(kb, k));
+    const char *hex = json_string_value(v);
+    if (!hex || sd_crc32c_parse(hex, &ix->crcs[f]) != 0)
+      return sd_fail(err, SHARDD_E_FORMAT,
+                     "%s: metadata." SD_CHECKSUM_KEY ": %s -> %s%s%s is not %d hex digits", label,
+                     SHOW(kb, k), hex ? "'" : "", hex ? SHOW(vb, hex) : "a non-string",
+                     hex ? "'" : "", SD_CHECKSUM_HEX);
+  }
+  if (json_object_size(sums) != ix->nfiles) {
+    for (size_t i = 0; i < ix->nfiles; i++)
+      if (!json_object_get(sums, ix->files[i]))
+        return sd_fail(err, SHARDD_E_FORMAT,
+                       "%s: metadata." SD_CHECKSUM_KEY " records no checksum for %s", label,
+                       SHOW(kb, ix->files[i]));
+  }
+  return 0;
+}
+
 int sd_st_index_parse(const char *label, const char *json, size_t len, sd_st_index *ix,
                       sd_error *err) {
   memset(ix, 0, sizeof *ix);
@@ -174,7 +214,8 @@ int sd_st_index_parse(const char *label, const char *json, size_t len, sd_st_ind
     goto out;
   }
   if ((rc = index_metadata(label, meta, ix, err)) != 0) goto out;
-  rc = index_weight_map(label, wm, ix, err);
+  if ((rc = index_weight_map(label, wm, ix, err)) != 0) goto out;
+  rc = index_checksums(label, meta, ix, err);
 out:
   json_decref(root);
   if (rc) sd_st_index_free(ix);
@@ -415,7 +456,11 @@ static int read_indexed(int dfd, sd_ckpt *c, const names_t *shards, sd_error *er
     }
   }
   if ((rc = read_shards(dfd, c, ix.files, ix.nfiles, err)) != 0) goto out;
-  rc = sd_st_index_check(c->index_name, &ix, c->files, err);
+  if ((rc = sd_st_index_check(c->index_name, &ix, c->files, err)) != 0) goto out;
+  for (size_t i = 0; ix.crcs && i < ix.nfiles; i++) {
+    c->files[i].has_crc = 1;
+    c->files[i].crc = ix.crcs[i];
+  }
 out:
   sd_st_index_free(&ix);
   return rc;
@@ -457,6 +502,8 @@ int sd_ckpt_read(const char *dir, sd_ckpt *c, sd_error *err) {
       goto out;
     }
     rc = read_shards(dfd, c, shards.v, 1, err);
+    if (!rc) rc = sd_st_meta_crc(c->files[0].name, &c->files[0].h, &c->files[0].has_crc,
+                                 &c->files[0].crc, err);
   }
   for (size_t i = 0; !rc && i < c->nfiles; i++) {
     c->ntensors += c->files[i].h.ntensors;
@@ -470,4 +517,27 @@ out:
   close(dfd);
   if (rc) sd_ckpt_free(c);
   return rc;
+}
+
+int sd_ckpt_read_single(const char *path, sd_ckpt *c, sd_error *err) {
+  memset(c, 0, sizeof *c);
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  c->files = calloc(1, sizeof *c->files);
+  if (!c->files || !(c->files[0].name = strdup(base))) {
+    sd_ckpt_free(c);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+  }
+  c->nfiles = 1;
+  sd_ckpt_file *f = &c->files[0];
+  int rc = sd_st_read_fileat(AT_FDCWD, path, f->name, &f->h, err);
+  if (!rc) rc = sd_st_meta_crc(f->name, &f->h, &f->has_crc, &f->crc, err);
+  if (rc) {
+    sd_ckpt_free(c);
+    return rc;
+  }
+  c->ntensors = f->h.ntensors;
+  c->total_parameters = f->h.total_parameters;
+  c->total_size = f->h.data_size; /* the tensors tile the data section exactly */
+  return 0;
 }

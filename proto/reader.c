@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "sd_checksum.h"
 #include "sd_layout.h"
 #include "sd_reader.h"
 
@@ -215,7 +216,8 @@ static int check_layout(const char *label, const sd_st_header *h, sd_error *err)
     if (t->end > h->data_size)
       return sd_fail(err, SHARDD_E_FORMAT,
                      "%s: tensor '%s' data_offsets [%" PRIu64 ",%" PRIu64
-                     "] run past the end of the file (data section is %" PRIu64 " bytes)",
+                     "] run past the end of the file (data section is %" PRIu64
+                     " bytes): the file is truncated",
                      label, SHOW(a, t->name), t->begin, t->end, h->data_size);
     expect = t->end;
   }
@@ -294,6 +296,24 @@ int sd_st_parse(const char *label, const void *buf, size_t len, uint64_t file_si
   rc = parse_json(label, (const char *)buf + 8, hl, h, err);
   if (rc) sd_st_header_free(h);
   return rc;
+}
+
+int sd_st_meta_crc(const char *label, const sd_st_header *h, int *has, uint32_t *crc,
+                   sd_error *err) {
+  *has = 0;
+  *crc = 0;
+  for (size_t i = 0; i < h->nmeta; i++) {
+    if (strcmp(h->meta[i].key, SD_CHECKSUM_KEY) != 0) continue;
+    if (sd_crc32c_parse(h->meta[i].value, crc) != 0) {
+      char vb[SD_MSGNAME_MAX];
+      return sd_fail(err, SHARDD_E_FORMAT,
+                     "%s: __metadata__ '" SD_CHECKSUM_KEY "' is '%s', not %d hex digits", label,
+                     SHOW(vb, h->meta[i].value), SD_CHECKSUM_HEX);
+    }
+    *has = 1;
+    return 0;
+  }
+  return 0;
 }
 
 const sd_st_tensor *sd_st_find(const sd_st_header *h, const char *name) {

@@ -62,6 +62,13 @@ int sd_st_read_fileat(int dirfd, const char *path, const char *label, sd_st_head
                       sd_error *err);
 int sd_st_read_file(const char *path, sd_st_header *h, sd_error *err);
 
+/* The data CRC-32C a single-file checkpoint records in its __metadata__
+ * (SD_CHECKSUM_KEY, sd_checksum.h): *has 0 when the key is absent (written
+ * by another tool, or with checksums = off); a value that is not exactly 8
+ * hex digits is SHARDD_E_FORMAT naming the file and the key. */
+int sd_st_meta_crc(const char *label, const sd_st_header *h, int *has, uint32_t *crc,
+                   sd_error *err);
+
 /* Linear search; NULL when absent. */
 const sd_st_tensor *sd_st_find(const sd_st_header *h, const char *name);
 
@@ -72,6 +79,8 @@ const sd_st_tensor *sd_st_find(const sd_st_header *h, const char *name);
 typedef struct {
   char *name;               /* plain file name inside the folder */
   sd_st_header h;
+  int has_crc;              /* the checkpoint records this file's data CRC-32C: */
+  uint32_t crc;             /* from the index's metadata, or a single file's __metadata__ */
 } sd_ckpt_file;
 
 typedef struct {
@@ -90,7 +99,28 @@ typedef struct {
  * (config.json, another prefix's .safetensors) is left alone. On failure *c is
  * left empty (safe to free). */
 int sd_ckpt_read(const char *dir, sd_ckpt *c, sd_error *err);
+/* A single .safetensors file at path (AT_FDCWD-relative), as a one-file
+ * checkpoint without index: files[0].name is the path's last component. */
+int sd_ckpt_read_single(const char *path, sd_ckpt *c, sd_error *err);
 void sd_ckpt_free(sd_ckpt *c);
+
+/* ------------------------------------------------------------------------ *
+ * The deep check (proto/verify.c): every byte of each file's data section
+ * read in order and its CRC-32C compared with the recorded one. The strict
+ * checks above read only headers; this reads the whole checkpoint once.
+ * ------------------------------------------------------------------------ */
+/* Reads file i's data section through fd (opened on c->files[i], e.g. when
+ * it was checked) and sets *got to its CRC-32C. A file whose size is no
+ * longer the one its header was checked against is SHARDD_E_FORMAT naming
+ * it as truncated (or grown); a recorded CRC that differs is
+ * SHARDD_E_CHECKSUM naming the file and both values. Without a recorded
+ * CRC (has_crc 0) it only computes *got. */
+int sd_ckpt_file_verify(const sd_ckpt *c, size_t i, int fd, uint32_t *got, sd_error *err);
+/* Every file through fds[i]; the first failure is returned. A checkpoint
+ * that records no checksum at all is SHARDD_E_CHECKSUM without reading a
+ * byte: nothing could be compared. One that records some files' but not
+ * others' cannot be parsed (the index records every file or none). */
+int sd_ckpt_verify(const sd_ckpt *c, const int *fds, sd_error *err);
 
 /* ------------------------------------------------------------------------ *
  * The index, parsed and cross-checked purely (sd_ckpt_read uses these).
@@ -108,11 +138,13 @@ typedef struct {
   sd_st_index_entry *entries; /* weight_map, sorted by tensor name (strcmp) */
   size_t nfiles;
   char **files;             /* distinct plain file names, sorted (strcmp) */
+  uint32_t *crcs;           /* files[i]'s data CRC-32C; NULL when the index records none */
 } sd_st_index;
 
 /* {"metadata": {"total_size": N, ...}, "weight_map": {tensor: file}}; no
  * duplicate keys, no other top-level keys, file names plain (no '/'), ending
- * in ".safetensors". */
+ * in ".safetensors". metadata's SD_CHECKSUM_KEY, when present, maps every
+ * file the weight_map names (and no other) to 8 hex digits. */
 int sd_st_index_parse(const char *label, const char *json, size_t len, sd_st_index *ix,
                       sd_error *err);
 void sd_st_index_free(sd_st_index *ix);

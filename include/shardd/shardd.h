@@ -60,7 +60,8 @@ extern "C" {
   XX(NOT_FOUND,        29, "not_found",         "no such checkpoint")               \
   XX(NOT_CHECKPOINT,   30, "not_a_checkpoint",  "not a checkpoint shardd wrote")    \
   XX(SAVE_FAILED,      31, "save_failed",       "the save already failed")         \
-  XX(FILE_SET,         32, "bad_file_set",      "shard files and index disagree")
+  XX(FILE_SET,         32, "bad_file_set",      "shard files and index disagree")   \
+  XX(CHECKSUM,         33, "bad_checksum",      "data does not match its checksum")
 
 typedef enum {
   SHARDD_OK = 0,
@@ -283,7 +284,9 @@ SHARDD_EXPORT void shardd_free(void *p);
  * holding a shard-named file its index does not name, or missing one it
  * names, with SHARDD_E_FILE_SET naming the file; a file that cannot be read
  * with SHARDD_E_IO). Reads then fetch only the bytes of the
- * box asked for, with pread, one call per contiguous run.
+ * box asked for, with pread, one call per contiguous run. Those checks read
+ * headers only; shardd_ckpt_verify reads every data byte once and compares
+ * each file's CRC-32C with the one shardd recorded when it wrote it.
  * Failures leave their message in shardd_last_error(NULL) (per thread); an
  * open checkpoint may be read from several threads at once.
  * ------------------------------------------------------------------------ */
@@ -311,6 +314,16 @@ SHARDD_EXPORT int shardd_ckpt_find(const shardd_ckpt *c, const char *name, size_
  * SHARDD_E_INVALID_ARGUMENT naming the tensor. */
 SHARDD_EXPORT int shardd_ckpt_read(const shardd_ckpt *c, const char *name, const uint64_t *start,
                                    const uint64_t *count, void *buf, size_t len);
+/* The deep check: reads every byte of every file's data section once, in
+ * order, through the files opened at shardd_ckpt_open (a file swapped in
+ * since is not the one read), and compares its CRC-32C with the one the
+ * index records (a single file: its __metadata__). A difference is
+ * SHARDD_E_CHECKSUM naming the file and both values; a file that shrank or
+ * grew since it was checked, SHARDD_E_FORMAT naming it; a checkpoint that
+ * records no checksums (written with checksums = off, or not by shardd),
+ * SHARDD_E_CHECKSUM saying so, before reading anything. Costs one
+ * sequential read of the whole checkpoint; may run beside reads. */
+SHARDD_EXPORT int shardd_ckpt_verify(const shardd_ckpt *c);
 
 #ifdef __cplusplus
 }

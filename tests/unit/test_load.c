@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sd_checksum.h"
 #include "sd_writer_sync.h"
 #include "shardd/shardd.h"
 
@@ -315,4 +316,55 @@ Test(load, bad_reads_refused_naming_the_tensor) {
   shardd_ckpt_close(c);
   /* And reopening it is refused by the strict reader. */
   expect_open_fails(ckdir, SHARDD_E_FORMAT, "past the end");
+}
+
+/* ------------------------------------------------------------------------ *
+ * The deep check through the library's own descriptors
+ * ------------------------------------------------------------------------ */
+
+Test(load, verify_compares_the_recorded_checksum_through_the_open_files) {
+  cr_assert_eq(mkdir(ckdir, 0755), 0);
+  /* 100 zero bytes of data and their CRC-32C in __metadata__. */
+  unsigned char zeros[100] = {0};
+  char json[256], hex[SD_CHECKSUM_HEX + 1];
+  sd_crc32c_hex(sd_crc32c(0, zeros, sizeof zeros), hex);
+  snprintf(json, sizeof json,
+           "{\"__metadata__\":{\"" SD_CHECKSUM_KEY "\":\"%s\"},\"w\":{\"dtype\":\"U8\",\"shape\":[100],"
+           "\"data_offsets\":[0,100]}}",
+           hex);
+  write_st("model.safetensors", json, sizeof zeros);
+  shardd_ckpt *c = open_ok(ckdir);
+  cr_assert_eq(shardd_ckpt_verify(c), 0, "%s", shardd_last_error(NULL));
+  /* Changed in place after the open: the same file, so the change is seen. */
+  char file[200];
+  snprintf(file, sizeof file, "%s/model.safetensors", ckdir);
+  int fd = open(file, O_WRONLY);
+  cr_assert_eq(pwrite(fd, "x", 1, 8 + (off_t)strlen(json) + 50), 1);
+  close(fd);
+  cr_assert_eq(shardd_ckpt_verify(c), SHARDD_E_CHECKSUM);
+  char want[128];
+  snprintf(want, sizeof want, "but its __metadata__ records %s", hex);
+  cr_assert(strstr(shardd_last_error(NULL), "bad_checksum: model.safetensors: data CRC-32C is "), "%s",
+            shardd_last_error(NULL));
+  cr_assert(strstr(shardd_last_error(NULL), want), "%s", shardd_last_error(NULL));
+  cr_assert_eq(truncate(file, 8 + (off_t)strlen(json) + 10), 0);
+  cr_assert_eq(shardd_ckpt_verify(c), SHARDD_E_FORMAT);
+  cr_assert(strstr(shardd_last_error(NULL), "model.safetensors: truncated: "), "%s", shardd_last_error(NULL));
+  shardd_ckpt_close(c);
+  cr_assert_eq(shardd_ckpt_verify(NULL), SHARDD_E_INVALID_ARGUMENT);
+}
+
+Test(load, verify_without_recorded_checksums_is_an_error) {
+  /* The sync writer records none: nothing to compare with is an error, not a pass. */
+  sd_tensor t[2] = {{.name = "a", .dtype = SD_DT_F32, .ndim = 1, .shape = {5000}, .index = 0},
+                    {.name = "b", .dtype = SD_DT_F32, .ndim = 1, .shape = {5000}, .index = 1}};
+  size_t nfiles = 0;
+  write_ckpt(t, 2, 20000, &nfiles);
+  cr_assert_eq(nfiles, 2);
+  shardd_ckpt *c = open_ok(ckdir);
+  cr_assert_eq(shardd_ckpt_verify(c), SHARDD_E_CHECKSUM);
+  cr_assert(strstr(shardd_last_error(NULL),
+                   "model.safetensors.index.json records no checksums (written without them, or not by shardd)"),
+            "%s", shardd_last_error(NULL));
+  shardd_ckpt_close(c);
 }

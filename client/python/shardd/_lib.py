@@ -107,6 +107,7 @@ _PROTOTYPES = {
     "shardd_ckpt_tensor": (_i, [_p, _sz, ctypes.POINTER(TensorInfo)]),
     "shardd_ckpt_find": (_i, [_p, _s, ctypes.POINTER(_sz)]),
     "shardd_ckpt_read": (_i, [_p, _s, ctypes.POINTER(_u64), ctypes.POINTER(_u64), _p, _sz]),
+    "shardd_ckpt_verify": (_i, [_p]),
 }
 
 _LIB_NAMES = ("libshardd.so", "libshardd.so.0")

@@ -102,9 +102,13 @@ class Checkpoint:
         with shardd.Checkpoint("run1/step-100") as ck:
             ck.names(); ck.info("w").shape
             w = ck.read("w", start=(128, 0), count=(128, 4096))
+
+    Opening reads headers only. verify=True (or verify() later) also reads
+    every byte of every file once and checks each file's CRC-32C against the
+    one shardd recorded when it wrote it.
     """
 
-    def __init__(self, path: PathLike):
+    def __init__(self, path: PathLike, verify: bool = False):
         self.path = _fspath(path, "path")
         lib = _lib.lib()
         handle = ctypes.c_void_p()
@@ -120,6 +124,25 @@ class Checkpoint:
                            tuple(int(info.shape[d]) for d in range(info.ndim)), int(info.nbytes),
                            _text(info.file))
             self._info[t.name] = t
+        if verify:
+            try:
+                self.verify()
+            except BaseException:
+                self.close()
+                raise
+
+    def verify(self) -> None:
+        """The deep check: reads every byte of every file once, sequentially (the cost of reading
+        the whole checkpoint from disk; the CRC itself runs at memory speed), through the files
+        opened when the checkpoint was checked, and compares each file's data CRC-32C with the one
+        recorded in the index (a single file: its __metadata__).
+
+        Raises ShardError bad_checksum naming the file and both values when one differs (damaged,
+        or swapped in from another checkpoint), and bad_checksum when the checkpoint records no
+        checksums (written with checksums = off, or not by shardd); bad_format naming a file cut
+        or grown since it was opened.
+        """
+        self._check(_lib.lib().shardd_ckpt_verify(self._live()))
 
     @staticmethod
     def _check(rc: int) -> None:
@@ -217,7 +240,8 @@ class Checkpoint:
 
 
 def load(path: PathLike, names: Optional[Iterable[str]] = None,
-         boxes: Optional[Mapping[str, Box]] = None, framework: str = "numpy") -> Dict[str, Any]:
+         boxes: Optional[Mapping[str, Box]] = None, framework: str = "numpy",
+         verify: bool = False) -> Dict[str, Any]:
     """{name: array} of a checkpoint (folder or .safetensors file), checked by the strict reader.
 
     names: the tensors to read (default: all, in name order). boxes: {name:
@@ -225,9 +249,11 @@ def load(path: PathLike, names: Optional[Iterable[str]] = None,
     boxes are never read). framework: "numpy" or "torch" (CPU tensors).
     Raises ShardError (bad_format, io_error, ...) naming the file and field; bad_file_set
     naming the file for a shard-named file the index does not name, or a named one missing.
+    verify=True first checks every file's recorded CRC-32C (Checkpoint.verify: reads every byte of
+    every file once, even of tensors not asked for) and raises bad_checksum before anything is read.
     """
     boxes = dict(boxes or {})
-    with Checkpoint(path) as ck:
+    with Checkpoint(path, verify=verify) as ck:
         wanted = ck.names() if names is None else list(names)
         for n in list(wanted) + list(boxes):
             ck.info(n)
@@ -242,14 +268,15 @@ def load(path: PathLike, names: Optional[Iterable[str]] = None,
 
 
 def load_slices(path: PathLike, requests: Iterable[Tuple[str, Sequence[int], Sequence[int]]],
-                framework: str = "numpy") -> Dict[str, Slice]:
+                framework: str = "numpy", verify: bool = False) -> Dict[str, Slice]:
     """{name: Slice} for a rank's (name, start, count) boxes: what it needs to reshard.
 
     Each Slice carries the global shape and its start, so the dict can go
-    straight to save() under the new layout.
+    straight to save() under the new layout. verify=True: as load's (every
+    byte of every file is read once, not only this rank's boxes).
     """
     out: Dict[str, Slice] = {}
-    with Checkpoint(path) as ck:
+    with Checkpoint(path, verify=verify) as ck:
         for name, start, count in requests:
             if name in out:
                 raise ValueError("tensor %r is asked for twice" % (name,))

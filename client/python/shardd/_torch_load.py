@@ -58,7 +58,7 @@ def _fill(ck: Checkpoint, source: str, view, start, count) -> None:
     view.copy_(tmp, non_blocking=False)
 
 
-def load_state_dict(dir, state_dict, strict=True):
+def load_state_dict(dir, state_dict, strict=True, verify=False):
     """Fills `state_dict` (tensors and DTensors, as model.state_dict() gives them) in place from the
     checkpoint folder `dir` (shardd's, or one save_pretrained wrote), whatever mesh and
     placements it was saved from. Every rank calls it with its own state dict and reads only
@@ -71,6 +71,12 @@ def load_state_dict(dir, state_dict, strict=True):
     returned instead, as nn.Module.load_state_dict returns them (shape and
     dtype are still checked). Returns IncompatibleKeys(missing_keys,
     unexpected_keys).
+
+    verify=True also checks every file's recorded data CRC-32C
+    (Checkpoint.verify) once the names fit and before anything is filled:
+    a ShardError "bad_checksum" names the damaged file (or says the
+    checkpoint records no checksums). It costs a read of every byte of every
+    file on each rank that asks, not only the rank's own boxes.
     """
     import torch
 
@@ -107,6 +113,8 @@ def load_state_dict(dir, state_dict, strict=True):
         if problems:
             raise refusal("mismatch", "%s does not fit the state dict (nothing was filled): %s"
                           % (dir, "; ".join(problems)))
+        if verify:
+            ck.verify()
         targets = [(source, _targets(name, value)) for source, name, value in plan]
         with torch.no_grad():
             for source, parts in targets:
