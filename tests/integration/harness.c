@@ -426,19 +426,27 @@ void h_ckpt_read(const char *rel, sd_ckpt *c) {
   memset(c, 0, sizeof *c);
   int rc = sd_ckpt_read(h_path(p, sizeof p, rel), c, &e);
   cr_assert_eq(rc, 0, "strict reader refuses %s: %s", p, e.msg);
-  /* Every checkpoint a test reads back also passes the deep check: the CRC-32C the daemon recorded
-   * (from pieces written in any order, on any path) is the CRC of the bytes on disk. */
+  h_ckpt_deep(p, c);
+}
+
+/* Every checkpoint a test reads back also passes the deep check: the CRC-32C the daemon recorded
+ * (from pieces written in any order, on any path) is the CRC of the bytes on disk. */
+size_t h_ckpt_deep(const char *path, const sd_ckpt *c) {
+  size_t checked = 0;
   for (size_t i = 0; i < c->nfiles; i++) {
     if (!c->files[i].has_crc) continue;
     char fp[PATH_MAX + 256];
-    snprintf(fp, sizeof fp, "%s/%s", p, c->files[i].name);
+    snprintf(fp, sizeof fp, "%s/%s", path, c->files[i].name);
     int fd = open(fp, O_RDONLY | O_CLOEXEC);
     cr_assert(fd >= 0, "open %s: %s", fp, strerror(errno));
     uint32_t got;
-    rc = sd_ckpt_file_verify(c, i, fd, &got, &e);
+    sd_error e = {0};
+    int rc = sd_ckpt_file_verify(c, i, fd, &got, &e);
     close(fd);
-    cr_assert_eq(rc, 0, "deep check refuses %s: %s", p, e.msg);
+    cr_assert_eq(rc, 0, "deep check refuses %s: %s", path, e.msg);
+    checked++;
   }
+  return checked;
 }
 
 const sd_st_tensor *h_ckpt_find(const sd_ckpt *c, const char *name, const sd_ckpt_file **file) {

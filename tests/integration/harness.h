@@ -176,6 +176,9 @@ void h_expect_failed(const h_script *s, int code, ...) __attribute__((sentinel))
  * ------------------------------------------------------------------------ */
 /* Strictly reads ROOT/rel (asserting it is valid); free with sd_ckpt_free. */
 void h_ckpt_read(const char *rel, sd_ckpt *c);
+/* The deep check of a folder read into c (path absolute): every file with a recorded CRC-32C read
+ * and compared (asserted); returns how many were. */
+size_t h_ckpt_deep(const char *path, const sd_ckpt *c);
 /* The file and header entry holding a tensor, or NULL. */
 const sd_st_tensor *h_ckpt_find(const sd_ckpt *c, const char *name, const sd_ckpt_file **file);
 /* The tensor's bytes as stored on disk (malloc'd; *len set). Asserts presence. */

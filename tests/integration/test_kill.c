@@ -223,6 +223,7 @@ static void await_random_moment(ranks *g, pace *p, int end) {
  * reader; temporary folders are only counted (not entered). */
 typedef struct {
   int checkpoints, tmp, del;
+  size_t deep;             /* files whose recorded CRC-32C was checked against their bytes */
 } scan_t;
 
 static void scan(const char *path, int depth, scan_t *s) {
@@ -255,6 +256,7 @@ static void scan(const char *path, int depth, scan_t *s) {
   int rc = sd_ckpt_read(path, &c, &err);
   cr_assert_eq(rc, 0, "%s is visible under its final name but the strict reader refuses it: %s: %s", path,
                sd_err_name(rc), err.msg);
+  s->deep += h_ckpt_deep(path, &c); /* and its bytes are the ones its checksums were computed from */
   sd_ckpt_free(&c);
   s->checkpoints++;
 }
@@ -297,6 +299,7 @@ Test(kill, daemon_sigkilled_at_random_moments_of_saves_from_2_to_4_ranks) {
   }
   tally clients[24] = {{{0}, 0}};
   int published = 0, absent = 0, old_kept = 0, new_in = 0, after_end = 0, tmp_swept = 0, del_swept = 0, nranks = 0;
+  size_t deep_checked = 0;
   int64_t slowest = 0;
   for (int i = 0; i < rounds; i++) {
     int kind = rand() % 4; /* 0, 1: a new folder; 2: overwrite; 3: a new folder with keep_last */
@@ -331,6 +334,7 @@ Test(kill, daemon_sigkilled_at_random_moments_of_saves_from_2_to_4_ranks) {
     scan_t s = scan_root();
     tmp_swept += s.tmp;
     del_swept += s.del;
+    deep_checked += s.deep;
     cr_assert_eq(tree("base"), hbase, "round %d: a checkpoint committed before changed", i);
     char p[PATH_MAX];
     int present = h_exists(h_path(p, sizeof p, dir));
@@ -366,8 +370,9 @@ Test(kill, daemon_sigkilled_at_random_moments_of_saves_from_2_to_4_ranks) {
          "%d restarts on the same root\n",
          rounds, nranks, rounds, (long long)ref_span, pc.lead * 100, after_end, rounds);
   printf("kill: folders after the kills: %d new published whole, %d new absent, %d overwrites swapped in whole, "
-         "%d overwrites kept the old checkpoint, none partial (strict reader, shardctl verify, every byte)\n",
-         published, absent, new_in, old_kept);
+         "%d overwrites kept the old checkpoint, none partial (strict reader, shardctl verify, every byte; %zu "
+         "files' recorded CRC-32C checked against their bytes)\n",
+         published, absent, new_in, old_kept, deep_checked);
   print_tally("what the ranks heard", clients, 24);
   printf("kill: swept on restart: %d .shardd-tmp-* and %d .shardd-del-* folders; the slowest rank ended %lld ms "
          "after the kill\n",
