@@ -156,7 +156,12 @@ typedef struct sd_csave {
   unsigned io;             /* ring requests and frame copies in flight */
   unsigned copies;         /* frames being filled from shared memory in the thread pool */
   uint64_t recv_expect;    /* bytes other nodes will send us */
-  struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer.c) */
+  struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer_staged.c) */
+  /* per files[] (NULL: the leader asked for no checksums): the XOR of the
+   * CRC-32C shares (sd_checksum.h) of every data byte this node writes
+   * into the file, against the file's end; headers never count. Reported
+   * with done, for the leader to combine over the nodes. */
+  uint32_t *sums;
 
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
   uint64_t bytes_zero_copy;   /* of bytes_written: zero-copy from this node's ranks' segments (fileset.c) */

@@ -1,6 +1,7 @@
 /* A node's part of a multi-node save, the bytes through the ring: headers and blocks that mix its bytes with others', forwarding in windows, receiving in place, fsyncs and the report; its own blocks in cluster_xfer_staged.c. */
 #include <errno.h>
 #include <fcntl.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,8 @@
 #include "cluster_int.h"
 #include "log.h"
 #include "region.h"
+#include "sd_checksum.h"
+#include "staging.h"
 
 enum { IO_HDR, IO_LOCAL, IO_RECV, IO_SYNC };
 
@@ -232,12 +235,36 @@ static int pump_dest(sd_csave *cs, sd_cdest *d) {
   return 0;
 }
 
-static void pump_local(sd_csave *cs) {
+/* A local piece's checksum share, read from its rank's segment on the loop
+ * before its write (as fileset.c reads a zero-copy piece): a segment the
+ * rank shrank faults here, guarded. -1 on a fault. */
+static int local_share(sd_csave *cs, const sd_lop *o, uint32_t *out) {
+  sigjmp_buf jb;
+  if (sigsetjmp(jb, 1)) return -1; /* sd_bus_guard is NULL again */
+  sd_bus_guard = &jb;
+  *out = sd_crc32c_piece(o->src, o->len, cs->files[o->lf].size - (o->off + o->len));
+  sd_bus_guard = NULL;
+  return 0;
+}
+
+/* 1 when the save failed (and may be gone): the caller must not touch cs. */
+static int pump_local(sd_csave *cs) {
   while (cs->op_next < cs->nops && cs->io < SD_NODE_INFLIGHT) {
     const sd_lop *o = &cs->ops[cs->op_next];
-    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL) != 0) return;
+    uint32_t share = 0;
+    if (cs->sums && local_share(cs, o, &share) != 0) {
+      const sd_cfile *f = &cs->files[o->lf];
+      if (!sd_xfer_fail_if_shrunk(cs))
+        sd_node_fail_held(cs, SHARDD_E_IO, "node %u ('%s'): %s/%s: reading the bytes for offset %llu faulted (SIGBUS): "
+                          "a rank's shared memory is shorter than when it was attached", cs->node_rank, cs->cl->node,
+                          cs->save->dir, f->name, (unsigned long long)o->off);
+      return 1;
+    }
+    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL) != 0) return 0;
+    if (cs->sums) cs->sums[o->lf] ^= share;
     cs->op_next++;
   }
+  return 0;
 }
 
 static void send_done(sd_csave *cs) {
@@ -253,15 +280,26 @@ static void send_done(sd_csave *cs) {
   sd_log_debug("save '%s': node %u wrote its files (%llu own bytes here, %llu forwarded, %llu received)",
                cs->save->id, cs->node_rank, (unsigned long long)cs->bytes_local, (unsigned long long)cs->bytes_fwd,
                (unsigned long long)cs->bytes_recv);
-  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files,
-                                  "local", (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd,
-                                  "received", (json_int_t)cs->bytes_recv, "written", (json_int_t)cs->bytes_written,
-                                  "direct", (json_int_t)cs->bytes_zero_copy));
+  json_t *m = json_pack("{s:s,s:s,s:o,s:I,s:I,s:I,s:I,s:I}", "t", "done", "cid", cs->cid, "files", files, "local",
+                        (json_int_t)cs->bytes_local, "forwarded", (json_int_t)cs->bytes_fwd, "received",
+                        (json_int_t)cs->bytes_recv, "written", (json_int_t)cs->bytes_written, "direct",
+                        (json_int_t)cs->bytes_zero_copy);
+  if (m && cs->sums) {
+    /* [file, share] in the order of files: the XOR of this node's shares, for the leader to combine */
+    json_t *sums = json_array();
+    for (size_t i = 0; i < cs->nfiles; i++) {
+      char hex[SD_CHECKSUM_HEX + 1];
+      sd_crc32c_hex(cs->sums[i], hex);
+      json_array_append_new(sums, json_pack("[I,s]", (json_int_t)cs->files[i].f, hex));
+    }
+    json_object_set_new(m, "sums", sums);
+  }
+  sd_node_to_leader(cs, m);
 }
 
 void sd_xfer_progress(sd_csave *cs) {
   if (cs->failing || cs->stalled || cs->phase != SD_CP_WRITING) return;
-  pump_local(cs);
+  if (pump_local(cs)) return;
   int sent_all = 1, acked_all = 1;
   for (size_t i = 0; i < cs->ndests; i++) {
     if (pump_dest(cs, &cs->dests[i])) return;
@@ -341,11 +379,14 @@ void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb) {
     uint32_t f = (uint32_t)json_integer_value(json_array_get(e, 0));
     uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 1));
     uint64_t len = (uint64_t)json_integer_value(json_array_get(e, 2));
-    if (submit(cs, IO_RECV, (uint32_t)cs->fmap[f], rb->data + pos, len, off, rb) != 0) {
+    uint32_t lf = (uint32_t)cs->fmap[f];
+    if (submit(cs, IO_RECV, lf, rb->data + pos, len, off, rb) != 0) {
       rbuf_put(cs, rb, 0);
       sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory queueing received bytes", cs->save->id);
       return;
     }
+    /* forwarded bytes count where they are written, from the frame they came in */
+    if (cs->sums) cs->sums[lf] ^= sd_crc32c_piece(rb->data + pos, len, cs->files[lf].size - (off + len));
     pos += len;
   }
   rbuf_put(cs, rb, 1);

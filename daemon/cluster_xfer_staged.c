@@ -10,6 +10,7 @@
 #include "log.h"
 #include "pathsafe.h"
 #include "region.h"
+#include "sd_checksum.h"
 #include "sd_grow.h"
 
 /* ------------------------------------------------------------------------ *
@@ -36,6 +37,7 @@ typedef struct sd_xstaged {
   sd_write_op *ops;
   size_t nops, opcap;
   sd_shm_span *spans;
+  uint32_t *sums;          /* per region (cs->sums set): its checksum share against the region's end (fileset.c) */
   size_t nspans;
   uint64_t data;           /* slice bytes in the regions */
 } sd_xstaged;
@@ -52,6 +54,7 @@ static void xs_free(sd_xstaged *xs) {
   free(xs->files);
   free(xs->ops);
   free(xs->spans);
+  free(xs->sums);
   free(xs);
 }
 
@@ -84,7 +87,12 @@ static void on_staged(void *ud, const sd_error *err) {
     return;
   }
   /* cs->bytes_written and bytes_zero_copy grew as the job wrote */
-  for (size_t k = 0; k < xs->n; k++) cs->files[xs->lf[k]].done += xs->files[k].size;
+  for (size_t k = 0; k < xs->n; k++) {
+    sd_cfile *f = &cs->files[xs->lf[k]];
+    f->done += xs->files[k].size;
+    /* a region's share counts against its own end: moved to the file's */
+    if (xs->sums) cs->sums[xs->lf[k]] ^= sd_crc32c_shift(xs->sums[k], f->size - (xs->bases[k] + xs->files[k].size));
+  }
   cs->bytes_local += xs->data;
   cs->cl->bytes_local += xs->data;
   xs_free(xs);
@@ -252,7 +260,8 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
   }
   xs->nextra = cs->nfiles;
   for (size_t i = 0; i < cs->nfiles; i++) xs->extra[i] = -1;
-  if (find_regions(cs, xs) != 0 || collect_spans(cs, xs) != 0 || split_ops(cs, xs) != 0) {
+  if (find_regions(cs, xs) != 0 || collect_spans(cs, xs) != 0 || split_ops(cs, xs) != 0 ||
+      (cs->sums && xs->n && !(xs->sums = calloc(xs->n, sizeof *xs->sums)))) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
     goto out;
   }
@@ -271,7 +280,7 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
                         .nspans = xs->nspans, .dir = cs->save->dir, .point = "filejob", .stop = &cs->failing,
                         .bytes_written = &cs->bytes_written, .bytes_zero_copy = &cs->bytes_zero_copy, .tag = cs->save->id,
-                        .cb = on_staged, .ud = xs};
+                        .sums = xs->sums, .cb = on_staged, .ud = xs};
     cs->io++;
     cs->staged = xs;
     if ((rc = sd_fileset_start(w, &r, err)) != 0) {
