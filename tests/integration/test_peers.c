@@ -443,3 +443,57 @@ Test(peers, the_leaders_checksums_off_records_none) {
     h_shared_free(s.sh);
   }
 }
+
+/* A node whose done carries a malformed checksum share (here a raw peer
+ * client standing in for node 1 of two, shared mode, so it need not
+ * forward): the leader fails the save as a protocol error naming it, and
+ * nothing is published. */
+Test(peers, a_malformed_checksum_share_fails_the_save_naming_the_node) {
+  static const h_put puts[] = {BOX2(0, "w", "F32", 2, 4, 0, 0, 1, 4)};
+  h_script s = {.opts = cluster_opts("badsum", "ck/badsum", 1u << 20), .puts = puts, .nputs = 1, .seed = 60};
+  s.opts.nnodes = 2;
+  s.opts.world_size = 2;
+  s.opts.write_mode = "shared";
+  s.sh = h_shared_new();
+  pid_t pid = h_fork(peer_rank, 0, &s);
+  h_await_begun("badsum", 1);
+  int fd = tcp_connect(N[0].addr);
+  peer_login(fd, token_path, "fake1");
+  const char *tok = "0123456789abcdef";
+  char m[1024];
+  snprintf(m, sizeof m,
+           "{\"t\":\"join\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"nnodes\":2,\"world_size\":2,\"dir\":"
+           "\"ck/badsum\",\"prefix\":\"model\",\"max_shard_size\":1048576,\"overwrite\":false,\"write_mode\":\"shared\","
+           "\"metadata\":{},\"leader\":\"%s\",\"join_timeout\":30}",
+           tok, N[0].addr);
+  send_frame(fd, m);
+  snprintf(m, sizeof m, "{\"t\":\"began\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"rank\":1}", tok);
+  send_frame(fd, m);
+  snprintf(m, sizeof m,
+           "{\"t\":\"manifest\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":[{\"name\":\"w\","
+           "\"dtype\":\"F32\",\"shape\":[2,4],\"slices\":[[0,1,1,0,1,4]]}],\"files\":[]}",
+           tok);
+  send_frame(fd, m);
+  json_t *a = NULL;
+  while ((a = read_frame(fd)) && strcmp(json_string_value(json_object_get(a, "t")), "assign") != 0) json_decref(a);
+  cr_assert_not_null(a, "no assignment for the fake node");
+  json_t *files = json_object_get(a, "files");
+  cr_assert(json_is_true(json_object_get(a, "checksums")), "the leader asks for checksums");
+  cr_assert_eq(json_array_size(files), 1);
+  json_int_t data = json_integer_value(json_object_get(json_array_get(files, 0), "data"));
+  cr_assert_eq(data, 16, "its row of w");
+  snprintf(m, sizeof m,
+           "{\"t\":\"done\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"cid\":\"%s\",\"files\":[[0,16]],"
+           "\"sums\":[[0,\"not-hex!\"]]}",
+           tok, json_string_value(json_object_get(a, "cid")));
+  json_decref(a);
+  send_frame(fd, m);
+  h_reap(pid);
+  h_result *r = &s.sh->r[0];
+  cr_assert(r->waited && r->wrc != 0, "rank 0's save must fail (%s %s)", r->step, r->msg);
+  cr_assert(strstr(r->wmsg, "node 1 ('fake1'") && strstr(r->wmsg, "malformed checksum share"), "rank 0: %s", r->wmsg);
+  cr_assert(log_has(0, "failed (protocol_error)"), "the leader fails it as a protocol error");
+  h_expect_unpublished("ck/badsum");
+  close(fd);
+  h_shared_free(s.sh);
+}
