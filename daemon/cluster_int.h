@@ -156,7 +156,7 @@ typedef struct sd_csave {
   unsigned io;             /* ring requests and frame copies in flight */
   unsigned copies;         /* frames being filled from shared memory in the thread pool */
   uint64_t recv_expect;    /* bytes other nodes will send us */
-  struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer_staged.c) */
+  struct sd_xstaged *staged; /* its own blocks, on their way through staging (cluster_xfer_staged.c) */
   /* per files[] (NULL: the leader asked for no checksums): the XOR of the
    * CRC-32C shares (sd_checksum.h) of every data byte this node writes
    * into the file, against the file's end; headers never count. Reported

@@ -445,7 +445,9 @@ static int take_sums(sd_lead *L, uint32_t k, json_t *files, json_t *sums) {
     lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
     return -1;
   }
-  const char *bad = !json_is_array(sums) ? "no checksum shares" : json_array_size(sums) != n ? "checksum shares for other files than it wrote" : NULL;
+  const char *bad = !json_is_array(sums)           ? "no checksum shares"
+                    : json_array_size(sums) != n ? "checksum shares for other files than it wrote"
+                                                 : NULL;
   for (size_t i = 0; i < n && !bad; i++) {
     json_t *e = json_array_get(sums, i), *jf = json_array_get(e, 0);
     const char *hex = json_string_value(json_array_get(e, 1));

@@ -338,7 +338,8 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
   int rc = open_files(cs, files, plen, why, wn);
   if (rc) return rc;
   /* The leader's checksums setting decides for every node (absent: an older leader, none). */
-  if (json_is_true(json_object_get(h, "checksums")) && !(cs->sums = calloc(cs->nfiles ? cs->nfiles : 1, sizeof *cs->sums)))
+  if (json_is_true(json_object_get(h, "checksums")) &&
+      !(cs->sums = calloc(cs->nfiles ? cs->nfiles : 1, sizeof *cs->sums)))
     return SHARDD_E_NO_MEMORY;
 
   size_t nw = json_array_size(writes);

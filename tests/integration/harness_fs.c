@@ -171,8 +171,9 @@ size_t h_check_sums(const char *rel, int want) {
     cr_assert_str_eq(rec, got, "%s/%s: recorded %s, its data section's CRC-32C is %s", rel, cf->name, rec, got);
     checked++;
   }
-  if (want && c.index_name) cr_assert_eq(json_object_size(sums), c.nfiles, "%s records %zu checksums for %zu files", rel,
-                                         json_object_size(sums), c.nfiles);
+  if (want && c.index_name)
+    cr_assert_eq(json_object_size(sums), c.nfiles, "%s records %zu checksums for %zu files", rel,
+                 json_object_size(sums), c.nfiles);
   json_decref(idx);
   sd_ckpt_free(&c);
   return checked;

@@ -401,7 +401,9 @@ static const h_put inner_puts[] = {
      .count = {4, 33, 64}},
     {.rank = 4, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {4, 96, 64}, .boxed = 1, .start = {0, 73, 0},
      .count = {4, 23, 64}},
-    BOX2(1, "tail", "U8", 3, 7, 0, 0, 1, 7), BOX2(2, "tail", "U8", 3, 7, 1, 0, 1, 7), BOX2(5, "tail", "U8", 3, 7, 2, 0, 1, 7),
+    BOX2(1, "tail", "U8", 3, 7, 0, 0, 1, 7),
+    BOX2(2, "tail", "U8", 3, 7, 1, 0, 1, 7),
+    BOX2(5, "tail", "U8", 3, 7, 2, 0, 1, 7),
 };
 
 static void inner_sums(const char *mode, const char *save, uint64_t mss, uint64_t seed) {
