@@ -1,4 +1,4 @@
-/* Private to the cluster's files (cluster.c, cluster_base.c, cluster_node.c, cluster_xfer.c, and the leader's through cluster_lead_int.h): daemon-wide state, a node's part of a save, a leader's. */
+/* Private to the cluster's files (cluster.c, cluster_base.c, cluster_node.c, cluster_xfer*.c, and the leader's through cluster_lead_int.h): daemon-wide state, a node's part of a save, a leader's. */
 #ifndef SD_CLUSTER_INT_H
 #define SD_CLUSTER_INT_H
 
@@ -156,7 +156,12 @@ typedef struct sd_csave {
   unsigned io;             /* ring requests and frame copies in flight */
   unsigned copies;         /* frames being filled from shared memory in the thread pool */
   uint64_t recv_expect;    /* bytes other nodes will send us */
-  struct sd_xstaged *staged; /* files wholly of this node's bytes, on their way through staging (cluster_xfer.c) */
+  struct sd_xstaged *staged; /* its own blocks, on their way through staging (cluster_xfer_staged.c) */
+  /* per files[] (NULL: the leader asked for no checksums): the XOR of the
+   * CRC-32C shares (sd_checksum.h) of every data byte this node writes
+   * into the file, against the file's end; headers never count. Reported
+   * with done, for the leader to combine over the nodes. */
+  uint32_t *sums;
 
   uint64_t bytes_local, bytes_fwd, bytes_recv, bytes_written;
   uint64_t bytes_zero_copy;   /* of bytes_written: zero-copy from this node's ranks' segments (fileset.c) */
@@ -217,17 +222,28 @@ void sd_node_close_files(sd_csave *cs);
 void sd_node_remove_orphan_tmp(sd_csave *cs);
 
 /* ------------------------------------------------------------------------ *
- * cluster_xfer.c: the participant's bytes
+ * cluster_xfer_staged.c: the participant's own blocks, above cluster_xfer.c
  * ------------------------------------------------------------------------ */
 /* Once the assignment is taken: files made only of this node's own bytes
  * (header and local slices) go through the writer's staging with O_DIRECT,
  * as a single-node save's do; the headers of the rest are queued. 0 or a
  * SHARDD_E_* code. */
 int sd_xfer_begin(sd_csave *cs, sd_error *err);
+
+/* ------------------------------------------------------------------------ *
+ * cluster_xfer.c: the participant's bytes through the ring
+ * ------------------------------------------------------------------------ */
 /* Issues what the window and the ring allow, fsyncs finished files, reports done. */
 void sd_xfer_progress(sd_csave *cs);
 /* A data frame for this save: checked, then written in place. */
 void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb);
+/* Queues the header bytes that fall outside own blocks (f->own known). 0, or -1 out of memory. */
+int sd_xfer_queue_headers(sd_csave *cs);
+/* A rank of this node whose segment is now shorter than when it was
+ * attached (a write from it faulted, or a read came up short): that rank's
+ * doing, out_of_range naming its region, rather than a disk error. 1 when
+ * the save failed so (cs may be gone). */
+int sd_xfer_fail_if_shrunk(sd_csave *cs);
 
 /* ------------------------------------------------------------------------ *
  * cluster_lead.c: the leader

@@ -149,6 +149,7 @@ static void send_assign(sd_lead *L, uint32_t k) {
   json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o,s:o}", "t", "assign", "tmp", L->tmp, "nfiles", (json_int_t)nf,
                         "write_mode", L->mode == SD_WRITE_SHARED ? "shared" : "owner", "files", files, "writes",
                         writes, "peers", peers);
+  if (m && L->sums) json_object_set_new(m, "checksums", json_true());
   to_node(L, k, m, payload, plen);
   free(payload);
 }
@@ -323,12 +324,18 @@ static void plan_now(sd_lead *L) {
     return;
   }
   sd_error err = {0};
-  sd_plan_opts o = {.max_shard_size = L->mss, .prefix = L->prefix, .metadata = L->md, .nmetadata = L->nmd};
+  /* The leader's checksums setting decides for the save; the assignments tell the nodes. */
+  sd_plan_opts o = {.max_shard_size = L->mss, .prefix = L->prefix, .metadata = L->md, .nmetadata = L->nmd,
+                    .checksums = L->cl->d->cfg ? L->cl->d->cfg->checksums : 1};
   if (sd_cplan_build(&L->man, L->nnodes, L->mode, &o, &L->plan, &err) != 0) {
     lead_fail(L, &err);
     return;
   }
   L->planned = 1;
+  if (L->plan.plan.checksums && !(L->sums = calloc(L->plan.plan.nfiles ? L->plan.plan.nfiles : 1, sizeof *L->sums))) {
+    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
+    return;
+  }
   L->tmp = sd_cl_tmp_name(L->cl, L->dir, L->id);
   if (!L->tmp) {
     lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
@@ -428,6 +435,57 @@ static void on_manifest(sd_lead *L, uint32_t k, json_t *h) {
   if (L->nsealed == L->ws) plan_now(L);
 }
 
+/* Node k's checksum shares, one [file, 8 hex] per entry of its files (in
+ * that order), XORed into the save's. A missing or malformed one fails the
+ * save as a protocol error naming the node: its checksums cannot be trusted. */
+static int take_sums(sd_lead *L, uint32_t k, json_t *files, json_t *sums) {
+  size_t n = json_array_size(files);
+  uint32_t *v = malloc((n ? n : 1) * sizeof *v);
+  if (!v) {
+    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
+    return -1;
+  }
+  const char *bad = !json_is_array(sums)           ? "no checksum shares"
+                    : json_array_size(sums) != n ? "checksum shares for other files than it wrote"
+                                                 : NULL;
+  for (size_t i = 0; i < n && !bad; i++) {
+    json_t *e = json_array_get(sums, i), *jf = json_array_get(e, 0);
+    const char *hex = json_string_value(json_array_get(e, 1));
+    if (json_array_size(e) != 2 || !json_is_integer(jf) || !hex || sd_crc32c_parse(hex, &v[i]) != 0)
+      bad = "a malformed checksum share";
+    else if (json_integer_value(jf) != json_integer_value(json_array_get(json_array_get(files, i), 0)))
+      bad = "checksum shares for other files than it wrote";
+  }
+  if (bad) {
+    free(v);
+    lead_failf(L, SHARDD_E_PROTOCOL, "save '%s': node %u ('%s', %s) reported %s", L->id, k, L->nodes[k].name,
+               L->nodes[k].addr, bad);
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) L->sums[json_integer_value(json_array_get(json_array_get(files, i), 0))] ^= v[i];
+  free(v);
+  return 0;
+}
+
+/* Every node reported: each file's CRC from the XOR of the shares and its
+ * data length, into the index (written by JOB_FINISH) or, for a single
+ * file, into sum_hex for JOB_FINISH to write over its header's placeholder. */
+static int put_sums(sd_lead *L) {
+  sd_plan *plan = &L->plan.plan;
+  for (size_t f = 0; f < plan->nfiles; f++)
+    L->sums[f] = sd_crc32c_final(L->sums[f], plan->files[f].file_size - plan->files[f].header_size);
+  if (plan->needs_index) {
+    sd_error err;
+    if (sd_index_put_sums(L->plan.index_json, L->plan.index_len, plan, L->sums, &err) != 0) {
+      lead_fail(L, &err);
+      return -1;
+    }
+  } else if (plan->nfiles == 1 && plan->files[0].sum_at) {
+    sd_crc32c_hex(L->sums[0], L->sum_hex);
+  }
+  return 0;
+}
+
 static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   if (L->state != L_WRITE || L->nodes[k].done) {
     lead_failf(L, SHARDD_E_INTERNAL, "save '%s': node %u reported out of turn", L->id, k);
@@ -460,6 +518,7 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
       return;
     }
   }
+  if (L->sums && take_sums(L, k, files, json_object_get(h, "sums")) != 0) return;
   lnode *n = &L->nodes[k];
   n->done = 1;
   n->b_local = (uint64_t)json_integer_value(json_object_get(h, "local"));
@@ -470,6 +529,7 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   L->ndone++;
   sd_log_debug("save '%s': node %u is durable (%u of %u)", L->id, k, L->ndone, L->nnodes);
   if (L->ndone == L->nnodes) {
+    if (L->sums && put_sums(L) != 0) return;
     L->state = L_FINISH;
     start_job(L, JOB_FINISH);
   }

@@ -1,4 +1,4 @@
-/* The leader's folder work on worker threads: temporary folder and sized shard files; then its own files (artifacts, index) written by the writer as a publish's, the owner and the publish. */
+/* The leader's folder work on worker threads: temporary folder and sized shard files; then a single file's checksum over its header's placeholder, its own files (artifacts, index) written by the writer as a publish's, the owner and the publish. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -60,6 +60,24 @@ static int job_prepare(fsjob *j) {
   return rc;
 }
 
+/* A single-file checkpoint's checksum, over the placeholder its owner wrote
+ * in the header, durable before the folder is published. */
+static int put_header_sum(fsjob *j) {
+  sd_lead *L = j->L;
+  const sd_plan_file *pf = &L->plan.plan.files[0];
+  int fd = sd_openat_beneath(j->tfd, pf->name, O_WRONLY, 0);
+  if (fd < 0)
+    return sd_fail(&j->err, sd_err_from_errno(-fd), "cannot open %s/%s to record its checksum: %s", L->dir, pf->name,
+                   strerror(-fd));
+  ssize_t w = pwrite(fd, L->sum_hex, SD_CHECKSUM_HEX, (off_t)pf->sum_at);
+  int e = w < 0 ? errno : w != SD_CHECKSUM_HEX ? EIO : fsync(fd) != 0 ? errno : 0;
+  close(fd);
+  if (e)
+    return sd_fail(&j->err, sd_err_from_errno(e), "%s/%s: recording its checksum failed: %s", L->dir, pf->name,
+                   strerror(e));
+  return 0;
+}
+
 /* Every node's files are durable: the leader's own (artifacts and index)
  * are made here, empty, for the writer to write and fsync as a publish's. */
 static int finish_open(fsjob *j) {
@@ -68,6 +86,7 @@ static int finish_open(fsjob *j) {
   sd_crash_point("lead_index"); /* tests: every node is durable, the index not yet written */
   j->tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
   if (j->tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-j->tfd));
+  if (L->sum_hex[0] && put_header_sum(j) != 0) return err->code;
   size_t n = L->man.nfiles + (L->plan.plan.needs_index ? 1 : 0);
   j->fds = malloc((n ? n : 1) * sizeof *j->fds);
   j->names = malloc((n ? n : 1) * sizeof *j->names);

@@ -4,6 +4,7 @@
 
 #include "cluster_int.h"
 #include "pubfill.h"
+#include "sd_checksum.h"
 
 typedef enum { L_COLLECT, L_PREPARE, L_WRITE, L_FINISH, L_FAILED } lstate;
 enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
@@ -39,6 +40,12 @@ typedef struct sd_lead {
   sd_cmanifest man;
   sd_cplan plan;
   int planned;
+  /* plan.plan.checksums: per plan file, the XOR of the shares every node
+   * reported with done; once all are in, the CRCs fill the index's
+   * placeholders, or sum_hex those of a single file's header (written over
+   * it in the temporary folder by JOB_FINISH) */
+  uint32_t *sums;
+  char sum_hex[SD_CHECKSUM_HEX + 1];
   char *tmp;
   lstate state;
   int busy;                /* a file-system job is running in the thread pool */

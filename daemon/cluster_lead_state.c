@@ -10,6 +10,8 @@
 void sd_lead_release_plan(sd_lead *L) {
   if (L->planned) sd_cplan_free(&L->plan);
   L->planned = 0;
+  free(L->sums);
+  L->sums = NULL;
   sd_cmanifest_free(&L->man);
   free(L->rank_node);
   L->rank_node = NULL;

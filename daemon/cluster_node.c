@@ -200,6 +200,7 @@ void sd_node_free(sd_csave *cs) {
     r = n;
   }
   free(cs->fmap);
+  free(cs->sums);
   free(cs->hdrs);
   free(cs->ops);
   free(cs->slices);
@@ -336,6 +337,10 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
   for (uint64_t i = 0; i < nf; i++) cs->fmap[i] = -1;
   int rc = open_files(cs, files, plen, why, wn);
   if (rc) return rc;
+  /* The leader's checksums setting decides for every node (absent: an older leader, none). */
+  if (json_is_true(json_object_get(h, "checksums")) &&
+      !(cs->sums = calloc(cs->nfiles ? cs->nfiles : 1, sizeof *cs->sums)))
+    return SHARDD_E_NO_MEMORY;
 
   size_t nw = json_array_size(writes);
   uint64_t data_total = 0, local_total = 0;

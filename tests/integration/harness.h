@@ -190,6 +190,11 @@ uint8_t *h_read_tensor(const char *rel, const char *name, size_t *len);
 void h_check_script(const h_script *s);
 /* Asserts tensor `name` in ROOT/rel holds exactly len bytes equal to want. */
 void h_check_bytes(const char *rel, const char *name, const void *want, size_t len);
+/* The data checksums recorded in ROOT/rel (sd_checksum.h: the index's
+ * metadata, or a single file's __metadata__): with want, every shard file
+ * has one and it is the CRC-32C of the file's data section as read back
+ * from disk; without, none is recorded. Returns the shard files checked. */
+size_t h_check_sums(const char *rel, int want);
 
 /* ------------------------------------------------------------------------ *
  * Tools and the file system

@@ -6,7 +6,8 @@ namespace (veth pairs on a bridge in a fourth), ranks run inside their
 host's namespace, and the network misbehaves:
 
   lossy      1% of packets dropped on every host (nft numgen) on a link
-             limited to 200 Mbit/s (tbf): the save completes byte-exact
+             limited to 200 Mbit/s (tbf): the save completes byte-exact,
+             its recorded checksum that of the bytes on disk
   partition  host 2 cut off (nft drops everything) while its rank holds its
              seal: every rank on every host fails within the peer timeout,
              nothing is published, the earlier checkpoint is untouched, and
@@ -38,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python", "tests"))
 import suite  # noqa: E402
 from shardd_daemon import Daemon  # noqa: E402
+from st_reader import checked_checksums  # noqa: E402
 
 PEER_TIMEOUT = 3
 SUBNET = "10.213.7."
@@ -234,6 +236,8 @@ class Hosts(unittest.TestCase):
         self.assertEqual(sorted(got), sorted(want))
         for k, v in want.items():
             self.assertTrue(np.array_equal(got[k], v), k)
+        # One file (its checksum in its header), rows from all three hosts forwarded to its owner.
+        self.assertEqual(list(checked_checksums(os.path.join(self.root, dir))), ["model.safetensors"])
 
     def snapshot(self, dir):
         path = os.path.join(self.root, dir)

@@ -97,6 +97,7 @@ Test(peers, pipeline_layout_writes_every_file_locally) {
   h_expect_committed(&s);
   h_check_script(&s);
   cr_assert_eq(s.sh->r[0].res.files, 4, "3 shards and the index");
+  cr_assert_eq(h_check_sums("ck/pipe", 1), 3);
   totals t = report("pipeline", ckpt_data("ck/pipe"));
   cr_assert_eq(t.fwd, 0, "a pipeline layout forwards nothing (%llu bytes were)", (unsigned long long)t.fwd);
   for (int i = 0; i < NODES; i++) cr_assert_eq(node_totals(i).local, 1024, "node %d writes its two layers", i);
@@ -167,6 +168,7 @@ static void own_files_staged(const char *mode, const char *save, const char *dir
   h_check_script(&s);
   totals t = report(save, ckpt_data(dir));
   cr_assert_eq(t.fwd, 0);
+  cr_assert_geq(h_check_sums(dir, 1), 3, "every node's own file, hashed by its file set");
   char probe[4096];
   h_path(probe, sizeof probe, ".direct-probe");
   int fd = open(probe, O_CREAT | O_WRONLY | O_DIRECT, 0600);
@@ -206,6 +208,8 @@ Test(peers, a_file_mixing_own_and_forwarded_bytes_goes_direct_where_it_can) {
   h_check_script(&s);
   totals t = report("mixed", ckpt_data("ck/mixed"));
   cr_assert_gt(t.fwd, 0, "the small tensors are forwarded to node 0");
+  /* one file: own regions, a mixed block and forwarded bytes, its checksum in its header */
+  cr_assert_eq(h_check_sums("ck/mixed", 1), 1);
   uint64_t direct = metric(0, "write_bytes_odirect") - direct0, buffered = metric(0, "write_bytes_buffered") - buffered0;
   cr_assert_gt(buffered, 0, "node 0 wrote the shared last block through the page cache");
   char probe[4096];
@@ -248,6 +252,7 @@ Test(peers, split_tensors_are_forwarded_to_the_file_owner) {
   h_check_script(&s);
   uint64_t data = ckpt_data("ck/split");
   totals t = report("split", data);
+  cr_assert_gt(h_check_sums("ck/split", 1), 1);
   cr_assert_gt(t.fwd, 0, "slices of other nodes' files must be forwarded");
   /* Files that take other nodes' bytes go through the page cache, in the same writer counters. */
   uint64_t counted = 0;
@@ -273,6 +278,7 @@ Test(peers, shared_write_mode_forwards_nothing) {
   h_check_script(&s);
   totals t = report("shared", ckpt_data("ck/shared"));
   cr_assert_eq(t.fwd, 0);
+  cr_assert_gt(h_check_sums("ck/shared", 1), 1);
   h_shared_free(s.sh);
 }
 
@@ -306,6 +312,7 @@ static void run_empty(const char *save, const char *mode) {
   cr_assert_eq(s.sh->r[3].shm[0], 0, "rank 3 created no arena");
   totals t = report(mode, ckpt_data(save));
   if (!strcmp(mode, "shared")) cr_assert_eq(t.fwd, 0);
+  h_check_sums(save, 1);
   h_shared_free(s.sh);
 }
 
@@ -335,6 +342,7 @@ Test(peers, replicas_across_nodes_are_written_once_where_held) {
   uint64_t data = ckpt_data("ck/dp");
   cr_assert_eq(data, 256 + 64 + 64 + 64, "every replica is written once (%llu bytes)", (unsigned long long)data);
   totals t = report("replicas", data);
+  h_check_sums("ck/dp", 1);
   /* Only the file holding x (nodes 0, 1) and y (node 2) has bytes no single node holds. */
   cr_assert_leq(t.fwd, 64, "%llu bytes forwarded", (unsigned long long)t.fwd);
   h_shared_free(s.sh);
@@ -364,8 +372,132 @@ Test(peers, large_forwarded_save_and_two_in_flight) {
   h_check_script(&b);
   uint64_t data = ckpt_data("ck/big") + ckpt_data("ck/side");
   totals t = report("large+side", data);
+  h_check_sums("ck/big", 1);
+  h_check_sums("ck/side", 1);
   printf("peers large save: %.1f MiB in %.2f s end to end (ranks included)\n", (double)data / 1048576.0, secs);
   cr_assert_gt(t.fwd, 16u << 20);
   h_shared_free(a.sh);
   h_shared_free(b.sh);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Checksums: each node hashes the bytes it writes (its own blocks in its
+ * file set, mixed blocks' pieces from its ranks' memory, forwarded bytes
+ * from the frame they came in), the leader combines the shares
+ * ------------------------------------------------------------------------ */
+/* Columns and an inner dimension split over all six ranks, so every block
+ * of those files mixes bytes of all three nodes; rows too, so owners also
+ * have blocks of their own; an odd-sized tail. */
+static const h_put inner_puts[] = {
+    BOX2(0, "cols.w", "F32", 512, 768, 0, 0, 512, 128),   BOX2(1, "cols.w", "F32", 512, 768, 0, 128, 512, 128),
+    BOX2(2, "cols.w", "F32", 512, 768, 0, 256, 512, 128), BOX2(3, "cols.w", "F32", 512, 768, 0, 384, 512, 128),
+    BOX2(4, "cols.w", "F32", 512, 768, 0, 512, 512, 128), BOX2(5, "cols.w", "F32", 512, 768, 0, 640, 512, 128),
+    BOX2(0, "rows.w", "BF16", 1536, 512, 0, 0, 256, 512),    BOX2(1, "rows.w", "BF16", 1536, 512, 256, 0, 256, 512),
+    BOX2(2, "rows.w", "BF16", 1536, 512, 512, 0, 256, 512),  BOX2(3, "rows.w", "BF16", 1536, 512, 768, 0, 256, 512),
+    BOX2(4, "rows.w", "BF16", 1536, 512, 1024, 0, 256, 512), BOX2(5, "rows.w", "BF16", 1536, 512, 1280, 0, 256, 512),
+    {.rank = 0, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {4, 96, 64}, .boxed = 1, .start = {0, 0, 0},
+     .count = {4, 40, 64}},
+    {.rank = 3, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {4, 96, 64}, .boxed = 1, .start = {0, 40, 0},
+     .count = {4, 33, 64}},
+    {.rank = 4, .name = "mlp.w", .dtype = "F16", .ndim = 3, .shape = {4, 96, 64}, .boxed = 1, .start = {0, 73, 0},
+     .count = {4, 23, 64}},
+    BOX2(1, "tail", "U8", 3, 7, 0, 0, 1, 7),
+    BOX2(2, "tail", "U8", 3, 7, 1, 0, 1, 7),
+    BOX2(5, "tail", "U8", 3, 7, 2, 0, 1, 7),
+};
+
+static void inner_sums(const char *mode, const char *save, uint64_t mss, uint64_t seed) {
+  h_script s = {.opts = cluster_opts(save, save, mss), .puts = inner_puts,
+                .nputs = sizeof inner_puts / sizeof inner_puts[0], .seed = seed};
+  s.opts.write_mode = mode;
+  run_ranks(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  totals t = report(save, ckpt_data(save));
+  if (!strcmp(mode, "shared")) cr_assert_eq(t.fwd, 0);
+  else cr_assert_gt(t.fwd, 0);
+  size_t n = h_check_sums(save, 1);
+  if (mss) cr_assert_geq(n, 3, "%zu shard files", n);
+  else cr_assert_eq(n, 1, "one file: its checksum is in its header");
+  h_shared_free(s.sh);
+}
+
+Test(peers, checksums_of_inner_splits_owner_mode) { inner_sums("owner", "sum-owner", 1u << 20, 51); }
+Test(peers, checksums_of_inner_splits_shared_mode) { inner_sums("shared", "sum-shared", 1u << 20, 52); }
+Test(peers, checksum_of_a_single_file_owner_mode) { inner_sums("owner", "sum-one", 0, 53); }
+Test(peers, checksum_of_a_single_file_shared_mode) { inner_sums("shared", "sum-one-shared", 0, 54); }
+
+/* The leader's setting decides: with its checksums off nothing is recorded,
+ * though the other nodes have theirs on. */
+Test(peers, the_leaders_checksums_off_records_none) {
+  h_daemon_stop(&N[0].d);
+  static const char *const off[] = {"--checksums=off", NULL};
+  start_node_with(0, token_path, off);
+  snprintf(H.sock, sizeof H.sock, "%s", N[0].d.sock);
+  for (int k = 0; k < 2; k++) {
+    const char *save = k ? "off-one" : "off-many";
+    h_script s = {.opts = cluster_opts(save, save, k ? 0 : 1u << 20), .puts = inner_puts,
+                  .nputs = sizeof inner_puts / sizeof inner_puts[0], .seed = 55 + (uint64_t)k};
+    run_ranks(&s);
+    h_expect_committed(&s);
+    h_check_script(&s);
+    h_check_sums(save, 0);
+    h_shared_free(s.sh);
+  }
+}
+
+/* A node whose done carries a malformed checksum share (here a raw peer
+ * client standing in for node 1 of two, shared mode, so it need not
+ * forward): the leader fails the save as a protocol error naming it, and
+ * nothing is published. */
+Test(peers, a_malformed_checksum_share_fails_the_save_naming_the_node) {
+  static const h_put puts[] = {BOX2(0, "w", "F32", 2, 4, 0, 0, 1, 4)};
+  h_script s = {.opts = cluster_opts("badsum", "ck/badsum", 1u << 20), .puts = puts, .nputs = 1, .seed = 60};
+  s.opts.nnodes = 2;
+  s.opts.world_size = 2;
+  s.opts.write_mode = "shared";
+  s.sh = h_shared_new();
+  pid_t pid = h_fork(peer_rank, 0, &s);
+  h_await_begun("badsum", 1);
+  int fd = tcp_connect(N[0].addr);
+  peer_login(fd, token_path, "fake1");
+  const char *tok = "0123456789abcdef";
+  char m[1024];
+  snprintf(m, sizeof m,
+           "{\"t\":\"join\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"nnodes\":2,\"world_size\":2,\"dir\":"
+           "\"ck/badsum\",\"prefix\":\"model\",\"max_shard_size\":1048576,\"overwrite\":false,\"write_mode\":\"shared\","
+           "\"metadata\":{},\"leader\":\"%s\",\"join_timeout\":30}",
+           tok, N[0].addr);
+  send_frame(fd, m);
+  snprintf(m, sizeof m, "{\"t\":\"began\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"rank\":1}", tok);
+  send_frame(fd, m);
+  snprintf(m, sizeof m,
+           "{\"t\":\"manifest\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":[{\"name\":\"w\","
+           "\"dtype\":\"F32\",\"shape\":[2,4],\"slices\":[[0,1,1,0,1,4]]}],\"files\":[]}",
+           tok);
+  send_frame(fd, m);
+  json_t *a = NULL;
+  while ((a = read_frame(fd)) && strcmp(json_string_value(json_object_get(a, "t")), "assign") != 0) json_decref(a);
+  cr_assert_not_null(a, "no assignment for the fake node");
+  json_t *files = json_object_get(a, "files");
+  cr_assert(json_is_true(json_object_get(a, "checksums")), "the leader asks for checksums");
+  cr_assert_eq(json_array_size(files), 1);
+  json_int_t data = json_integer_value(json_object_get(json_array_get(files, 0), "data"));
+  cr_assert_eq(data, 16, "its row of w");
+  snprintf(m, sizeof m,
+           "{\"t\":\"done\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"cid\":\"%s\",\"files\":[[0,16]],"
+           "\"sums\":[[0,\"not-hex!\"]]}",
+           tok, json_string_value(json_object_get(a, "cid")));
+  json_decref(a);
+  send_frame(fd, m);
+  h_reap(pid);
+  h_result *r = &s.sh->r[0];
+  cr_assert(r->waited && r->wrc != 0, "rank 0's save must fail (%s %s)", r->step, r->msg);
+  cr_assert(strstr(r->wmsg, "node 1 ('fake1'") && strstr(r->wmsg, "malformed checksum share"), "rank 0: %s", r->wmsg);
+  cr_assert(log_has(0, "failed (protocol_error)"), "the leader fails it as a protocol error");
+  /* the leader removes its folder once the rank has heard */
+  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_expect_unpublished("ck/badsum");
+  close(fd);
+  h_shared_free(s.sh);
 }

@@ -86,3 +86,53 @@ def data_crc32c(path):
         for block in iter(lambda: f.read(16 << 20), b""):
             crc = crc32c.crc32c(block, crc)
     return "%08x" % crc
+
+
+CHECKSUM_KEY = "shardd_data_crc32c"
+_CRC32C_TABLE = []
+
+
+def crc32c(data):
+    """The standard CRC-32C (Castagnoli) of bytes: the crc32c package where it is installed (the
+    project's venv), else a table in pure Python (about a second for a few MiB)."""
+    try:
+        import crc32c as fast
+        return fast.crc32c(data)
+    except ImportError:
+        pass
+    if not _CRC32C_TABLE:
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            _CRC32C_TABLE.append(c)
+    t, crc = _CRC32C_TABLE, 0xFFFFFFFF
+    for b in data:
+        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def checked_checksums(folder):
+    """{shard file: 8 hex digits} as shardd recorded them (the index's metadata, or a single file's
+    __metadata__), each asserted equal to the CRC-32C of that file's data section on disk."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            j = json.load(f)
+        files = sorted(set(j["weight_map"].values()))
+        rec = j.get("metadata", {}).get(CHECKSUM_KEY)
+        assert isinstance(rec, dict), "%s records no checksums: %r" % (index, j.get("metadata"))
+        assert sorted(rec) == files, "%s: checksums for %s, shards %s" % (index, sorted(rec), files)
+    else:
+        files, rec = ["model.safetensors"], {}
+    out = {}
+    for fn in files:
+        with open(os.path.join(folder, fn), "rb") as f:
+            blob = f.read()
+        (n,) = struct.unpack("<Q", blob[:8])
+        if not os.path.exists(index):
+            rec[fn] = json.loads(blob[8:8 + n].decode("utf-8")).get("__metadata__", {}).get(CHECKSUM_KEY)
+        got = "%08x" % crc32c(blob[8 + n:])
+        assert rec[fn] == got, "%s/%s: recorded checksum %r, its data section's CRC-32C is %s" % (folder, fn, rec[fn], got)
+        out[fn] = got
+    return out

@@ -32,11 +32,8 @@ from test_binding import WAIT, Daemon  # noqa: E402  (exits 77 without numpy)
 import numpy as np  # noqa: E402
 
 import shardd  # noqa: E402
+from st_reader import crc32c  # noqa: E402  (the crc32c package, else a table in pure Python)
 
-try:
-    import crc32c as _crc32c_pkg
-except ImportError:
-    _crc32c_pkg = None
 try:
     import torch
     import shardd.torch as st
@@ -49,29 +46,6 @@ F = ["model-%05d-of-00003.safetensors" % i for i in (1, 2, 3)]
 D = None       # the daemon under test, checksums on (the default)
 D_OFF = None   # one started with --checksums=off
 COUNTS = {"tried": 0, "caught": 0}
-
-
-def _table():
-    t = []
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-        t.append(c)
-    return t
-
-
-_T = _table()
-
-
-def crc32c(data):
-    """The standard CRC-32C, from the crc32c package when it is there."""
-    if _crc32c_pkg is not None:
-        return _crc32c_pkg.crc32c(data)
-    c = 0xFFFFFFFF
-    for b in data:
-        c = _T[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
 
 
 def header(path):
