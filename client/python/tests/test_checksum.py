@@ -16,6 +16,7 @@ before filling anything.
 Environment as test_binding.py (SHARDD_BIN, SHARDCTL, LIBSHARDD, PYTHONPATH).
 Prints the corruption counts and "N passed, N failed" last.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -417,7 +418,8 @@ def main():
         if rc != 0 or failed:
             print("shardd exited %d; its log:\n%s" % (rc, d.final_log))
     failed += sum(rc != 0 for rc in rcs)
-    print("oracle: %s" % ("the crc32c package" if _crc32c_pkg else "a table-driven CRC-32C (no crc32c package)"))
+    print("oracle: %s" % ("the crc32c package" if importlib.util.find_spec("crc32c") else
+                          "a table-driven CRC-32C (no crc32c package)"))
     print("checksum: %d corruptions tried, %d caught" % (COUNTS["tried"], COUNTS["caught"]))
     failed += COUNTS["tried"] != COUNTS["caught"]
     print("%d passed, %d failed" % (passed, failed))
