@@ -36,13 +36,13 @@ fi
 # Build: the proto sources the targets use, plus the daemon's pure path
 # checks and peer frames and login, instrumented; each target links them directly.
 # ------------------------------------------------------------------------
-# All of proto/ (the sdcore library: pure, jansson only), so a new file there needs no edit here.
+# All of proto/ (the sdcore library: pure, jansson and ISA-L's CRC only), so a new file there needs no edit here.
 proto_srcs=()
 for f in proto/*.c; do proto_srcs+=("$(basename "$f" .c)"); done
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 cflags=(-std=gnu11 -g -O1 -Wall -Wextra -Iinclude -Iproto -Idaemon -D_GNU_SOURCE
         $(pkg-config --cflags jansson) $(pkg-config --cflags libuv) $(pkg-config --cflags libcrypto))
-libs=($(pkg-config --libs jansson) $(pkg-config --libs libcrypto) -lm)
+libs=($(pkg-config --libs jansson) $(pkg-config --libs libcrypto) $(pkg-config --libs libisal 2>/dev/null || echo -lisal) -lm)
 daemon_srcs=(pathsafe peer_frame peer_auth)
 
 # Everything is recompiled when any source or header they include changed
