@@ -2,12 +2,14 @@
 # Three hosts in network namespaces on one bridge, one daemon each, one shared root: loss, partitions, frozen nodes.
 """Every multi-node test elsewhere runs on loopback, where a lost node is a
 reset connection at once. Here each daemon lives in its own network
-namespace (veth pairs on a bridge in a fourth), ranks run inside their
-host's namespace, and the network misbehaves:
+namespace, whose eth0 is a TAP device of a userspace switch (`--switch`, a
+process of this file that forwards Ethernet frames between the hosts and
+can hold each one a while), ranks run inside their host's namespace, and
+the network misbehaves:
 
-  lossy      1% of packets dropped on every host (nft numgen) on a link
-             limited to 200 Mbit/s (tbf): the save completes byte-exact,
-             its recorded checksum that of the bytes on disk
+  lossy      20 ms each way (the switch), 1% of packets dropped on every
+             host (nft numgen) and 200 Mbit/s (tbf): the save completes
+             byte-exact, its recorded checksum that of the bytes on disk
   partition  host 2 cut off (nft drops everything) while its rank holds its
              seal: every rank on every host fails within the peer timeout,
              nothing is published, the earlier checkpoint is untouched, and
@@ -19,9 +21,11 @@ host's namespace, and the network misbehaves:
              nothing is half-published, and once healed the next save works
 
 This kernel has no netem (CONFIG_NET_SCH_NETEM is not set: `tc qdisc add ...
-netem` says "Specified qdisc kind is unknown"), so latency is not emulated;
-the loss and the bandwidth limit are. Needs root, iproute2 and nftables;
-exits 77 (skipped, for meson) with the reason otherwise.
+netem` says "Specified qdisc kind is unknown"), nor fq for timestamped
+departures, so the latency is the switch's: a frame is written to the other
+host's TAP 20 ms after it was read from the sender's. Needs root, iproute2,
+nftables and /dev/net/tun; exits 77 (skipped, for meson) with the reason
+otherwise.
 
 Environment as for client/python/tests/test_binding.py. `--rank JSON` is one rank.
 """
@@ -53,6 +57,8 @@ def sh(*cmd, check=True):
 def can_run():
     if os.geteuid() != 0:
         return "needs root (ip netns, veth, nft)"
+    if not os.path.exists("/dev/net/tun"):
+        return "no /dev/net/tun (the switch between the hosts is made of TAP devices)"
     for tool in ("ip", "nft", "tc"):
         if not shutil.which(tool):
             return "%s is missing (Debian: iproute2, nftables)" % tool
@@ -65,30 +71,42 @@ def can_run():
 
 
 class Net:
-    """A switch namespace with a bridge and three hosts on it, 10.213.7.1-3/24."""
+    """Three hosts, 10.213.7.1-3/24, whose eth0 is a TAP device held by the switch process: a
+    userspace link that forwards Ethernet frames between them and can hold each one a while."""
 
     def __init__(self, hosts=3):
         tag = "sdt%d" % (os.getpid() % 100000)
-        self.sw = tag + "-sw"
         self.hosts = ["%s-h%d" % (tag, i) for i in range(hosts)]
-        sh("ip", "netns", "add", self.sw)
-        self.ns(self.sw, "ip", "link", "add", "br0", "type", "bridge")
-        self.ns(self.sw, "ip", "link", "set", "br0", "up")
-        for i, h in enumerate(self.hosts):
+        for h in self.hosts:
             sh("ip", "netns", "add", h)
             self.ns(h, "ip", "link", "set", "lo", "up")
-            sh("ip", "link", "add", "%s-a" % h[-6:], "type", "veth", "peer", "name", "%s-b" % h[-6:])
-            sh("ip", "link", "set", "%s-a" % h[-6:], "netns", h, "name", "eth0")
-            sh("ip", "link", "set", "%s-b" % h[-6:], "netns", self.sw)
+        self.switch = subprocess.Popen([sys.executable, __file__, "--switch"] + self.hosts, stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+        line = self.switch.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError("the switch did not start: %r" % line)
+        for i, h in enumerate(self.hosts):
             self.ns(h, "ip", "addr", "add", "%s%d/24" % (SUBNET, i + 1), "dev", "eth0")
             self.ns(h, "ip", "link", "set", "eth0", "up")
-            self.ns(self.sw, "ip", "link", "set", "%s-b" % h[-6:], "master", "br0")
-            self.ns(self.sw, "ip", "link", "set", "%s-b" % h[-6:], "up")
             self.ns(h, "nft", "add", "table", "inet", "shardd")
             self.ns(h, "nft", "add", "chain", "inet", "shardd", "in",
                     "{ type filter hook input priority 0; }")
             self.ns(h, "nft", "add", "chain", "inet", "shardd", "out",
                     "{ type filter hook output priority 0; }")
+
+    def delay(self, ms):
+        """Every frame from now on reaches the other host ms milliseconds after it was sent."""
+        self.switch.stdin.write("delay %g\n" % ms)
+        self.switch.stdin.flush()
+        if self.switch.stdout.readline().strip() != "ok":
+            raise RuntimeError("the switch did not take the delay")
+
+    def rtt_ms(self, i, j, port):
+        """The shortest of 5 TCP connects from host i to host j's port (one round trip each), in ms."""
+        probe = ("import socket, time\nbest = 1e9\nfor _ in range(5):\n    t = time.monotonic()\n"
+                 "    socket.create_connection((%r, %d), 10).close()\n    best = min(best, time.monotonic() - t)\n"
+                 "print(best * 1000)" % (self.addr(j), port))
+        return float(self.ns(self.hosts[i], sys.executable, "-c", probe).stdout)
 
     @staticmethod
     def ns(name, *cmd):
@@ -114,13 +132,75 @@ class Net:
                     "latency", "100ms")
 
     def clean(self):
+        self.delay(0)
         for i, h in enumerate(self.hosts):
             self.heal(i)
             sh("ip", "netns", "exec", h, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
     def close(self):
-        for h in self.hosts + [self.sw]:
+        self.switch.stdin.close()  # its end: the TAP devices go with it
+        self.switch.wait(10)
+        for h in self.hosts:
             sh("ip", "netns", "del", h, check=False)
+
+
+def switch_main(hosts):
+    """The link between the hosts (run as `--switch NS...`): a TAP device named eth0 in each host's
+    namespace, frames forwarded by destination MAC (flooded until it is learnt), each one written
+    out `delay` after it was read. This kernel has no netem, so the latency lives here. stdin takes
+    `delay MS` lines (answered `ok`); its end stops the switch."""
+    import ctypes
+    import fcntl
+    import heapq
+    import select
+    import struct
+
+    CLONE_NEWNET, TUNSETIFF, IFF_TAP, IFF_NO_PI = 0x40000000, 0x400454CA, 0x0002, 0x1000
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/self/ns/net", os.O_RDONLY)
+    taps = []
+    for h in hosts:
+        ns = os.open("/var/run/netns/" + h, os.O_RDONLY)
+        if libc.setns(ns, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns " + h)
+        fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
+        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", b"eth0", IFF_TAP | IFF_NO_PI))
+        taps.append(fd)
+        os.close(ns)
+    libc.setns(home, CLONE_NEWNET)
+    print("ready", flush=True)
+    where, queue, seq, delay = {}, [], 0, 0.0
+    while True:
+        wait = max(0.0, queue[0][0] - time.monotonic()) if queue else None
+        ready, _, _ = select.select(taps + [sys.stdin], [], [], wait)
+        if sys.stdin in ready:
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            delay = float(line.split()[1]) / 1000
+            print("ok", flush=True)
+        now = time.monotonic()
+        for i, fd in enumerate(taps):
+            if fd not in ready:
+                continue
+            while True:
+                try:
+                    frame = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                where[frame[6:12]] = i
+                to = [where[frame[:6]]] if frame[:6] in where else [k for k in range(len(taps)) if k != i]
+                for k in to:
+                    if k != i:
+                        seq += 1
+                        heapq.heappush(queue, (now + delay, seq, k, frame))
+        now = time.monotonic()
+        while queue and queue[0][0] <= now:
+            _, _, k, frame = heapq.heappop(queue)
+            try:
+                os.write(taps[k], frame)
+            except OSError:
+                pass  # a host whose link is down drops it, as a cable would
 
 
 def host_daemon(net, i, root, token, tmp, env=None):
@@ -282,8 +362,14 @@ class Hosts(unittest.TestCase):
         return res, took
 
     def test_1_lossy_link_byte_exact(self):
+        self.net.delay(20)
         self.net.lossy(1)
+        rtt = self.net.rtt_ms(1, 0, PORT)
+        self.assertGreaterEqual(rtt, 40, "20 ms each way")
+        t0 = time.monotonic()
         self.committed("ns/lossy", self.ranks("ns/lossy"))
+        print("lossy link: 20 ms each way (a TCP connect's round trip %.1f ms), 1%% of packets dropped, 200 Mbit/s: "
+              "committed byte-exact in %.1f s" % (rtt, time.monotonic() - t0))
 
     def test_2_partition_then_heal(self):
         self.committed("ns/before", self.ranks("ns/before"))
@@ -347,6 +433,8 @@ def rank(args):
 
 
 def main():
+    if sys.argv[1:2] == ["--switch"]:
+        return switch_main(sys.argv[2:])
     if sys.argv[1:2] != ["--rank"]:
         why = can_run()
         if why:
