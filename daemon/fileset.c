@@ -148,10 +148,13 @@ static uint32_t chunk_share(const sd_fileset *s, const sd_chunk *c) {
   return lo < hi ? sd_crc32c_piece(c->buf + (lo - c->off), hi - lo, ff->size - hi) : 0;
 }
 
-/* A zero-copy piece's share, read from the client's segment before it is
- * written (on the loop: a few hundred microseconds for the largest piece).
- * A segment the client shrank faults here as a staged copy would: guarded. */
-static int piece_share(sd_fileset *s, const sd_fill_piece *pc) {
+/* The share of a zero-copy piece's first len bytes, read from the client's
+ * segment on the loop. A plain piece is read once its write is done: the
+ * write has mapped its pages (or its pin did), so the read takes no page
+ * faults, and the disk is busy with the writes behind it meanwhile. A
+ * gathered one is read before its write, which may advance its iovecs. A
+ * segment the client shrank faults here as a staged copy would: guarded. */
+static int piece_share(sd_fileset *s, const sd_fill_piece *pc, uint64_t len) {
   sigjmp_buf jb;
   if (sigsetjmp(jb, 1)) {
     sd_fileset_failf(s, SHARDD_E_IO, "%s%s%s: reading the bytes for offset %llu faulted (SIGBUS): a client's shared "
@@ -163,9 +166,9 @@ static int piece_share(sd_fileset *s, const sd_fill_piece *pc) {
   if (pc->niov)
     for (int i = 0; i < pc->niov; i++) reg = sd_crc32c_run(reg, pc->iov[i].iov_base, pc->iov[i].iov_len);
   else
-    reg = sd_crc32c_run(0, pc->src, pc->len);
+    reg = sd_crc32c_run(0, pc->src, len);
   sd_bus_guard = NULL;
-  s->r.sums[pc->file] ^= sd_crc32c_shift(reg, s->r.files[pc->file].size - (pc->off + pc->len));
+  s->r.sums[pc->file] ^= sd_crc32c_shift(reg, s->r.files[pc->file].size - (pc->off + len));
   return 0;
 }
 
@@ -174,7 +177,7 @@ static int zero_copy_next(sd_fileset *s, sd_io *io) {
   int fresh = s->zc.npredo == 0; /* a resubmitted rest was counted when it first went out */
   sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill);
   if (!pc) return 0;
-  if (fresh && s->r.sums && piece_share(s, pc) < 0) return 0;
+  if (fresh && pc->niov && s->r.sums && piece_share(s, pc, pc->len) < 0) return 0;
   fs_file *ff = &s->f[pc->file];
   sd_zero_copy_io(&s->fill, pc, io);
   io->count = sd_io_count_of(ff->odirect);
@@ -277,6 +280,9 @@ static void zero_copy_complete(sd_fileset *s, const sd_io *io, int res) {
   fs_file *ff = &s->f[pc->file];
   uint64_t done;
   int buffered;
+  /* what went out is hashed before its pages leave the daemon's page tables */
+  uint64_t out = res >= 0 ? pc->len : res == -EINVAL ? io->done : 0;
+  if (s->r.sums && !pc->niov && out && !s->failed) piece_share(s, pc, out);
   res = sd_zero_copy_complete(&s->zc, pc, res, io, ff->odirect && !stopped(s), &done, &buffered);
   s->ops_left -= done;
   if (buffered) go_buffered(s, pc->file);
