@@ -324,9 +324,17 @@ static void plan_now(sd_lead *L) {
     return;
   }
   sd_error err = {0};
-  /* The leader's checksums setting decides for the save; the assignments tell the nodes. */
+  /* The leader's checksums setting decides for the save, the assignments tell the nodes; a node
+   * too old to hash what it writes (its manifest does not say "sums") means none for this save. */
+  int sums = L->cl->d->cfg ? L->cl->d->cfg->checksums : 1;
+  for (uint32_t k = 0; sums && k < L->nnodes; k++) {
+    if (L->nodes[k].sums) continue;
+    sums = 0;
+    sd_log_warn("save '%s': node %u ('%s') cannot hash what it writes (an older shardd): no checksums are recorded",
+                L->id, k, L->nodes[k].name);
+  }
   sd_plan_opts o = {.max_shard_size = L->mss, .prefix = L->prefix, .metadata = L->md, .nmetadata = L->nmd,
-                    .checksums = L->cl->d->cfg ? L->cl->d->cfg->checksums : 1};
+                    .checksums = sums};
   if (sd_cplan_build(&L->man, L->nnodes, L->mode, &o, &L->plan, &err) != 0) {
     lead_fail(L, &err);
     return;
@@ -391,6 +399,7 @@ static void on_manifest(sd_lead *L, uint32_t k, json_t *h) {
     lead_failf(L, SHARDD_E_INTERNAL, "save '%s': node %u sent a malformed manifest", L->id, k);
     return;
   }
+  L->nodes[k].sums = json_is_true(json_object_get(h, "sums"));
   for (size_t i = 0; i < json_array_size(ranks); i++) {
     json_t *r = json_array_get(ranks, i);
     json_int_t rv = json_is_integer(r) ? json_integer_value(r) : -1;

@@ -11,6 +11,7 @@ enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
 
 typedef struct {
   int joined, local, done;
+  int sums;                /* its manifest says it can hash what it writes */
   sd_peer *link;
   char tok[17];
   char addr[SD_PEER_ADDR_MAX];

@@ -152,7 +152,9 @@ void sd_node_sealed(sd_csave *cs) {
     sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
     return;
   }
-  sd_node_to_leader(cs, json_pack("{s:s,s:o,s:o,s:o}", "t", "manifest", "ranks", ranks, "tensors", tensors, "files", files));
+  /* "sums": this node can hash what it writes (PEERS.md); a leader asks only nodes that all can */
+  sd_node_to_leader(cs, json_pack("{s:s,s:o,s:o,s:o,s:b}", "t", "manifest", "ranks", ranks, "tensors", tensors, "files",
+                                  files, "sums", 1));
 }
 
 /* ------------------------------------------------------------------------ *

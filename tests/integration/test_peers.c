@@ -446,48 +446,59 @@ Test(peers, the_leaders_checksums_off_records_none) {
   }
 }
 
-/* A node whose done carries a malformed checksum share (here a raw peer
- * client standing in for node 1 of two, shared mode, so it need not
- * forward): the leader fails the save as a protocol error naming it, and
- * nothing is published. */
-Test(peers, a_malformed_checksum_share_fails_the_save_naming_the_node) {
+/* A raw peer client standing in for node 1 of two (shared mode, so it need
+ * not forward): it joins save `save` into dir, begins its rank 1, describes
+ * its row of w (its manifest saying "sums" when sums is set) and returns the
+ * leader's assignment; rank 0 runs in a real process on node 0 (*pid). */
+static json_t *fake_second_node(h_script *s, const char *save, const char *dir, int sums, int *fd, pid_t *pid) {
   static const h_put puts[] = {BOX2(0, "w", "F32", 2, 4, 0, 0, 1, 4)};
-  h_script s = {.opts = cluster_opts("badsum", "ck/badsum", 1u << 20), .puts = puts, .nputs = 1, .seed = 60};
-  s.opts.nnodes = 2;
-  s.opts.world_size = 2;
-  s.opts.write_mode = "shared";
-  s.sh = h_shared_new();
-  pid_t pid = h_fork(peer_rank, 0, &s);
-  h_await_begun("badsum", 1);
-  int fd = tcp_connect(N[0].addr);
-  peer_login(fd, token_path, "fake1");
+  *s = (h_script){.opts = cluster_opts(save, dir, 1u << 20), .puts = puts, .nputs = 1, .seed = 60};
+  s->opts.nnodes = 2;
+  s->opts.world_size = 2;
+  s->opts.write_mode = "shared";
+  s->sh = h_shared_new();
+  *pid = h_fork(peer_rank, 0, s);
+  h_await_begun(save, 1);
+  *fd = tcp_connect(N[0].addr);
+  peer_login(*fd, token_path, "fake1");
   const char *tok = "0123456789abcdef";
   char m[1024];
   snprintf(m, sizeof m,
-           "{\"t\":\"join\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"nnodes\":2,\"world_size\":2,\"dir\":"
-           "\"ck/badsum\",\"prefix\":\"model\",\"max_shard_size\":1048576,\"overwrite\":false,\"write_mode\":\"shared\","
+           "{\"t\":\"join\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"nnodes\":2,\"world_size\":2,\"dir\":"
+           "\"%s\",\"prefix\":\"model\",\"max_shard_size\":1048576,\"overwrite\":false,\"write_mode\":\"shared\","
            "\"metadata\":{},\"leader\":\"%s\",\"join_timeout\":30}",
-           tok, N[0].addr);
-  send_frame(fd, m);
-  snprintf(m, sizeof m, "{\"t\":\"began\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"rank\":1}", tok);
-  send_frame(fd, m);
+           save, tok, dir, N[0].addr);
+  send_frame(*fd, m);
+  snprintf(m, sizeof m, "{\"t\":\"began\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"rank\":1}", save, tok);
+  send_frame(*fd, m);
   snprintf(m, sizeof m,
-           "{\"t\":\"manifest\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":[{\"name\":\"w\","
-           "\"dtype\":\"F32\",\"shape\":[2,4],\"slices\":[[0,1,1,0,1,4]]}],\"files\":[]}",
-           tok);
-  send_frame(fd, m);
+           "{\"t\":\"manifest\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":[{\"name\":\"w\","
+           "\"dtype\":\"F32\",\"shape\":[2,4],\"slices\":[[0,1,1,0,1,4]]}],\"files\":[]%s}",
+           save, tok, sums ? ",\"sums\":true" : "");
+  send_frame(*fd, m);
   json_t *a = NULL;
-  while ((a = read_frame(fd)) && strcmp(json_string_value(json_object_get(a, "t")), "assign") != 0) json_decref(a);
+  while ((a = read_frame(*fd)) && strcmp(json_string_value(json_object_get(a, "t")), "assign") != 0) json_decref(a);
   cr_assert_not_null(a, "no assignment for the fake node");
   json_t *files = json_object_get(a, "files");
-  cr_assert(json_is_true(json_object_get(a, "checksums")), "the leader asks for checksums");
   cr_assert_eq(json_array_size(files), 1);
   json_int_t data = json_integer_value(json_object_get(json_array_get(files, 0), "data"));
   cr_assert_eq(data, 16, "its row of w");
+  return a;
+}
+
+/* A node whose done carries a malformed checksum share: the leader fails
+ * the save as a protocol error naming it, and nothing is published. */
+Test(peers, a_malformed_checksum_share_fails_the_save_naming_the_node) {
+  h_script s;
+  int fd;
+  pid_t pid;
+  json_t *a = fake_second_node(&s, "badsum", "ck/badsum", 1, &fd, &pid);
+  cr_assert(json_is_true(json_object_get(a, "checksums")), "the leader asks for checksums");
+  char m[512];
   snprintf(m, sizeof m,
-           "{\"t\":\"done\",\"save\":\"badsum\",\"node\":1,\"tok\":\"%s\",\"cid\":\"%s\",\"files\":[[0,16]],"
-           "\"sums\":[[0,\"not-hex!\"]]}",
-           tok, json_string_value(json_object_get(a, "cid")));
+           "{\"t\":\"done\",\"save\":\"badsum\",\"node\":1,\"tok\":\"0123456789abcdef\",\"cid\":\"%s\","
+           "\"files\":[[0,16]],\"sums\":[[0,\"not-hex!\"]]}",
+           json_string_value(json_object_get(a, "cid")));
   json_decref(a);
   send_frame(fd, m);
   h_reap(pid);
@@ -498,6 +509,52 @@ Test(peers, a_malformed_checksum_share_fails_the_save_naming_the_node) {
   /* the leader removes its folder once the rank has heard */
   for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
   h_expect_unpublished("ck/badsum");
+  close(fd);
+  h_shared_free(s.sh);
+}
+
+/* A node too old to hash what it writes (its manifest does not say "sums"):
+ * the leader asks nobody for checksums, says which node it was, and the
+ * save commits with its bytes, no checksum recorded. */
+Test(peers, an_older_node_costs_the_checksums_not_the_save) {
+  h_script s;
+  int fd;
+  pid_t pid;
+  json_t *a = fake_second_node(&s, "oldnode", "ck/oldnode", 0, &fd, &pid);
+  cr_assert_null(json_object_get(a, "checksums"), "the leader asks a node that cannot for checksums");
+  /* shared mode: the node writes its own row, the file's last 16 bytes, into the leader's temporary file */
+  json_t *f = json_array_get(json_object_get(a, "files"), 0);
+  char path[PATH_MAX + 512];
+  snprintf(path, sizeof path, "%s/ck/%s/%s", H.root, json_string_value(json_object_get(a, "tmp")),
+           json_string_value(json_object_get(f, "name")));
+  const float row[4] = {1.5f, -2.0f, 3.25f, 42.0f};
+  int wfd = open(path, O_WRONLY);
+  cr_assert(wfd >= 0, "open %s: %s", path, strerror(errno));
+  cr_assert_eq(pwrite(wfd, row, sizeof row, json_integer_value(json_object_get(f, "size")) - (off_t)sizeof row),
+               (ssize_t)sizeof row);
+  cr_assert_eq(fsync(wfd), 0);
+  close(wfd);
+  char m[512];
+  snprintf(m, sizeof m,
+           "{\"t\":\"done\",\"save\":\"oldnode\",\"node\":1,\"tok\":\"0123456789abcdef\",\"cid\":\"%s\","
+           "\"files\":[[0,16]]}",
+           json_string_value(json_object_get(a, "cid")));
+  json_decref(a);
+  send_frame(fd, m);
+  h_reap(pid);
+  h_result *r = &s.sh->r[0];
+  cr_assert(r->waited && r->wrc == 0, "rank 0's save must commit (%s %s %s)", r->step, r->msg, r->wmsg);
+  cr_assert(log_has(0, "node 1 ('fake1') cannot hash what it writes"), "the leader says which node");
+  h_check_sums("ck/oldnode", 0);
+  /* its row is the one published, at the end of w, the file's last tensor */
+  char got_path[PATH_MAX];
+  float got[4] = {0};
+  int rfd = open(h_path(got_path, sizeof got_path, "ck/oldnode/model.safetensors"), O_RDONLY);
+  cr_assert(rfd >= 0, "open %s: %s", got_path, strerror(errno));
+  off_t end = lseek(rfd, 0, SEEK_END);
+  cr_assert_eq(pread(rfd, got, sizeof got, end - (off_t)sizeof got), (ssize_t)sizeof got);
+  close(rfd);
+  cr_assert_eq(memcmp(got, row, sizeof row), 0, "node 1's row in the published file");
   close(fd);
   h_shared_free(s.sh);
 }
