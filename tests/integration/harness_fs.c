@@ -139,7 +139,7 @@ static uint32_t file_crc(const char *rel, const char *name, uint64_t from) {
 
 size_t h_check_sums(const char *rel, int want) {
   sd_ckpt c;
-  h_ckpt_read(rel, &c);
+  h_ckpt_read_headers(rel, &c);
   json_t *idx = NULL, *sums = NULL;
   if (c.index_name) {
     char p[PATH_MAX], q[PATH_MAX];

@@ -365,6 +365,7 @@ Test(kill, daemon_sigkilled_at_random_moments_of_saves_from_2_to_4_ranks) {
                  s.del);
   }
   x_serving();
+  cr_assert_gt(deep_checked, 0, "no folder's checksums were checked");
   printf("kill: %d saves from 2-4 ranks (%d rank processes), %d daemon kills at random moments (a 4-rank save "
          "took %lld ms, %.0f%% of it before the ranks reach the daemon; %d kills came after the save's end), "
          "%d restarts on the same root\n",

@@ -434,6 +434,7 @@ Test(peers, the_leaders_checksums_off_records_none) {
   static const char *const off[] = {"--checksums=off", NULL};
   start_node_with(0, token_path, off);
   snprintf(H.sock, sizeof H.sock, "%s", N[0].d.sock);
+  h_sums_expected = 0;
   for (int k = 0; k < 2; k++) {
     const char *save = k ? "off-one" : "off-many";
     h_script s = {.opts = cluster_opts(save, save, k ? 0 : 1u << 20), .puts = inner_puts,
@@ -444,6 +445,7 @@ Test(peers, the_leaders_checksums_off_records_none) {
     h_check_sums(save, 0);
     h_shared_free(s.sh);
   }
+  h_sums_expected = 1;
 }
 
 /* A raw peer client standing in for node 1 of two (shared mode, so it need
