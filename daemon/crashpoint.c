@@ -13,11 +13,12 @@ typedef struct {
   char phase[32];
   unsigned long at, hits;
   int err;
+  int half;                /* SHARDD_TEST_FAULT's ":half": the write's first half went out before the error */
 } point;
 
 static point crash, fault, stall;
 
-/* "PHASE:N" or "PHASE:N:ERR"; anything malformed leaves the point inert. */
+/* "PHASE:N" or "PHASE:N:ERR" (the fault point also "PHASE:N:ERR:half"); anything malformed leaves the point inert. */
 static void parse(point *p, const char *var, int want_err) {
   p->parsed = 1;
   const char *v = getenv(var);
@@ -31,7 +32,10 @@ static void parse(point *p, const char *var, int want_err) {
   if (p->at == 0) return;
   if (want_err) {
     if (*end != ':') return;
-    const char *e = end + 1;
+    char e[16];
+    snprintf(e, sizeof e, "%s", end + 1);
+    char *half = strstr(e, ":half");
+    if (half && !half[5]) p->half = 1, *half = '\0';
     if (!strcmp(e, "EIO")) p->err = EIO;
     else if (!strcmp(e, "ENOSPC")) p->err = ENOSPC;
     else if (!strcmp(e, "EINVAL")) p->err = EINVAL;
@@ -63,8 +67,15 @@ void sd_crash_point(const char *phase) {
 }
 
 int sd_fault_point(const char *phase, int res) {
+  return sd_fault_point_part(phase, res, NULL);
+}
+
+int sd_fault_point_part(const char *phase, int res, int *half) {
+  if (half) *half = 0;
   if (!due(&fault, "SHARDD_TEST_FAULT", 1, phase)) return res;
-  fprintf(stderr, "shardd: fault point %s:%lu reached: reporting %s\n", phase, fault.at, strerror(fault.err));
+  fprintf(stderr, "shardd: fault point %s:%lu reached: reporting %s%s\n", phase, fault.at, strerror(fault.err),
+          fault.half && half ? " after half of the write" : "");
+  if (half) *half = fault.half;
   return -fault.err;
 }
 

@@ -33,6 +33,10 @@
 void sd_crash_point(const char *phase);
 /* res, or -errno when the fault is due at this completion of phase. */
 int sd_fault_point(const char *phase, int res);
+/* The same for a write that can report how far it got: *half is set when
+ * the test asks that its first half went out before the error
+ * (SHARDD_TEST_FAULT=PHASE:N:ERR:half), so a resumed write is exercised. */
+int sd_fault_point_part(const char *phase, int res, int *half);
 /* SHARDD_TEST_GATHER_MIN_PIECE=BYTES, else def: the smallest row fragment
  * gathered (pubfill.c); the tests gather small rows to exercise the path. */
 uint64_t sd_test_gather_min_piece(uint64_t def);

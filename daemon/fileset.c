@@ -311,8 +311,17 @@ static void synced(sd_fileset *s, uint32_t i, int res) {
 }
 
 void sd_fileset_complete(sd_fileset *s, const sd_io *io, int res) {
-  /* tests: the kernel's answer replaced (SHARDD_TEST_FAULT) */
-  res = sd_fault_point(s->r.point ? s->r.point : io->kind == SD_IO_FSYNC ? "fsync" : "write", res);
+  /* tests: the kernel's answer replaced (SHARDD_TEST_FAULT), maybe as if half had gone out first
+   * (a gathered write's iovecs would have moved: never so) */
+  int half;
+  res = sd_fault_point_part(s->r.point ? s->r.point : io->kind == SD_IO_FSYNC ? "fsync" : "write", res, &half);
+  sd_io part;
+  if (half && io->kind == SD_IO_WRITE && !io->iov && io->len > SD_DIO_ALIGN) {
+    part = *io;
+    part.done = (io->len / 2) & ~(SD_DIO_ALIGN - 1);
+    io = &part;
+    sd_log_info("save '%s': test fault: half of a %s write went out", s->r.tag, io->chunk ? "staged" : "zero-copy");
+  }
   if (io->kind == SD_IO_FSYNC)
     synced(s, io->tag, res);
   else if (io->chunk)
