@@ -158,7 +158,8 @@ static int piece_share(sd_fileset *s, const sd_fill_piece *pc, uint64_t len) {
   sigjmp_buf jb;
   if (sigsetjmp(jb, 1)) {
     sd_fileset_failf(s, SHARDD_E_IO, "%s%s%s: reading the bytes for offset %llu faulted (SIGBUS): a client's shared "
-                     "memory is shorter than when it was attached", FS_PATH(s, pc->file), (unsigned long long)pc->off);
+                     "memory is shorter than when it was attached", FS_PATH(s, pc->file),
+                     (unsigned long long)(s->f[pc->file].base + pc->off));
     return -1;
   }
   sd_bus_guard = &jb;

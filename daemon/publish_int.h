@@ -53,7 +53,7 @@ struct sd_publish {
   uint8_t *late;           /* NULL: nothing late; else block-aligned, zeros from late_len to the block's end */
   size_t late_len, late_sent;
   uint32_t late_file;
-  int late_fd, late_busy, late_synced, late_odirect;
+  int late_fd, late_busy, late_synced, late_odirect, late_padded;
 
   uint64_t bytes_total;
   int released;

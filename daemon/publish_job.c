@@ -179,6 +179,7 @@ static void late_complete(sd_publish *p, const sd_io *io, int res) {
     int fl = fcntl(p->late_fd, F_GETFL);
     if (fl >= 0) fcntl(p->late_fd, F_SETFL, fl & ~O_DIRECT);
     p->late_odirect = 0;
+    p->late_padded = p->late_file == p->index_file; /* padding may have gone out: truncate at the end */
     p->late_sent = 0;
     return;
   }
@@ -194,7 +195,8 @@ static void late_complete(sd_publish *p, const sd_io *io, int res) {
   }
   p->late_sent += io->len;
   if (p->late_sent < p->late_len) return;
-  if (p->late_sent > p->late_len) { /* a padded last block */
+  /* a padded last block (or one that went out before a refusal sent the rest buffered) is cut back */
+  if (p->late_sent > p->late_len || p->late_padded) {
     if (ftruncate(p->late_fd, (off_t)p->late_len) < 0) {
       sd_fileset_fail_errno(p->fs, errno, p->late_file, "truncate to its size", 0);
       return;

@@ -313,11 +313,8 @@ static int meta_json(const sd_kv *kv, size_t n, int with_sum, sd_buf *out, size_
     /* transformers refuses checkpoints whose format is not "pt", so the
      * caller cannot change it. */
     if (strcmp(kv[i].key, "format") == 0) continue;
-    if (strcmp(kv[i].key, SD_CHECKSUM_KEY) == 0) {
-      free(v);
-      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                     "metadata key '" SD_CHECKSUM_KEY "' is shardd's own (the data checksum); pick another name");
-    }
+    /* shardd's own: a caller's value (metadata read back from an earlier checkpoint) could only be stale */
+    if (strcmp(kv[i].key, SD_CHECKSUM_KEY) == 0) continue;
     v[m++] = &kv[i];
   }
   if (with_sum) v[m++] = &sum_kv;

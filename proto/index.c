@@ -9,6 +9,23 @@
 #define SUM_PLACEHOLDER "00000000"
 #define SUMS_AT "{\n  \"metadata\": {\n    \"" SD_CHECKSUM_KEY "\": {\n"
 
+/* The checksum map's files in name order, as sort_keys gives them (plan
+ * order is name order until the numbers outgrow five digits); NULL: no memory. */
+static int by_name(const void *a, const void *b, void *plan) {
+  const sd_plan *p = plan;
+  return strcmp(p->files[*(const size_t *)a].name, p->files[*(const size_t *)b].name);
+}
+
+static size_t *files_by_name(const sd_plan *p) {
+  size_t *o = malloc((p->nfiles ? p->nfiles : 1) * sizeof *o);
+  if (!o) return NULL;
+  for (size_t f = 0; f < p->nfiles; f++) o[f] = f;
+  int sorted = 1;
+  for (size_t f = 1; f < p->nfiles && sorted; f++) sorted = strcmp(p->files[f - 1].name, p->files[f].name) < 0;
+  if (!sorted) qsort_r(o, p->nfiles, sizeof *o, by_name, (void *)p);
+  return o;
+}
+
 static char *index_oom(sd_error *err) {
   sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory encoding the index");
   return NULL;
@@ -74,12 +91,16 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
 
   sd_buf_puts(&b, "{\n  \"metadata\": {\n");
   if (p->checksums) {
+    size_t *order = files_by_name(p);
+    if (!order) b.oom = 1;
     sd_buf_puts(&b, "    \"" SD_CHECKSUM_KEY "\": {\n");
-    for (size_t f = 0; f < p->nfiles; f++) {
+    for (size_t k = 0; order && k < p->nfiles; k++) {
+      const char *name = p->files[order[k]].name;
       sd_buf_puts(&b, "      ");
-      sd_buf_json_str_ascii(&b, p->files[f].name, strlen(p->files[f].name));
-      sd_buf_puts(&b, f + 1 < p->nfiles ? ": \"" SUM_PLACEHOLDER "\",\n" : ": \"" SUM_PLACEHOLDER "\"\n");
+      sd_buf_json_str_ascii(&b, name, strlen(name));
+      sd_buf_puts(&b, k + 1 < p->nfiles ? ": \"" SUM_PLACEHOLDER "\",\n" : ": \"" SUM_PLACEHOLDER "\"\n");
     }
+    free(order);
     sd_buf_puts(&b, "    },\n");
   }
   sd_buf_puts(&b, "    \"total_parameters\": ");
@@ -116,32 +137,38 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
 }
 
 /* The placeholders sit where sd_index_encode put them: the checksum map
- * opens the metadata, one file a line, in plan order (which is name order). */
+ * opens the metadata, one file a line, in name order. */
 int sd_index_put_sums(char *json, size_t len, const sd_plan *p, const uint32_t *crcs, sd_error *err) {
   size_t at = sizeof SUMS_AT - 1;
   if (!p->checksums || len < at || memcmp(json, SUMS_AT, at))
     return sd_fail(err, SHARDD_E_INTERNAL, "%s: the index has no checksum map to fill", p->index_name);
   sd_buf name = {0};
-  for (size_t f = 0; f < p->nfiles; f++) {
+  size_t *order = files_by_name(p);
+  if (!order) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory filling the index's checksums");
+  for (size_t k = 0; k < p->nfiles; k++) {
+    size_t f = order[k];
     name.len = 0;
     sd_buf_puts(&name, "      ");
     sd_buf_json_str_ascii(&name, p->files[f].name, strlen(p->files[f].name));
     sd_buf_puts(&name, ": \"");
     if (name.oom) {
       free(name.p);
+      free(order);
       return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory filling the index's checksums");
     }
     if (len - at < name.len + SD_CHECKSUM_HEX + 1 || memcmp(json + at, name.p, name.len) ||
         memcmp(json + at + name.len, SUM_PLACEHOLDER, SD_CHECKSUM_HEX)) {
       free(name.p);
+      free(order);
       return sd_fail(err, SHARDD_E_INTERNAL, "%s: no checksum placeholder for %s", p->index_name, p->files[f].name);
     }
     at += name.len;
     char hex[SD_CHECKSUM_HEX + 1];
     sd_crc32c_hex(crcs[f], hex);
     memcpy(json + at, hex, SD_CHECKSUM_HEX);
-    at += SD_CHECKSUM_HEX + (f + 1 < p->nfiles ? 3 : 2); /* the quote, the comma and the newline */
+    at += SD_CHECKSUM_HEX + (k + 1 < p->nfiles ? 3 : 2); /* the quote, the comma and the newline */
   }
   free(name.p);
+  free(order);
   return 0;
 }

@@ -89,7 +89,7 @@ char *sd_put_u64(char *o, uint64_t v);
 int sd_header_meta_json(const sd_kv *kv, size_t n, sd_buf *out, sd_error *err);
 /* The same with shardd's checksum pair among them (its value the
  * placeholder "00000000"): *sum_at is where in out its hex digits start. A
- * caller's pair of that key is refused either way. */
+ * caller's pair of that key is dropped either way, as "format" is forced. */
 int sd_header_meta_json_sum(const sd_kv *kv, size_t n, sd_buf *out, size_t *sum_at, sd_error *err);
 
 /* Upper bounds for sizing the block all headers are encoded into: one

@@ -160,11 +160,43 @@ Test(index, a_single_file_carries_its_checksum_in_its_metadata) {
   cr_assert_str_eq(json_string_value(json_object_get(m, "z")), "2");
   json_decref(h);
   sd_plan_free(&p);
-  /* the key is shardd's: a caller's pair of it is refused, by name */
-  sd_kv mine[] = {{"shardd_data_crc32c", "x"}};
+  /* the key is shardd's: a caller's pair of it (metadata read back from an earlier checkpoint) is
+   * dropped, as "format" is forced: its value could only be stale */
+  sd_kv mine[] = {{"shardd_data_crc32c", "0badc0de"}, {"k", "v"}};
   o.metadata = mine;
-  o.nmetadata = 1;
-  cr_assert_neq(sd_plan_build(&p, t, 1, &o, &err), 0);
-  cr_assert_eq(err.code, SHARDD_E_INVALID_ARGUMENT);
-  cr_assert(strstr(err.msg, "shardd_data_crc32c"), "%s", err.msg);
+  o.nmetadata = 2;
+  cr_assert_eq(sd_plan_build(&p, t, 1, &o, &err), 0, "%s", err.msg);
+  sd_header_put_sum(&p.files[0], 0x12345678u);
+  h = json_loadb(p.files[0].header + 8, p.files[0].header_size - 8, 0, &je);
+  m = json_object_get(h, "__metadata__");
+  cr_assert_str_eq(json_string_value(json_object_get(m, "shardd_data_crc32c")), "12345678");
+  cr_assert_str_eq(json_string_value(json_object_get(m, "k")), "v");
+  json_decref(h);
+  sd_plan_free(&p);
+  o.checksums = 0;
+  cr_assert_eq(sd_plan_build(&p, t, 1, &o, &err), 0, "%s", err.msg);
+  cr_assert_null(strstr(p.files[0].header + 8, "shardd_data_crc32c"), "a stale checksum kept with checksums off");
+  sd_plan_free(&p);
+}
+
+/* Past 99,999 files the numbers widen and plan order stops being name
+ * order: the map still comes sorted, as sort_keys sorts it, and each file
+ * gets its own checksum. */
+Test(index, checksum_map_is_in_name_order_whatever_the_plan_order) {
+  sd_plan_file files[3] = {{.name = (char *)"model-99999-of-100001.safetensors"},
+                           {.name = (char *)"model-100000-of-100001.safetensors"},
+                           {.name = (char *)"model-100001-of-100001.safetensors"}};
+  sd_plan p = {.nfiles = 3, .files = files, .checksums = 1, .index_name = (char *)"model.safetensors.index.json"};
+  size_t len = 0;
+  sd_error err = {0};
+  char *ix = sd_index_encode(&p, NULL, &len, &err);
+  cr_assert_not_null(ix, "%s", err.msg);
+  uint32_t crcs[] = {0x99999u, 0x100000u, 0x100001u};
+  cr_assert_eq(sd_index_put_sums(ix, len, &p, crcs, &err), 0, "%s", err.msg);
+  const char *want = "    \"shardd_data_crc32c\": {\n"
+                     "      \"model-100000-of-100001.safetensors\": \"00100000\",\n"
+                     "      \"model-100001-of-100001.safetensors\": \"00100001\",\n"
+                     "      \"model-99999-of-100001.safetensors\": \"00099999\"\n    },\n";
+  cr_assert(strstr(ix, want), "%s", ix);
+  free(ix);
 }
