@@ -128,9 +128,7 @@ static int late_begin(sd_publish *p) {
       return -1;
     }
   } else {
-    char hex[SD_CHECKSUM_HEX + 1];
-    sd_crc32c_hex(p->sums[0], hex);
-    memcpy(p->late + plan->files[0].sum_at, hex, SD_CHECKSUM_HEX);
+    sd_header_put_sum(&plan->files[0], (char *)p->late, p->sums[0]);
   }
   /* The set closed its descriptor with the file's fsync. Direct I/O like
    * the rest, from the block-aligned copy (zeros past its end, cut back once

@@ -349,10 +349,10 @@ int sd_header_meta_json_sum(const sd_kv *kv, size_t n, sd_buf *out, size_t *sum_
   return meta_json(kv, n, 1, out, sum_at, err);
 }
 
-void sd_header_put_sum(sd_plan_file *f, uint32_t crc) {
+void sd_header_put_sum(const sd_plan_file *f, char *header, uint32_t crc) {
   char hex[SD_CHECKSUM_HEX + 1];
   sd_crc32c_hex(crc, hex);
-  if (f->sum_at) memcpy(f->header + f->sum_at, hex, SD_CHECKSUM_HEX);
+  if (f->sum_at) memcpy(header + f->sum_at, hex, SD_CHECKSUM_HEX);
 }
 
 /* ------------------------------------------------------------------------ *

@@ -135,8 +135,9 @@ char *sd_index_encode(const sd_plan *p, const sd_tensor *tensors, size_t *len, s
 /* Writes crcs[f] (per plan file) over the placeholders of an index that
  * sd_index_encode made from p (checksums on), in place: its length does not change. */
 int sd_index_put_sums(char *json, size_t len, const sd_plan *p, const uint32_t *crcs, sd_error *err);
-/* Writes crc over the placeholder of a single file's header (f->sum_at). */
-void sd_header_put_sum(sd_plan_file *f, uint32_t crc);
+/* Writes crc over the placeholder of a single file's header (f->sum_at) in
+ * header: f->header, or a copy of it. */
+void sd_header_put_sum(const sd_plan_file *f, char *header, uint32_t crc);
 
 /* ------------------------------------------------------------------------ *
  * Slices

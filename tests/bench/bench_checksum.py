@@ -36,23 +36,9 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
+from bench_proc import drop_caches, proc_figures  # noqa: E402
 
 GIB = 1 << 30
-
-
-def drop_caches():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-        return True
-    except OSError:
-        return False
-
-
-def cpu_seconds(pid):
-    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tensors_of(case, nbytes):
@@ -139,9 +125,9 @@ def main():
                     d = daemons[mode]
                     dest = "%s-%s" % (case, mode)
                     drop_caches()
-                    c0, t0 = cpu_seconds(d.proc.pid), time.perf_counter()
+                    c0, t0 = proc_figures(d.proc.pid)[0], time.perf_counter()
                     r = shardd.save(ts, dest, socket=d.socket, overwrite=True, max_shard_size="256MB")
-                    wall, cpu = time.perf_counter() - t0, cpu_seconds(d.proc.pid) - c0
+                    wall, cpu = time.perf_counter() - t0, proc_figures(d.proc.pid)[0] - c0
                     figures.setdefault(mode, []).append((wall, cpu / gib, r))
                     if rnd == 0 and mode == "on":
                         crcs = data_crcs(os.path.join(root, dest))

@@ -48,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
+from bench_proc import drop_caches, proc_figures  # noqa: E402
 
 # shardd first: DCP's HF writer takes its file map.
 SAVES = ["fio", "shardd", "shardd-async", "gathered", "dcp-hf", "dcp-fs", "dcp-shardd", "dcp-shardd-async",
@@ -58,44 +59,11 @@ HF_LAYOUT = ("gathered", "dcp-hf", "shardd", "shardd-async", "dcp-shardd", "dcp-
 
 # ---- one rank ----------------------------------------------------------------------------------
 
-def proc_figures(pid):
-    """(cpu seconds, peak RSS bytes, bytes written to storage, private resident bytes) of a process.
-
-    The daemon's peak RSS counts the ranks' arenas it maps (shared pages are resident in both);
-    its private (anonymous) memory is what it holds of its own: staging, plans, buffers."""
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    hwm = anon = 0
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                hwm = int(line.split()[1]) * 1024
-            elif line.startswith("RssAnon:"):
-                anon = int(line.split()[1]) * 1024
-    wrote = 0
-    with open("/proc/%d/io" % pid) as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                wrote = int(line.split()[1])
-    return cpu, hwm, wrote, anon
-
-
 def reset_peak(pid):
     """Starts a new VmHWM window (clear_refs 5); False where the kernel refuses."""
     try:
         with open("/proc/%d/clear_refs" % pid, "w") as f:
             f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def drop_caches():
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
         return True
     except OSError:
         return False

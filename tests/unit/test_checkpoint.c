@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixture_dir.h"
 #include "sd_reader.h"
 
 #define F1 "model-00001-of-00002.safetensors"
@@ -25,32 +26,8 @@ typedef struct {
   uint64_t count; /* 1-d shape */
 } spec;
 
-static char tmpdir[64];
-static char ckdir[128];
-
-static void mk_tmp(void) {
-  strcpy(tmpdir, "/tmp/shardd-test-ckpt-XXXXXX");
-  cr_assert_not_null(mkdtemp(tmpdir));
-  snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
-  cr_assert_eq(mkdir(ckdir, 0755), 0);
-}
-
-static void rm_tmp(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  cr_assert_eq(system(cmd), 0);
-}
-
-static void put(const char *name, const void *b, size_t len) {
-  char path[256];
-  snprintf(path, sizeof path, "%s/%s", ckdir, name);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  cr_assert_geq(fd, 0, "%s", path);
-  cr_assert_eq(write(fd, b, len), (ssize_t)len);
-  close(fd);
-}
-
-static void put_str(const char *name, const char *s) { put(name, s, strlen(s)); }
+static void mk_tmp(void) { dir_setup("ckpt", 1); }
+static void rm_tmp(void) { dir_teardown(); }
 
 static void shard(const char *file, const spec *s, size_t n) {
   char js[4096];

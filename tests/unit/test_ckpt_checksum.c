@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixture_dir.h"
 #include "sd_checksum.h"
 #include "sd_reader.h"
 
@@ -17,34 +18,8 @@
 #define INDEX "model.safetensors.index.json"
 #define WM "\"weight_map\":{\"a\":\"" F1 "\",\"c\":\"" F2 "\"}"
 
-static char tmpdir[64];
-static char ckdir[128];
-
-static void mk_tmp(void) {
-  strcpy(tmpdir, "/tmp/shardd-test-cksum-XXXXXX");
-  cr_assert_not_null(mkdtemp(tmpdir));
-  snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
-  cr_assert_eq(mkdir(ckdir, 0755), 0);
-}
-
-static void rm_tmp(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  cr_assert_eq(system(cmd), 0);
-}
-
-static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", ckdir, name); }
-
-static void put(const char *name, const void *b, size_t len) {
-  char path[256];
-  path_of(path, sizeof path, name);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  cr_assert_geq(fd, 0, "%s", path);
-  cr_assert_eq(write(fd, b, len), (ssize_t)len);
-  close(fd);
-}
-
-static void put_str(const char *name, const char *s) { put(name, s, strlen(s)); }
+static void mk_tmp(void) { dir_setup("cksum", 1); }
+static void rm_tmp(void) { dir_teardown(); }
 
 /* One U8 tensor `tensor` of n bytes (seed, seed+1, ...), with `meta` inside __metadata__; returns
  * the data's CRC-32C, computed here as the recorder would. */

@@ -150,7 +150,7 @@ Test(index, a_single_file_carries_its_checksum_in_its_metadata) {
   cr_assert_eq(p.nfiles, 1);
   cr_assert_eq(p.needs_index, 0);
   cr_assert_gt(p.files[0].sum_at, 8);
-  sd_header_put_sum(&p.files[0], 0xdeadbeefu);
+  sd_header_put_sum(&p.files[0], p.files[0].header, 0xdeadbeefu);
   json_error_t je;
   json_t *h = json_loadb(p.files[0].header + 8, p.files[0].header_size - 8, 0, &je);
   cr_assert_not_null(h, "%s", je.text);
@@ -166,7 +166,7 @@ Test(index, a_single_file_carries_its_checksum_in_its_metadata) {
   o.metadata = mine;
   o.nmetadata = 2;
   cr_assert_eq(sd_plan_build(&p, t, 1, &o, &err), 0, "%s", err.msg);
-  sd_header_put_sum(&p.files[0], 0x12345678u);
+  sd_header_put_sum(&p.files[0], p.files[0].header, 0x12345678u);
   h = json_loadb(p.files[0].header + 8, p.files[0].header_size - 8, 0, &je);
   m = json_object_get(h, "__metadata__");
   cr_assert_str_eq(json_string_value(json_object_get(m, "shardd_data_crc32c")), "12345678");

@@ -9,24 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fixture_dir.h"
 #include "sd_checksum.h"
 #include "sd_writer_sync.h"
 #include "shardd/shardd.h"
 
-static char tmpdir[64];
-static char ckdir[128];
-
-static void mk_tmp(void) {
-  strcpy(tmpdir, "/tmp/shardd-test-load-XXXXXX");
-  cr_assert_not_null(mkdtemp(tmpdir));
-  snprintf(ckdir, sizeof ckdir, "%s/ck", tmpdir);
-}
-
-static void rm_tmp(void) {
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-  cr_assert_eq(system(cmd), 0);
-}
+static void mk_tmp(void) { dir_setup("load", 0); }
+static void rm_tmp(void) { dir_teardown(); }
 
 TestSuite(load, .init = mk_tmp, .fini = rm_tmp);
 

@@ -75,29 +75,17 @@ def without_checksum(meta):
     return meta
 
 
-def data_crc32c(path):
-    """The CRC-32C of a safetensors file's data section (every byte after its header), as shardd records it:
-    8 lowercase hex digits, from the crc32c package (an implementation independent of shardd's)."""
-    import crc32c
-
-    with open(path, "rb") as f:
-        f.seek(8 + int.from_bytes(f.read(8), "little"))
-        crc = 0
-        for block in iter(lambda: f.read(16 << 20), b""):
-            crc = crc32c.crc32c(block, crc)
-    return "%08x" % crc
-
-
 CHECKSUM_KEY = "shardd_data_crc32c"
 _CRC32C_TABLE = []
 
 
-def crc32c(data):
-    """The standard CRC-32C (Castagnoli) of bytes: the crc32c package where it is installed (the
-    project's venv), else a table in pure Python (about a second for a few MiB)."""
+def crc32c(data, crc=0):
+    """The standard CRC-32C (Castagnoli) of bytes, extending crc: the crc32c package where it is
+    installed (the project's venv: an implementation independent of shardd's), else a table in pure
+    Python (about a second for a few MiB)."""
     try:
         import crc32c as fast
-        return fast.crc32c(data)
+        return fast.crc32c(data, crc)
     except ImportError:
         pass
     if not _CRC32C_TABLE:
@@ -106,33 +94,51 @@ def crc32c(data):
             for _ in range(8):
                 c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
             _CRC32C_TABLE.append(c)
-    t, crc = _CRC32C_TABLE, 0xFFFFFFFF
+    t, c = _CRC32C_TABLE, crc ^ 0xFFFFFFFF
     for b in data:
-        crc = t[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+        c = t[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
 
 
-def checked_checksums(folder):
-    """{shard file: 8 hex digits} as shardd recorded them (the index's metadata, or a single file's
-    __metadata__), each asserted equal to the CRC-32C of that file's data section on disk."""
+def data_crc32c(path):
+    """The CRC-32C of a safetensors file's data section (every byte after its header), as shardd records it."""
+    with open(path, "rb") as f:
+        f.seek(8 + struct.unpack("<Q", f.read(8))[0])
+        crc = 0
+        for block in iter(lambda: f.read(16 << 20), b""):
+            crc = crc32c(block, crc)
+    return crc
+
+
+def recorded_checksums(folder):
+    """{shard file: CRC} as shardd recorded them (the index's metadata, or a single file's
+    __metadata__); {} when none are."""
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
-            j = json.load(f)
-        files = sorted(set(j["weight_map"].values()))
-        rec = j.get("metadata", {}).get(CHECKSUM_KEY)
-        assert isinstance(rec, dict), "%s records no checksums: %r" % (index, j.get("metadata"))
-        assert sorted(rec) == files, "%s: checksums for %s, shards %s" % (index, sorted(rec), files)
+            sums = json.load(f)["metadata"].get(CHECKSUM_KEY, {})
+        return {k: int(v, 16) for k, v in sums.items()}
+    (name,) = [n for n in os.listdir(folder) if n.endswith(".safetensors")]
+    with open(os.path.join(folder, name), "rb") as f:
+        meta = json.loads(f.read(struct.unpack("<Q", f.read(8))[0])).get("__metadata__", {})
+    return {name: int(meta[CHECKSUM_KEY], 16)} if CHECKSUM_KEY in meta else {}
+
+
+def checked_checksums(folder):
+    """{shard file: 8 hex digits} as shardd recorded them, one for every shard, each asserted equal
+    to the CRC-32C of that file's data section on disk."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
     else:
-        files, rec = ["model.safetensors"], {}
+        files = ["model.safetensors"]
+    rec = recorded_checksums(folder)
+    assert sorted(rec) == files, "%s: checksums recorded for %s, shards %s" % (folder, sorted(rec), files)
     out = {}
     for fn in files:
-        with open(os.path.join(folder, fn), "rb") as f:
-            blob = f.read()
-        (n,) = struct.unpack("<Q", blob[:8])
-        if not os.path.exists(index):
-            rec[fn] = json.loads(blob[8:8 + n].decode("utf-8")).get("__metadata__", {}).get(CHECKSUM_KEY)
-        got = "%08x" % crc32c(blob[8 + n:])
-        assert rec[fn] == got, "%s/%s: recorded checksum %r, its data section's CRC-32C is %s" % (folder, fn, rec[fn], got)
-        out[fn] = got
+        got = data_crc32c(os.path.join(folder, fn))
+        assert rec[fn] == got, "%s/%s: recorded checksum %08x, its data section's CRC-32C is %08x" % (
+            folder, fn, rec[fn], got)
+        out[fn] = "%08x" % got
     return out

@@ -17,6 +17,8 @@ import threading
 import time
 import unittest
 
+import suite
+
 try:
     import numpy as np
 except ImportError:
@@ -633,29 +635,14 @@ class SaveTest(unittest.TestCase):
         self.assertEqual(len(names), len(set(names.values())))
 
 
-def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        return worker(json.loads(sys.argv[2]))
+def start():
     global D
     D = Daemon()
-    passed, failed = 0, 1
-    try:
-        suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[__name__])
-        result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-        failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-        passed = result.testsRun - failed - len(result.skipped)
-        for test, why in result.skipped:
-            print("skipped %s: %s" % (test.id().split(".")[-1], why))
-    finally:
-        rc = D.stop()
-    if rc != 0 or failed:
-        # The daemon's side of the story, for whoever reads the failure.
-        print("shardd exited %d; its log:\n%s" % (rc, D.final_log))
-    if rc != 0:
-        failed += 1
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return [D]
 
+
+def main():
+    return suite.run(__name__, worker, daemons=start)
 
 if __name__ == "__main__":
     sys.exit(main())

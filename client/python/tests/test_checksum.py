@@ -26,6 +26,8 @@ import sys
 import tempfile
 import unittest
 
+import suite
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_binding import WAIT, Daemon  # noqa: E402  (exits 77 without numpy)
@@ -33,7 +35,8 @@ from test_binding import WAIT, Daemon  # noqa: E402  (exits 77 without numpy)
 import numpy as np  # noqa: E402
 
 import shardd  # noqa: E402
-from st_reader import crc32c  # noqa: E402  (the crc32c package, else a table in pure Python)
+from st_reader import CHECKSUM_KEY as KEY, crc32c  # noqa: E402  (the crc32c package, else a table in pure Python)
+from st_reader import data_crc32c as data_crc, recorded_checksums as recorded  # noqa: E402
 
 try:
     import torch
@@ -41,7 +44,6 @@ try:
 except ImportError:
     torch = None
 
-KEY = "shardd_data_crc32c"
 INDEX = "model.safetensors.index.json"
 F = ["model-%05d-of-00003.safetensors" % i for i in (1, 2, 3)]
 D = None       # the daemon under test, checksums on (the default)
@@ -53,25 +55,6 @@ def header(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         return n, json.loads(f.read(n))
-
-
-def data_crc(path):
-    n, _ = header(path)
-    with open(path, "rb") as f:
-        f.seek(8 + n)
-        return crc32c(f.read())
-
-
-def recorded(folder):
-    """{file: crc} the checkpoint records, {} when none."""
-    ix = os.path.join(folder, INDEX)
-    if os.path.exists(ix):
-        with open(ix) as f:
-            sums = json.load(f)["metadata"].get(KEY, {})
-        return {k: int(v, 16) for k, v in sums.items()}
-    (name,) = [n for n in os.listdir(folder) if n.endswith(".safetensors")]
-    v = header(os.path.join(folder, name))[1].get("__metadata__", {}).get(KEY)
-    return {} if v is None else {name: int(v, 16)}
 
 
 def shardctl(*args):
@@ -400,31 +383,22 @@ class ChecksumTest(unittest.TestCase):
             self.assertTrue(torch.equal(model(input_ids=ids).logits, fresh(input_ids=ids).logits))
 
 
-def main():
+def start():
     global D, D_OFF
     D = Daemon()
     D_OFF = Daemon(args=["--checksums=off"])
-    failed, passed = 1, 0
-    try:
-        suite = unittest.defaultTestLoader.loadTestsFromTestCase(ChecksumTest)
-        result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-        failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-        passed = result.testsRun - failed - len(result.skipped)
-        for test, why in result.skipped:
-            print("skipped %s: %s" % (test.id().split(".")[-1], why))
-    finally:
-        rcs = [D.stop(), D_OFF.stop()]
-    for d, rc in zip((D, D_OFF), rcs):
-        if rc != 0 or failed:
-            print("shardd exited %d; its log:\n%s" % (rc, d.final_log))
-    failed += sum(rc != 0 for rc in rcs)
+    return [D, D_OFF]
+
+
+def counts():
     print("oracle: %s" % ("the crc32c package" if importlib.util.find_spec("crc32c") else
                           "a table-driven CRC-32C (no crc32c package)"))
     print("checksum: %d corruptions tried, %d caught" % (COUNTS["tried"], COUNTS["caught"]))
-    failed += COUNTS["tried"] != COUNTS["caught"]
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return int(COUNTS["tried"] != COUNTS["caught"])
 
+
+def main():
+    return suite.run(__name__, daemons=start, after=counts)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,6 +13,8 @@ import time
 import typing
 import unittest
 
+import suite
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_binding import WAIT, Daemon, all_dtypes, as_stored  # noqa: E402  (exits 77 without numpy)
@@ -306,25 +308,14 @@ class LoadTest(unittest.TestCase):
         self.assertIn("progress", typing.get_type_hints(shardd.save))
 
 
-def main():
+def start():
     global D
     D = Daemon()
-    failed = 1
-    try:
-        suite = unittest.defaultTestLoader.loadTestsFromTestCase(LoadTest)
-        result = unittest.TextTestRunner(verbosity=2, stream=sys.stdout).run(suite)
-        failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)
-        passed = result.testsRun - failed - len(result.skipped)
-        for test, why in result.skipped:
-            print("skipped %s: %s" % (test.id().split(".")[-1], why))
-    finally:
-        rc = D.stop()
-    if rc != 0 or failed:
-        print("shardd exited %d; its log:\n%s" % (rc, D.final_log))
-    failed += rc != 0
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return [D]
 
+
+def main():
+    return suite.run(__name__, daemons=start)
 
 if __name__ == "__main__":
     sys.exit(main())
