@@ -7,7 +7,7 @@
 /* ------------------------------------------------------------------------ *
  * Compiled into every build so the fault tests exercise the real daemon,
  * but each call costs one branch unless the variable is set. Phases (see
- * publish_start.c, publish_job.c, fileset.c and README "What shardd promises"):
+ * publish_start.c, publish_job.c, fileset.c and docs/formats.md, "What shardd promises"):
  *
  *   start       temporary folder and files created and sized, nothing written
  *   write       a data/header/artifact/index write completed

@@ -31,7 +31,7 @@
 #define SD_GATHER_ALIGN 512u
 
 /* ------------------------------------------------------------------------ *
- * Dtypes (whole-byte elements only; F4/F6 are refused, see README)
+ * Dtypes (whole-byte elements only; F4/F6 are refused, see docs/formats.md)
  * ------------------------------------------------------------------------ */
 #define SD_DTYPE_MAP(XX)        \
   XX(BOOL, 1) XX(U8, 1) XX(I8, 1) XX(F8_E5M2, 1) XX(F8_E4M3, 1) XX(F8_E8M0, 1) \

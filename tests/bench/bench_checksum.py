@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Checksum benchmark: what recording each shard file's CRC-32C costs a save (wall and daemon CPU, s/GiB), placed and staged, and what checking it costs a reader.
-"""One command (numpy is enough; README, "Benchmarks"):
+"""One command (numpy is enough; docs/benchmarks.md):
 
     python3 tests/bench/bench_checksum.py [--gib 1] [--rounds 3]
 

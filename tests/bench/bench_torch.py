@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Torch benchmark: a >= 1 GiB Llama under FSDP2 x 4 and TP 2 x DP 2, shardd beside what users run today, save and load.
-"""One command (the venv's python; README, "Benchmarks"):
+"""One command (the venv's python; docs/benchmarks.md):
 
     .venv/bin/python tests/bench/bench_torch.py [--rounds 3] [--layouts fsdp4,tp_dp] [--layers 8]
 
