@@ -69,3 +69,14 @@ shardd_venv() {
 print("venv: torch", torch.__version__, "transformers", transformers.__version__)'
   echo "$want" > "$stamp"
 }
+
+# The Python package into the venv the way docs/pytorch.md's pip section installs it, with this
+# build tree's libshardd recorded, so the venv's python and torchrun import shardd with no
+# PYTHONPATH or LIBSHARDD. A test's PYTHONPATH (its own tree's client/python) still comes first.
+# pip writes client/python/build and *.egg-info (both git-ignored). shardd_venv_package BUILD_DIR
+shardd_venv_package() {
+  local build=${1:-build}
+  LIBSHARDD="$PWD/$build/client/libshardd.so" "$SHARDD_VENV/bin/python" -m pip install -q \
+      --disable-pip-version-check --no-build-isolation --no-index --no-deps --force-reinstall ./client/python || return 1
+  echo "venv: shardd installed, libshardd at $PWD/$build/client/libshardd.so"
+}

@@ -218,29 +218,6 @@ class SavePretrained(unittest.TestCase):
             previous = os.path.join(self.d.root, layout)
 
 
-class Example(unittest.TestCase):
-    def test_fsdp2_example_under_torchrun(self):
-        """client/python/examples/fsdp2_save.py as a user runs it: torchrun, 4 CPU ranks."""
-        import subprocess
-
-        from torch_world import free_port
-
-        d = Daemon()
-        try:
-            example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
-                                   "fsdp2_save.py")
-            p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
-                                "--master-port", str(free_port()), example, "--dir", "example"],
-                               env=dict(os.environ, SHARDD_SOCKET=d.socket), capture_output=True, text=True,
-                               timeout=4 * WAIT)
-            self.assertEqual(p.returncode, 0, p.stdout + p.stderr[-4000:])
-            self.assertIn("bit-equal to the trained model", p.stdout)
-            print(p.stdout.strip())
-            self.assertTrue(os.path.exists(os.path.join(d.root, "example/step-6/model.safetensors.index.json")))
-        finally:
-            d.stop()
-
-
 def main():
     return suite.run(__name__, lambda args: answer(worker(args)))
 
