@@ -17,6 +17,7 @@ import tempfile
 from typing import Any, Dict, List, Tuple
 
 from ._torch_state import save_state_dict
+from ._unwrap import unwrap_model
 
 __all__ = ["save_pretrained", "saved_names"]
 
@@ -105,16 +106,18 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
     saved from every rank's own shards in one atomic save. Every rank calls it.
 
     model: a transformers PreTrainedModel, whole or wrapped by FSDP2
-    (fully_shard) and/or TP (parallelize_module) in place. Written: the same
+    (fully_shard) and/or TP (parallelize_module) in place, or by torch.compile,
+    DDP or DataParallel (unwrapped); anything else raises TypeError. Written: the same
     tensor names (tied and shared parameters dropped as save_pretrained drops
     them, _keys_to_ignore_on_save left out), the same shard files holding the
-    same tensors, an index equal to save_pretrained's, config.json and,
+    same tensors, save_pretrained's index (plus shardd's checksums), config.json and,
     where the model generates, generation_config.json. max_shard_size
     defaults to save_pretrained's "50GB". state_dict: what the model's
     state_dict() would give, if the caller already has it. files: more
     {name: bytes} beside them. Every other option goes to shardd.save
     (wait=False, timeout, overwrite, keep_last, socket, ...).
     """
+    model, state_dict = unwrap_model(model, state_dict)
     if getattr(model, "_hf_peft_config_loaded", False) or getattr(model, "hf_quantizer", None):
         raise NotImplementedError("adapter (PEFT) and quantized models are saved by transformers' "
                                   "own save_pretrained only")

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+# save_pretrained of wrapped models: torch.compile, DataParallel and DDP unwrapped (equal logits after from_pretrained); any other module refused with nothing published.
+"""One process, one real daemon, a tiny Llama. Each wrapper transformers and
+accelerate unwrap is saved with shardd.torch.save_pretrained, and the folder
+must load with from_pretrained to logits torch.equal to the model's, with the
+model's class in config.json. Every other module (an nn.Sequential around the
+model, a bare nn.Linear, a PEFT model where peft is installed) raises
+TypeError naming its class, and nothing is published.
+
+Environment as for test_binding.py. Exits 77 (skipped) without torch or transformers.
+"""
+import json
+import os
+import sys
+import unittest
+
+try:
+    import torch
+    import torch.distributed as dist
+    import transformers
+    from transformers import AutoModelForCausalLM, LlamaConfig
+except ImportError as e:
+    print("torch or transformers is missing (%s): skipping" % e)
+    sys.exit(77)
+
+import suite
+import shardd.torch as st
+from test_binding import Daemon
+from torch_world import free_port
+
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+D = None
+
+
+def tiny(seed=0):
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+
+
+IDS = torch.arange(16).reshape(2, 8)
+
+
+class Wrapped(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0, world_size=1)
+
+    def saved_equal(self, wrapped, model, name, **kwargs):
+        st.save_pretrained(wrapped, "wrapped/" + name, **kwargs)
+        path = os.path.join(D.root, "wrapped", name)
+        with open(os.path.join(path, "config.json")) as f:
+            self.assertEqual(json.load(f)["architectures"], ["LlamaForCausalLM"], name)
+        back, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+        self.assertEqual({k: v for k, v in info.items() if v}, {}, name)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(back.eval()(IDS).logits, model(IDS).logits), name)
+
+    def test_unwrapped(self):
+        model = tiny()
+        compiled = torch.compile(model)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        cases = {"compile": compiled, "data-parallel": torch.nn.DataParallel(model), "ddp": ddp,
+                 "compile-of-ddp": torch.compile(ddp)}
+        for name, wrapped in cases.items():
+            with self.subTest(name):
+                self.saved_equal(wrapped, model, name)
+        # A state dict taken from the wrapper: its prefixes are taken off too.
+        self.saved_equal(compiled, model, "compile-state-dict", state_dict=compiled.state_dict())
+        print("saved and loaded equal: %s, compile-state-dict" % ", ".join(cases))
+
+    def refused(self, module, name, words):
+        with self.assertRaises(TypeError) as cm:
+            st.save_pretrained(module, "refused/" + name)
+        for w in words:
+            self.assertIn(w, str(cm.exception))
+        self.assertFalse(os.path.exists(os.path.join(D.root, "refused", name)), name)
+        print("refused %s: %s" % (name, cm.exception))
+
+    def test_refused(self):
+        model = tiny()
+        self.refused(torch.nn.Sequential(model), "sequential", ["torch.nn.modules.container.Sequential"])
+        self.refused(torch.nn.Linear(4, 4), "linear", ["Linear"])
+        try:
+            import peft
+        except ImportError:
+            print("peft is not installed: its refusal is the generic one above")
+            return
+        lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        self.refused(lora, "peft", [type(lora).__name__, "adapter"])
+
+
+def main():
+    global D
+
+    def daemons():
+        global D
+        D = Daemon()
+        os.environ["SHARDD_SOCKET"] = D.socket
+        return [D]
+    return suite.run(__name__, daemons=daemons)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
