@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "sd_error.h"
+#include "sd_layout.h"
 #include "sd_linebuf.h"
 #include "shardd/shardd.h"
 
@@ -39,6 +40,8 @@ struct shardd_client {
   json_t *released;        /* save -> true once "released" (or the save's end) was seen */
   shardd_arena *arenas;
   int pass_fd, passing;    /* passing: the next request carries pass_fd (SCM_RIGHTS) */
+  uint64_t max_line;       /* the daemon's, from hello (0: not said) */
+  uint64_t max_puts;       /* slices one puts line may hold (0: the daemon has no puts) */
   char *node;
   char *server;
   char err[SD_CLIENT_ERR_MAX];
@@ -56,8 +59,15 @@ int sd_client_conn_check(shardd_client *c);
 int sd_client_request(shardd_client *c, json_t *req, json_t **reply);
 /* The same, the request's line carrying fd (SCM_RIGHTS, one sendmsg); fd stays the caller's. */
 int sd_client_request_fd(shardd_client *c, json_t *req, int fd, json_t **reply);
-/* n requests (stolen), a bounded number unanswered at a time; every reply is
- * read. Returns the first failure, its index in *failed and its message. */
+/* Writes request number k into out (empty), with id `id` and its '\n': 0; none left: 1; a local
+ * refusal: minus its code, its message in c->err. */
+typedef int (*sd_client_line_fn)(shardd_client *c, void *ctx, size_t k, json_int_t id, sd_buf *out);
+/* Requests made by `line` one after the other, at most `window` unanswered at a time, none
+ * made after the first refusal, every reply to those sent read. Returns the first failure, its request's number in *failed, its message in c->err
+ * and its reply's "accepted" (-1 when it has none) in *accepted. */
+int sd_client_pipeline(shardd_client *c, size_t window, sd_client_line_fn line, void *ctx, size_t *failed,
+                       int64_t *accepted);
+/* n requests (stolen) through sd_client_pipeline. Returns the first failure, its index in *failed and its message. */
 int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *failed);
 
 #endif

@@ -317,41 +317,54 @@ static int finish_reply(shardd_client *c, json_t *r, json_t **reply) {
   return rc;
 }
 
-/* Requests sent ahead of their replies: enough to hide round trips, few
- * enough that the replies owed never reach the daemon's output limit while
- * this side is only writing. */
-#define SD_CLIENT_WINDOW 256
-
-int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *failed) {
-  json_int_t *ids = malloc((n ? n : 1) * sizeof *ids);
-  if (!ids) {
-    for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
-    return sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot hold %zu request ids", n);
-  }
+int sd_client_pipeline(shardd_client *c, size_t window, sd_client_line_fn line, void *ctx, size_t *failed,
+                       int64_t *accepted) {
+  if (window == 0) window = 1;
+  json_int_t *ids = malloc(window * sizeof *ids); /* a ring: request k's id at k % window */
+  sd_buf out = {0};
+  if (!ids) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot hold %zu request ids", window);
   size_t sent = 0, got = 0, first_at = 0;
-  int first = 0, rc = 0;
+  int first = 0, rc = 0, more = 1;
+  int64_t first_accepted = -1;
   char msg[sizeof c->err];
-  while (got < n && !rc) {
-    while (sent < n && sent - got < SD_CLIENT_WINDOW && !rc) {
-      rc = send_request(c, reqs[sent], &ids[sent]);
-      reqs[sent++] = NULL;
+  while (!rc && (more || got < sent)) {
+    while (more && sent - got < window && !rc) {
+      out.len = 0;
+      json_int_t id = c->next_id + 1;
+      int r = line(c, ctx, sent, id, &out);
+      if (r < 0) {
+        rc = -r;
+        first_at = sent;
+      } else if (r > 0) more = 0;
+      else if (out.oom) rc = sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot encode request %zu", sent);
+      else if (!(rc = sd_client_conn_check(c))) {
+        c->next_id = id;
+        ids[sent++ % window] = id;
+        rc = send_all(c, out.p, out.len, deadline_in(c->timeout_ms));
+      }
     }
-    if (rc) break;
+    if (rc || got == sent) break;
     json_t *r;
-    rc = await_reply(c, ids[got], deadline_in(c->timeout_ms), &r);
+    rc = await_reply(c, ids[got % window], deadline_in(c->timeout_ms), &r);
     if (rc) break;
+    json_t *acc = json_object_get(r, "accepted");
+    int64_t nacc = json_is_integer(acc) ? (int64_t)json_integer_value(acc) : -1;
     int e = finish_reply(c, r, NULL);
     if (e && !first) {
       first = e;
       first_at = got;
+      first_accepted = nacc;
       snprintf(msg, sizeof msg, "%s", c->err);
+      more = 0; /* the caller gives up at the first refusal: nothing more is sent */
     }
     got++;
   }
-  for (size_t k = sent; k < n; k++) json_decref(reqs[k]);
   free(ids);
-  if (rc) { /* the connection broke: what was not answered is lost */
-    if (failed) *failed = first ? first_at : got;
+  free(out.p);
+  if (accepted) *accepted = first ? first_accepted : -1;
+  if (rc) { /* a local refusal (at first_at) or a broken connection: what was not answered is lost */
+    if (failed) *failed = first || first_at ? first_at : got;
+    if (first) snprintf(c->err, sizeof c->err, "%s", msg);
     return first ? first : rc;
   }
   if (first) {
@@ -359,6 +372,42 @@ int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *fa
     if (failed) *failed = first_at;
   }
   return first;
+}
+
+/* Requests sent ahead of their replies: enough to hide round trips, few
+ * enough that the replies owed never reach the daemon's output limit while
+ * this side is only writing. */
+#define SD_CLIENT_WINDOW 256
+
+typedef struct {
+  json_t **reqs;
+  size_t n;
+} json_lines;
+
+static int json_line(shardd_client *c, void *ctx, size_t k, json_int_t id, sd_buf *out) {
+  json_lines *l = ctx;
+  if (k >= l->n) return 1;
+  json_t *req = l->reqs[k];
+  l->reqs[k] = NULL;
+  if (!req) return -sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot build the request");
+  json_object_set_new(req, "id", json_integer(id));
+  size_t len = json_dumpb(req, NULL, 0, JSON_COMPACT);
+  if (!len) {
+    json_decref(req);
+    return -sd_client_fail(c, SHARDD_E_NO_MEMORY, "cannot encode the request");
+  }
+  sd_buf_reserve(out, len + 1);
+  if (!out->oom) out->len = json_dumpb(req, out->p, len, JSON_COMPACT);
+  json_decref(req);
+  sd_buf_putc(out, '\n');
+  return 0;
+}
+
+int sd_client_request_many(shardd_client *c, json_t **reqs, size_t n, size_t *failed) {
+  json_lines l = {reqs, n};
+  int rc = sd_client_pipeline(c, SD_CLIENT_WINDOW, json_line, &l, failed, NULL);
+  for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
+  return rc;
 }
 
 /* One request, one reply (for every op but wait). */
@@ -503,6 +552,9 @@ SHARDD_EXPORT int shardd_connect(const char *socket_path, shardd_client **out) {
                       SHARDD_PROTO_VERSION);
     goto fail;
   }
+  json_int_t v;
+  if ((v = json_integer_value(json_object_get(r, "max_line"))) > 0) c->max_line = (uint64_t)v;
+  if ((v = json_integer_value(json_object_get(r, "max_puts"))) > 0) c->max_puts = (uint64_t)v;
   c->node = json_text(json_object_get(r, "node"));
   c->server = json_text(json_object_get(r, "server"));
   json_decref(r);

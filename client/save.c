@@ -13,6 +13,9 @@
 #include "sd_base64.h"
 #include "sd_error.h"
 #include "sd_format.h"
+#include "sd_layout.h"
+#include "sd_msg.h"
+#include "sd_utf8.h"
 #include "shardd/shardd.h"
 
 /* ------------------------------------------------------------------------ *
@@ -43,11 +46,9 @@ static int set_dims(shardd_client *c, json_t *obj, const char *key, const char *
   return 0;
 }
 
-/* Validates a tensor description, computes its slice's byte size, and builds
- * the common part of a put request. */
-static int put_request(shardd_client *c, const char *save, const shardd_tensor_desc *t,
-                       json_t **out, uint64_t *nbytes) {
-  *out = NULL;
+/* Validates a tensor description; *nbytes is its slice's byte size, *sliced whether it names a box. */
+static int desc_check(shardd_client *c, const char *save, const shardd_tensor_desc *t, uint64_t *nbytes,
+                      int *sliced) {
   if (!save) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put: save id is NULL");
   if (!t || !t->name) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put: tensor name is NULL");
   const char *name = t->name;
@@ -63,23 +64,39 @@ static int put_request(shardd_client *c, const char *save, const shardd_tensor_d
   if (!t->start != !t->count)
     return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': give both start and count, or neither",
                  name);
-  int sliced = t->start != NULL && t->ndim > 0;
+  *sliced = t->start != NULL && t->ndim > 0;
   uint64_t n = sd_dtype_size(dt);
   for (int i = 0; i < t->ndim; i++) {
-    uint64_t dim = sliced ? t->count[i] : t->shape[i];
-    if (sliced && (t->start[i] > t->shape[i] || t->count[i] > t->shape[i] - t->start[i]))
+    uint64_t dim = *sliced ? t->count[i] : t->shape[i];
+    if (*sliced && (t->start[i] > t->shape[i] || t->count[i] > t->shape[i] - t->start[i]))
       return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT,
                    "tensor '%s': box start %" PRIu64 " count %" PRIu64 " exceeds shape %" PRIu64
                    " in dimension %d",
                    name, t->start[i], t->count[i], t->shape[i], i);
     if (dim != 0 && n > UINT64_MAX / dim)
       return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': byte size overflows", name);
+    if (t->shape[i] > (uint64_t)INT64_MAX)
+      return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': shape[%d] = %" PRIu64 " is too large",
+                   name, i, t->shape[i]);
     n *= dim;
   }
+  *nbytes = n;
+  return 0;
+}
+
+/* Validates a tensor description, computes its slice's byte size, and builds
+ * the common part of a put request. */
+static int put_request(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                       json_t **out, uint64_t *nbytes) {
+  *out = NULL;
+  int sliced = 0;
+  int rc = desc_check(c, save, t, nbytes, &sliced);
+  if (rc) return rc;
+  const char *name = t->name;
   json_t *req = json_pack("{s:s, s:s, s:s, s:s}", "op", "put", "save", save, "name", name, "dtype",
                           t->dtype);
   if (!req) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': name or save is not valid UTF-8", name);
-  int rc = set_dims(c, req, "shape", name, t->ndim, t->shape);
+  rc = set_dims(c, req, "shape", name, t->ndim, t->shape);
   if (!rc && sliced) rc = set_dims(c, req, "start", name, t->ndim, t->start);
   if (!rc && sliced) rc = set_dims(c, req, "count", name, t->ndim, t->count);
   if (!rc && t->index >= 0) json_object_set_new(req, "index", json_integer(t->index));
@@ -88,7 +105,6 @@ static int put_request(shardd_client *c, const char *save, const shardd_tensor_d
     return rc;
   }
   *out = req;
-  *nbytes = n;
   return 0;
 }
 
@@ -241,41 +257,48 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
  * place later ("deferred", announced by shardd_ready or shardd_seal). */
 typedef enum { PUT_IN_PLACE, PUT_COPY, PUT_DEFERRED } put_how;
 
+/* Checks where a region put's nbytes are (copying src there first for PUT_COPY); *in_region is 0
+ * for an empty slice given no arena, which names no bytes. */
+static int arena_check(shardd_client *c, const shardd_tensor_desc *t, uint64_t nbytes, shardd_arena *a,
+                       uint64_t offset, const void *src, size_t len, put_how copy, int *in_region) {
+  *in_region = 0;
+  /* An empty slice names no bytes: a rank holding nothing needs no arena. */
+  if (!a && nbytes == 0 && !(copy == PUT_COPY && len)) return 0;
+  if (!a || a->c != c)
+    return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': arena is NULL or belongs to another client",
+                 t->name);
+  if (offset > a->size || nbytes > a->size - offset)
+    return sd_client_fail(c, SHARDD_E_OUT_OF_RANGE,
+                 "tensor '%s': %" PRIu64 " bytes at offset %" PRIu64 " lie outside the %zu-byte arena",
+                 t->name, nbytes, offset, a->size);
+  if (copy == PUT_COPY) {
+    if (len != nbytes)
+      return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': got %zu bytes, the slice has %" PRIu64,
+                   t->name, len, nbytes);
+    if (len) memcpy((char *)a->base + offset, src, len);
+  }
+  *in_region = 1;
+  return 0;
+}
+
 /* The put request of a slice in arena a at offset, checked on this side; *out is NULL on error. */
 static int arena_request(shardd_client *c, const char *save, const shardd_tensor_desc *t, shardd_arena *a,
                          uint64_t offset, const void *src, size_t len, put_how copy, json_t **out) {
   json_t *req;
   uint64_t nbytes;
+  int in_region = 0;
   *out = NULL;
   int rc = put_request(c, save, t, &req, &nbytes);
-  if (rc) return rc;
-  if (!a && nbytes == 0 && !(copy == PUT_COPY && len)) {
-    /* An empty slice names no bytes: a rank holding nothing needs no arena. */
-    *out = req;
-    return 0;
-  }
-  if (!a || a->c != c) {
+  if (!rc) rc = arena_check(c, t, nbytes, a, offset, src, len, copy, &in_region);
+  if (rc) {
     json_decref(req);
-    return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': arena is NULL or belongs to another client",
-                 t->name);
+    return rc;
   }
-  if (offset > a->size || nbytes > a->size - offset) {
-    json_decref(req);
-    return sd_client_fail(c, SHARDD_E_OUT_OF_RANGE,
-                 "tensor '%s': %" PRIu64 " bytes at offset %" PRIu64 " lie outside the %zu-byte arena",
-                 t->name, nbytes, offset, a->size);
+  if (in_region) {
+    json_object_set_new(req, "region", json_integer(a->region));
+    json_object_set_new(req, "offset", json_integer((json_int_t)offset));
+    if (copy == PUT_DEFERRED) json_object_set_new(req, "deferred", json_true());
   }
-  if (copy == PUT_COPY) {
-    if (len != nbytes) {
-      json_decref(req);
-      return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': got %zu bytes, the slice has %" PRIu64,
-                   t->name, len, nbytes);
-    }
-    if (len) memcpy((char *)a->base + offset, src, len);
-  }
-  json_object_set_new(req, "region", json_integer(a->region));
-  json_object_set_new(req, "offset", json_integer((json_int_t)offset));
-  if (copy == PUT_DEFERRED) json_object_set_new(req, "deferred", json_true());
   *out = req;
   return 0;
 }
@@ -288,27 +311,158 @@ static int put_arena(shardd_client *c, const char *save, const shardd_tensor_des
   return rc ? rc : sd_client_request(c, req, NULL);
 }
 
+/* ------------------------------------------------------------------------ *
+ * put_many: puts lines of many slices each
+ * ------------------------------------------------------------------------ */
+/* A puts line's size when the daemon's max_line allows it: big enough that a line's own costs
+ * (a reply, a round trip hidden by the window) vanish beside its slices', small enough that the
+ * daemon's loop turns quickly to its other clients. */
+#define PUTS_LINE_BYTES (256u * 1024u)
+#define PUTS_LINE_SLICES 2048u
+/* puts lines sent ahead of their replies. */
+#define PUTS_WINDOW 4
+
+typedef struct {
+  const char *save;
+  const shardd_tensor_desc *t;
+  const uint64_t *offsets;
+  const uint8_t *in_region; /* per slice, from arena_check */
+  size_t n, next;           /* slices; the first not yet in a line */
+  size_t *first;            /* the first slice of each line sent, by line number */
+  shardd_arena *a;
+  int deferred;
+  size_t line_bytes, line_slices;
+} puts_lines;
+
+static void put_dims(sd_buf *b, const char *key, int ndim, const uint64_t *v) {
+  sd_buf_puts(b, key);
+  sd_buf_putc(b, '[');
+  for (int i = 0; i < ndim; i++) {
+    if (i) sd_buf_putc(b, ',');
+    sd_buf_put_u64(b, v[i]);
+  }
+  sd_buf_putc(b, ']');
+}
+
+/* One slice's object, the fields of a put but 'save'. */
+static void put_slice(sd_buf *b, const puts_lines *l, size_t i) {
+  const shardd_tensor_desc *t = &l->t[i];
+  sd_buf_puts(b, "{\"name\":");
+  sd_buf_json_str(b, t->name, strlen(t->name));
+  sd_buf_puts(b, ",\"dtype\":");
+  sd_buf_json_str(b, t->dtype, strlen(t->dtype));
+  put_dims(b, ",\"shape\":", t->ndim, t->shape);
+  if (t->start && t->ndim > 0) {
+    put_dims(b, ",\"start\":", t->ndim, t->start);
+    put_dims(b, ",\"count\":", t->ndim, t->count);
+  }
+  if (t->index >= 0) {
+    sd_buf_puts(b, ",\"index\":");
+    sd_buf_put_u64(b, (uint64_t)t->index);
+  }
+  if (l->in_region[i]) {
+    sd_buf_puts(b, ",\"region\":");
+    sd_buf_put_u64(b, (uint64_t)l->a->region);
+    sd_buf_puts(b, ",\"offset\":");
+    sd_buf_put_u64(b, l->offsets[i]);
+    if (l->deferred) sd_buf_puts(b, ",\"deferred\":true");
+  }
+  sd_buf_putc(b, '}');
+}
+
+/* The next puts line: as many of the slices left as fit the line's budget (one at least). */
+static int puts_line(shardd_client *c, void *ctx, size_t k, json_int_t id, sd_buf *out) {
+  (void)c;
+  puts_lines *l = ctx;
+  if (l->next >= l->n) return 1;
+  l->first[k] = l->next;
+  sd_buf_puts(out, "{\"op\":\"puts\",\"id\":");
+  sd_buf_put_u64(out, (uint64_t)id);
+  sd_buf_puts(out, ",\"save\":");
+  sd_buf_json_str(out, l->save, strlen(l->save));
+  sd_buf_puts(out, ",\"slices\":[");
+  for (size_t taken = 0; l->next < l->n && taken < l->line_slices; taken++) {
+    size_t before = out->len;
+    if (taken) sd_buf_putc(out, ',');
+    put_slice(out, l, l->next);
+    if (taken && out->len + 3 > l->line_bytes) { /* over: it starts the next line */
+      out->len = before;
+      break;
+    }
+    l->next++;
+  }
+  sd_buf_puts(out, "]}\n");
+  return 0;
+}
+
+/* Every slice checked on this side, so that a local refusal sends nothing. */
+static int puts_check(shardd_client *c, puts_lines *l, uint8_t *in_region, size_t *failed) {
+  if (!sd_utf8_valid(l->save, strlen(l->save), NULL))
+    return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put_many: save id is not valid UTF-8");
+  for (size_t i = 0; i < l->n; i++) {
+    uint64_t nbytes = 0;
+    int sliced = 0, in = 0, rc = desc_check(c, l->save, &l->t[i], &nbytes, &sliced);
+    if (!rc && !sd_utf8_valid(l->t[i].name, strlen(l->t[i].name), NULL))
+      rc = sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': name is not valid UTF-8", l->t[i].name);
+    if (!rc && l->t[i].index > (int64_t)SD_MSG_INT_MAX)
+      rc = sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': index %" PRId64 " is too large", l->t[i].name,
+                          l->t[i].index);
+    if (!rc)
+      rc = arena_check(c, &l->t[i], nbytes, l->a, l->offsets[i], NULL, 0,
+                       l->deferred ? PUT_DEFERRED : PUT_IN_PLACE, &in);
+    if (rc) {
+      *failed = i;
+      return rc;
+    }
+    in_region[i] = (uint8_t)in;
+  }
+  return 0;
+}
+
+/* Older daemons (no max_puts in their hello): one put line per slice, pipelined. */
+static int put_many_singly(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+                           const uint64_t *offsets, size_t n, shardd_arena *a, int deferred, size_t *failed) {
+  json_t **reqs = calloc(n ? n : 1, sizeof *reqs);
+  if (!reqs) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "put_many: cannot hold %zu requests", n);
+  int rc = 0;
+  for (size_t i = 0; i < n && !rc; i++) rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0,
+                                                           deferred ? PUT_DEFERRED : PUT_IN_PLACE, &reqs[i]);
+  if (!rc) rc = sd_client_request_many(c, reqs, n, failed);
+  else for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
+  free(reqs);
+  return rc;
+}
+
 SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
                                   size_t *failed) {
+  size_t failed_at = 0;
   if (failed) *failed = 0;
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
+  if (!save) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put: save id is NULL");
   if (n && (!t || !offsets)) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put_many: tensors or offsets is NULL");
-  json_t **reqs = calloc(n ? n : 1, sizeof *reqs);
-  if (!reqs) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "put_many: cannot hold %zu requests", n);
-  /* Every slice is checked before anything is sent: a local refusal sends nothing. */
-  int rc = 0;
-  size_t i = 0;
-  for (; i < n && !rc; i++) rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0,
-                                               deferred ? PUT_DEFERRED : PUT_IN_PLACE, &reqs[i]);
-  if (rc) {
-    if (failed) *failed = i - 1;
-    for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
-    free(reqs);
-    return rc;
+  if (n == 0) return sd_client_ok(c);
+  puts_lines l = {.save = save, .t = t, .offsets = offsets, .n = n, .a = a, .deferred = deferred};
+  uint8_t *in_region = malloc(n);
+  /* Lines hold a slice each at least: n lines at most. */
+  l.first = malloc(n * sizeof *l.first);
+  int rc = !in_region || !l.first ? sd_client_fail(c, SHARDD_E_NO_MEMORY, "put_many: cannot hold %zu slices", n)
+                                  : puts_check(c, &l, in_region, &failed_at);
+  if (!rc && !c->max_puts) {
+    rc = put_many_singly(c, save, t, offsets, n, a, deferred, &failed_at);
+  } else if (!rc) {
+    l.in_region = in_region;
+    l.line_bytes = c->max_line && c->max_line < PUTS_LINE_BYTES ? (size_t)c->max_line : PUTS_LINE_BYTES;
+    l.line_slices = c->max_puts < PUTS_LINE_SLICES ? (size_t)c->max_puts : PUTS_LINE_SLICES;
+    size_t line = 0;
+    int64_t accepted = -1;
+    rc = sd_client_pipeline(c, PUTS_WINDOW, puts_line, &l, &line, &accepted);
+    /* The refused slice: the failing line's first plus the slices the daemon took from it. */
+    if (rc) failed_at = l.first[line] + (accepted > 0 ? (size_t)accepted : 0);
   }
-  rc = sd_client_request_many(c, reqs, n, failed);
-  free(reqs);
+  if (failed) *failed = failed_at;
+  free(in_region);
+  free(l.first);
   return rc;
 }
 

@@ -61,6 +61,9 @@ static json_t *op_hello(sd_session *s, json_t *req, json_t *id) {
   json_object_set_new(r, "proto", json_integer(SHARDD_PROTO_VERSION));
   json_object_set_new(r, "server", json_pack("{s:s,s:s}", "name", "shardd", "version", SHARDD_VERSION_STRING));
   json_object_set_new(r, "node", sd_msg_string_lossy(s->d->node));
+  /* What a client sizes its puts lines by: a longer line would cost it the connection. */
+  json_object_set_new(r, "max_line", json_integer((json_int_t)s->d->cfg->max_line));
+  json_object_set_new(r, "max_puts", json_integer(SD_PUTS_MAX));
   return r;
 }
 
@@ -236,6 +239,50 @@ static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
   json_t *m = sd_msg_ok(id);
   json_object_set_new(m, "bytes", json_integer((json_int_t)len));
   return m;
+}
+
+/* The name of a slice of a puts line, for its errors, once it is a name a put accepts. */
+static const char *slice_name(const json_t *slice) {
+  const char *name = json_string_value(json_object_get(slice, "name"));
+  sd_error ignored = {0};
+  return name && strlen(name) <= SD_NAME_MAX && sd_name_check(name, strlen(name), &ignored) == 0 ? name : NULL;
+}
+
+static json_t *puts_reply(json_t *id, const sd_error *err, size_t accepted, uint64_t bytes) {
+  json_t *m = err ? fail(id, err) : sd_msg_ok(id);
+  json_object_set_new(m, "accepted", json_integer((json_int_t)accepted));
+  if (!err) json_object_set_new(m, "bytes", json_integer((json_int_t)bytes));
+  return m;
+}
+
+/* puts: many slices in one line, read, checked and recorded in order, as that many put lines
+ * would be; the first one refused (malformed, or by the save: a limit, a mismatch) stops the
+ * rest, and "accepted" says how many went in before it. */
+static json_t *op_puts(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  const json_t *slices = NULL;
+  size_t n = 0, accepted = 0;
+  uint64_t bytes = 0;
+  if (find_rank(s, req, &save, &rank, &err) || sd_req_puts_slices(req, &slices, &n, &err))
+    return puts_reply(id, &err, 0, 0);
+  for (; accepted < n; accepted++) {
+    const json_t *slice = json_array_get(slices, accepted);
+    sd_put_args a;
+    memset(&a, 0, sizeof a);
+    int rc = parse_tensor(slice, s->d->cfg->max_name_len, s->d->cfg->max_dims, &a, &err) ||
+             parse_source(s, slice, &a, &err) || sd_save_put(save, rank, &a, &err); /* may end (and free) the save */
+    free(a.data);
+    if (rc) {
+      sd_req_in_batch(&err, accepted, slice_name(slice));
+      break;
+    }
+    bytes += a.len;
+  }
+  s->d->counters.puts += accepted;
+  s->d->counters.bytes_put += bytes;
+  return puts_reply(id, err.code ? &err : NULL, accepted, bytes);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -440,7 +487,7 @@ static const struct {
     {"hello", op_hello}, {"attach", op_attach}, {"detach", op_detach}, {"begin", op_begin},
     {"put", op_put},     {"file", op_file},     {"seal", op_seal},     {"wait", op_wait},
     {"abort", op_abort}, {"status", op_status}, {"declared", op_declared}, {"ready", op_ready},
-    {"delete", op_delete},
+    {"delete", op_delete}, {"puts", op_puts},
 };
 
 void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {

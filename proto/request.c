@@ -166,3 +166,28 @@ int sd_req_source_parse(const json_t *req, const char *name, uint64_t len, sd_re
   src->has_region = 1;
   return 0;
 }
+
+int sd_req_puts_slices(const json_t *req, const json_t **slices, size_t *n, sd_error *err) {
+  const json_t *a = json_object_get(req, "slices");
+  if (!a || json_is_null(a)) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'slices' is required");
+  if (!json_is_array(a)) return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "field 'slices' must be an array");
+  size_t count = json_array_size(a);
+  if (count > SD_PUTS_MAX)
+    return sd_fail(err, SHARDD_E_LIMIT, "puts: %zu slices in one request, over the %d a request may hold", count,
+                   SD_PUTS_MAX);
+  for (size_t k = 0; k < count; k++)
+    if (!json_is_object(json_array_get(a, k)))
+      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "slices[%zu] must be an object (the fields of a put)", k);
+  *slices = a;
+  *n = count;
+  return 0;
+}
+
+void sd_req_in_batch(sd_error *err, size_t k, const char *name) {
+  char why[SD_ERRMSG_MAX];
+  snprintf(why, sizeof why, "%s", err->msg);
+  if (!name || strncmp(why, "tensor '", 8) == 0)
+    sd_fail(err, err->code, "slices[%zu]: %s", k, why);
+  else
+    sd_fail(err, err->code, "slices[%zu]: tensor '%.200s': %s", k, name, why);
+}

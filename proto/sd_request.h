@@ -77,6 +77,19 @@ typedef struct {
 
 int sd_req_source_parse(const json_t *req, const char *name, uint64_t len, sd_req_source *src, sd_error *err);
 
+/* puts: at most this many slices in one request. Each is recorded on the event loop before
+ * the next request of any client is read, so the bound keeps one line from holding the
+ * others up for long (about a hundredth of a second at the daemon's cost per slice). */
+#define SD_PUTS_MAX 16384
+
+/* puts: the array of slices (each an object with a put's fields but 'save'), 0 to SD_PUTS_MAX
+ * of them; *slices borrows from req. */
+int sd_req_puts_slices(const json_t *req, const json_t **slices, size_t *n, sd_error *err);
+
+/* Rewrites err's message for slice k of a puts line: "slices[k]: tensor 'NAME': ..." (name NULL
+ * when it could not be read; the tensor is not named twice). */
+void sd_req_in_batch(sd_error *err, size_t k, const char *name);
+
 /* Decodes the strict base64 of field 'data' of `kind` `name` ("tensor 'w'",
  * "file 'a.json'"), naming them both in the error. */
 int sd_req_data(const char *data, size_t dlen, const char *kind, const char *name, uint8_t **bytes,

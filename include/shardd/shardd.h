@@ -206,9 +206,13 @@ SHARDD_EXPORT int shardd_put(shardd_client *c, const char *save, const shardd_te
 SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   shardd_arena *a, uint64_t offset, const void *src, size_t len);
 /* n slices whose bytes are (deferred: will be) at offsets[i] in the arena,
- * sent without waiting for each answer: one round trip's wait for them all.
- * Every slice is checked here first (nothing is sent if one is refused);
- * then every reply is read. Returns the first failure, its index in *failed. */
+ * sent many to a line (the protocol's puts, up to a few thousand slices or
+ * 256 KiB a line; one put line each to a daemon without puts), a few lines
+ * unanswered at a time. Every slice is checked here first (nothing is sent
+ * if one is refused). The daemon records a line's slices in order and stops
+ * at the first it refuses; no line is sent once a refusal came, though the
+ * lines already sent are recorded. Returns the first failure, the refused
+ * slice's index in *failed (every slice before it was recorded). */
 SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
                                   size_t *failed);

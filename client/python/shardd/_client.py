@@ -6,6 +6,7 @@ import re
 
 from . import _lib
 from ._lib import Result, SaveOpts, TensorDesc
+from ._tensors import dtype_name
 
 __all__ = ["ShardError", "Client", "Arena", "error_names", "parse_size"]
 
@@ -122,31 +123,65 @@ def _timeout_ms(timeout):
 
 
 def _dims(values, what):
-    arr = (ctypes.c_uint64 * len(values))()
-    for i, v in enumerate(values):
-        v = int(v)
-        if v < 0:
-            raise ValueError("%s[%d] must not be negative" % (what, i))
-        arr[i] = v
-    return arr
+    values = tuple(int(v) for v in values)
+    if values and min(values) < 0:
+        raise ValueError("%s[%d] must not be negative" % (what, next(i for i, v in enumerate(values) if v < 0)))
+    return (ctypes.c_uint64 * len(values))(*values)
+
+
+# dtype as given -> its safetensors name as bytes: save() describes tens of thousands of tensors of a few dtypes.
+_DTYPE_ASCII = {}
+
+
+def _dtype_ascii(dtype):
+    try:
+        return _DTYPE_ASCII[dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable dtype object
+        pass
+    name = dtype_name(dtype).encode("ascii")
+    if isinstance(dtype, str):
+        _DTYPE_ASCII[dtype] = name
+    return name
 
 
 def _desc(name, dtype, shape, start, count, index):
     """A TensorDesc plus the ctypes objects it points into (keep them alive together)."""
-    from ._tensors import dtype_name
-
-    shape = list(shape)
-    keep = [_bytes(name, "tensor name"), dtype_name(dtype).encode("ascii"), _dims(shape, "shape")]
-    d = TensorDesc(keep[0], keep[1], len(shape), keep[2], None, None, -1 if index is None else int(index))
+    shape = _dims(shape, "shape")
+    keep = [_bytes(name, "tensor name"), _dtype_ascii(dtype), shape]
+    d = TensorDesc(keep[0], keep[1], len(shape), shape, None, None, -1 if index is None else int(index))
     if (start is None) != (count is None):
         raise ValueError("tensor %r: give both start and count, or neither" % (name,))
     if start is not None:
-        start, count = list(start), list(count)
+        start, count = _dims(start, "start"), _dims(count, "count")
         if len(start) != len(shape) or len(count) != len(shape):
             raise ValueError("tensor %r: start and count need %d entries each" % (name, len(shape)))
-        keep += [_dims(start, "start"), _dims(count, "count")]
-        d.start, d.count = keep[-2], keep[-1]
+        keep += [start, count]
+        d.start, d.count = start, count
     return d, keep
+
+
+class _Descs:
+    """A TensorDesc array over (name, dtype, shape, start, count, index) tuples, with what it points into."""
+
+    def __init__(self, slices):
+        slices = list(slices)
+        self.n = len(slices)
+        self.array = (TensorDesc * max(self.n, 1))()
+        self._keep = []
+        for i, (name, dtype, shape, start, count, index) in enumerate(slices):
+            self.array[i], k = _desc(name, dtype, shape, start, count, index)
+            self._keep.append(k)
+
+
+def _place(descs, max_shard_size=0, base=0):
+    """(ctypes array of offsets, end) of shardd_place over a _Descs."""
+    offsets = (ctypes.c_uint64 * max(descs.n, 1))()
+    end = ctypes.c_uint64(0)
+    lib = _lib.lib()
+    rc = lib.shardd_place(descs.array, descs.n, int(max_shard_size or 0), int(base), offsets, ctypes.byref(end))
+    if rc:
+        raise _error(rc, lib.shardd_last_error(None))
+    return offsets, end.value
 
 
 def place(slices, max_shard_size=0, base=0):
@@ -159,21 +194,9 @@ def place(slices, max_shard_size=0, base=0):
     inner-dimension piece of at least 64 KiB a multiple of 512 (its rows can
     then be gathered into one direct write where the device allows).
     """
-    slices = list(slices)
-    n = len(slices)
-    descs = (TensorDesc * max(n, 1))()
-    keep = []
-    for i, (name, dtype, shape, start, count, index) in enumerate(slices):
-        descs[i], k = _desc(name, dtype, shape, start, count, index)
-        keep.append(k)
-    offsets = (ctypes.c_uint64 * max(n, 1))()
-    end = ctypes.c_uint64(0)
-    lib = _lib.lib()
-    rc = lib.shardd_place(descs, n, int(max_shard_size or 0), int(base), offsets, ctypes.byref(end))
-    if rc:
-        raise _error(rc, lib.shardd_last_error(None))
-    del keep
-    return [offsets[i] for i in range(n)], end.value
+    descs = _Descs(slices)
+    offsets, end = _place(descs, max_shard_size, base)
+    return offsets[:descs.n], end
 
 
 def _buffer(data):
@@ -539,28 +562,22 @@ class Client:
         del keep
 
     def put_many(self, save, arena, slices, deferred=False):
-        """Puts many slices at once, without waiting for each answer.
+        """Puts many slices at once: many to a request line, without waiting for each answer.
 
         slices: (name, dtype, shape, offset[, start, count[, index]]) tuples whose bytes
         are (deferred=True: will be) at offset in arena. Raises on the first refusal;
-        the error's `index` attribute says which slice.
+        the error's `index` attribute says which slice (the slices before it were put).
         """
         slices = list(slices)
-        n = len(slices)
-        descs = (TensorDesc * max(n, 1))()
-        offsets = (ctypes.c_uint64 * max(n, 1))()
-        keep = []
-        for i, sl in enumerate(slices):
-            name, dtype, shape, offset = sl[:4]
-            start, count = (sl[4], sl[5]) if len(sl) > 5 else (None, None)
-            index = sl[6] if len(sl) > 6 else None
-            d, k = _desc(name, dtype, shape, start, count, index)
-            descs[i] = d
-            offsets[i] = int(offset)
-            keep.append(k)
+        descs = _Descs((sl[0], sl[1], sl[2], sl[4] if len(sl) > 5 else None, sl[5] if len(sl) > 5 else None,
+                        sl[6] if len(sl) > 6 else None) for sl in slices)
+        offsets = (ctypes.c_uint64 * max(len(slices), 1))(*(int(sl[3]) for sl in slices))
+        self._put_descs(save, arena, descs, offsets, deferred)
+
+    def _put_descs(self, save, arena, descs, offsets, deferred=False):
         ptr = self._arena_ptr(arena)
         failed = ctypes.c_size_t(0)
-        rc = _lib.lib().shardd_put_many(self._handle(), _bytes(save, "save"), descs, offsets, n, ptr,
+        rc = _lib.lib().shardd_put_many(self._handle(), _bytes(save, "save"), descs.array, offsets, descs.n, ptr,
                                         1 if deferred else 0, ctypes.byref(failed))
         try:
             self._check(rc)
@@ -568,7 +585,6 @@ class Client:
             e.index = failed.value
             raise
         arena.last_save = save
-        del keep
 
     def declared(self, save):
         """This rank puts nothing more and sends no more files in `save`."""

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import _lib
-from ._client import Arena, Client, ShardError, _error, parse_size, place
+from ._client import Arena, Client, ShardError, _Descs, _error, _place, parse_size
 from ._lib import SaveOpts
 from ._tensors import Slice, check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
 
@@ -309,12 +309,13 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     prepared = [(name,) + tuple(prepare(name, part)) + (index[name],)
                 for name, value in tensors.items()
                 for part in (value if _boxes(value) else [value])]
-    offsets, end = place([(name, dt, shape, start, None if start is None else count, index)
-                          for name, dt, shape, start, count, _src, index in prepared],
-                         max_shard_size)
-    items = [(name, dt, shape, start, count, src, offsets[i], index)
-             for i, (name, dt, shape, start, count, src, index) in enumerate(prepared)]
-    check_shared_memory([(item[0], item[5]) for item in items])
+    # One description of every slice, for the placement and then the puts.
+    descs = _Descs((name, dt, shape, start, None if start is None else count, index)
+                   for name, dt, shape, start, count, _src, index in prepared)
+    offsets, end = _place(descs, max_shard_size)
+    items = [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
+             in zip(prepared, offsets)]
+    check_shared_memory([(name, src) for name, src, _offset in items])
 
     owns_client = client is None and arena is None
     if client is None:
@@ -329,10 +330,10 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
             if arena.size < end:
                 page = mmap.PAGESIZE
                 arena.resize((end + page - 1) // page * page)
-        if wants_pinned_memory(item[5] for item in items):
+        if wants_pinned_memory(src for _name, src, _offset in items):
             arena.pin()
-        _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,
-             files, keep_last)
+        _run(client, arena, save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata,
+             overwrite, files, keep_last)
         if temp_arena is not None:
             # Safe right after seal: the daemon holds its own mapping.
             temp_arena.close()
@@ -361,18 +362,18 @@ def _boxes(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, Slice) for v in value)
 
 
-def _run(client, arena, save_id, dir, topo, items, max_shard_size, prefix, metadata, overwrite,
-         files, keep_last=None):
+def _run(client, arena, save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata,
+         overwrite, files, keep_last=None):
     client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
                  overwrite=overwrite, keep_last=keep_last, **topo)
     try:
         buf = arena.buffer
-        for name, dt, shape, start, count, src, off, index in items:
+        for _name, src, off in items:
             if nbytes(src):
                 copy_into(buf, off, src)
-            client.put(save_id, name, dt, shape, arena, off, start=start,
-                       count=None if start is None else count, index=index)
         del buf
+        # Every slice in a few request lines (puts), not a round trip each.
+        client._put_descs(save_id, arena, descs, offsets)
         for path, data in (files or {}).items():
             client.file(save_id, path, data)
         client.seal(save_id)

@@ -289,6 +289,33 @@ class SaveTest(unittest.TestCase):
         self.assertEqual(arrays["w"].tolist(), [[1, 2], [3, 4]])
         a.close()
 
+    def test_many_tensors_go_in_puts_lines(self):
+        # More slices than one puts line holds (2048), whole tensors and boxes mixed, read back byte for byte.
+        rng = np.random.default_rng(33)
+        tensors = {"model.layers.%d.mlp.experts.%d.w.weight" % (i // 64, i % 64):
+                   rng.standard_normal(1 + i % 7, dtype=np.float32) for i in range(4500)}
+        tensors["boxed"] = shardd.Slice(np.arange(6, dtype=np.int32).reshape(2, 3), (2, 3), (0, 0))
+        r = shardd.save(tensors, "many-lines", client=self.client, max_shard_size="64KB", timeout=WAIT)
+        self.assertEqual(r["tensors"], 4501)
+        got = read_checkpoint(path("many-lines"))[0]
+        self.assertEqual(set(got), set(tensors))
+        for name, v in tensors.items():
+            want = v.array if isinstance(v, shardd.Slice) else v
+            self.assertTrue(np.array_equal(got[name], want), name)
+        # A slice the daemon refuses deep in the third line: named with its place, the save aborted.
+        bad = dict(list(tensors.items())[:4200])
+        bad["__metadata__"] = np.zeros(1, np.float32)
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save(bad, "many-bad", client=self.client, timeout=WAIT)
+        e = cm.exception
+        self.assertEqual((e.name, e.index), ("invalid_argument", 4200))
+        self.assertIn("__metadata__", e.message)
+        self.assertRegex(e.message, r"^slices\[\d+\]: ")  # its place in its line
+        with self.assertRaises(shardd.ShardError) as cm:
+            self.client.wait("many-bad", timeout=WAIT)
+        self.assertEqual(cm.exception.name, "aborted")
+        self.assertFalse(os.path.exists(path("many-bad")))
+
     def test_low_level_calls_and_status(self):
         c = self.client
         a = c.arena(64)
