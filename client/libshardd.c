@@ -611,6 +611,18 @@ static int parse_result(shardd_client *c, const char *save, json_t *r, shardd_re
   return 0;
 }
 
+/* The daemon went away while a rank waited for its save: the save may have been published just
+ * before (a rename is the last step), so the rank is told it does not know, never that it failed. */
+static int wait_lost(shardd_client *c, const char *save, int rc) {
+  if (rc != SHARDD_E_CONNECT) return rc;
+  char why[sizeof c->err];
+  snprintf(why, sizeof why, "%s", c->err);
+  return sd_client_fail(c, SHARDD_E_OUTCOME_UNKNOWN, "save '%s': the daemon was lost while this rank waited for "
+                        "it (%s); whether it was published is not known here: see whether its folder holds it "
+                        "(shardctl verify), or `shardctl outcome` with the path and attempt a node's daemon named",
+                        save, why);
+}
+
 SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms, shardd_result *out) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!save) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "wait: save id is NULL");
@@ -625,14 +637,14 @@ SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms
     json_t *req = json_pack("{s:s, s:s}", "op", "wait", "save", save);
     if (!req) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "wait: save id is not valid UTF-8");
     rc = send_request(c, req, &id);
-    if (rc) return rc;
+    if (rc) return wait_lost(c, save, rc);
     json_object_set_new(c->waits, save, json_integer(id));
   }
   json_t *r;
   rc = await_reply(c, id, deadline, &r);
   if (rc == SHARDD_E_TIMEOUT)
     return sd_client_fail(c, SHARDD_E_TIMEOUT, "save '%s' did not end within %d ms", save, timeout_ms);
-  if (rc) return rc;
+  if (rc) return wait_lost(c, save, rc);
   json_object_del(c->waits, save);
   json_object_set_new(c->released, save, json_true());
   json_t *ok;

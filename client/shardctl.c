@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,7 +21,7 @@
 #include "shardd/shardd.h"
 
 /* Exit codes: 0 success, 1 invalid checkpoint or failed request, 2 usage. */
-enum { EXIT_INVALID = 1, EXIT_USAGE = 2 };
+enum { EXIT_INVALID = 1, EXIT_USAGE = 2, EXIT_PENDING = 3, EXIT_UNPUBLISHED = 4 };
 
 static const char usage_text[] =
     "usage: shardctl [--socket PATH] COMMAND [ARGS]\n"
@@ -508,6 +510,69 @@ static int cmd_abort(const char *socket, const char *save) {
 }
 
 /* ------------------------------------------------------------------------ *
+ * outcome: the attempt id a multi-node save's leader records on its folder
+ * ------------------------------------------------------------------------ */
+static int usage_error(const char *fmt, const char *arg);
+
+/* 1 when the folder fd records attempt, 0 when it records another or none. */
+static int records(int fd, const char *attempt) {
+  char v[SD_ATTEMPT_LEN + 1];
+  ssize_t n = fgetxattr(fd, SD_ATTEMPT_XATTR, v, sizeof v);
+  if (n < 0) n = fgetxattr(fd, SD_ATTEMPT_XATTR_TRUSTED, v, sizeof v);
+  return n == SD_ATTEMPT_LEN && memcmp(v, attempt, SD_ATTEMPT_LEN) == 0;
+}
+
+static int cmd_outcome(const char *path, const char *attempt) {
+  size_t n = strlen(attempt);
+  if (n != SD_ATTEMPT_LEN || strspn(attempt, "0123456789abcdef") != n)
+    return usage_error("outcome: ATTEMPT is 16 hex digits, got '%s'", attempt);
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0 && records(fd, attempt)) {
+    close(fd);
+    printf("committed: %s holds attempt %s\n", path, attempt);
+    return 0;
+  }
+  if (fd < 0 && errno != ENOENT) {
+    fprintf(stderr, "shardctl: outcome %s: %s\n", path, strerror(errno));
+    return EXIT_INVALID;
+  }
+  if (fd >= 0) close(fd);
+  /* Not there: is the attempt's temporary folder still beside it (the leader may yet rename it)? */
+  char parent[PATH_MAX];
+  snprintf(parent, sizeof parent, "%s", path);
+  char *slash = strrchr(parent, '/');
+  if (slash && slash > parent) *slash = '\0';
+  else snprintf(parent, sizeof parent, slash ? "/" : ".");
+  DIR *d = opendir(parent);
+  if (!d) {
+    fprintf(stderr, "shardctl: outcome %s: cannot read %s: %s\n", path, parent, strerror(errno));
+    return EXIT_INVALID;
+  }
+  int ex = EXIT_UNPUBLISHED;
+  char found[NAME_MAX + 1] = "";
+  for (struct dirent *de; ex == EXIT_UNPUBLISHED && (de = readdir(d));) {
+    if (strncmp(de->d_name, ".shardd-tmp-", 12) != 0) continue;
+    int t = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (t < 0) continue;
+    size_t len = strlen(de->d_name), sl = strlen(SD_WITHDRAWN_SUFFIX);
+    int withdrawn = len > sl && !strcmp(de->d_name + len - sl, SD_WITHDRAWN_SUFFIX);
+    if (records(t, attempt)) {
+      snprintf(found, sizeof found, "%s", de->d_name);
+      if (!withdrawn) ex = EXIT_PENDING;
+    }
+    close(t);
+  }
+  closedir(d);
+  if (ex == EXIT_PENDING)
+    printf("pending: attempt %s is not published at %s yet; its temporary folder %s/%s is still there (its leader "
+           "may still rename it in; a restarted leader removes it)\n", attempt, path, parent, found);
+  else
+    printf("not published: %s does not hold attempt %s, and %s\n", path, attempt,
+           found[0] ? "a node withdrew its folder, so it never will be" : "no folder of it is left to publish");
+  return ex;
+}
+
+/* ------------------------------------------------------------------------ *
  * Command line
  * ------------------------------------------------------------------------ */
 
@@ -587,7 +652,9 @@ int main(int argc, char **argv) {
   const char *cmd = pos[0];
   int daemon_only = !strcmp(cmd, "status") || !strcmp(cmd, "watch") || !strcmp(cmd, "metrics");
   int want = daemon_only ? 1 : 2;
-  if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && !daemon_only && strcmp(cmd, "abort") && strcmp(cmd, "rm"))
+  if (!strcmp(cmd, "outcome")) want = 3;
+  if (strcmp(cmd, "verify") && strcmp(cmd, "inspect") && !daemon_only && strcmp(cmd, "abort") && strcmp(cmd, "rm") &&
+      want != 3)
     return usage_error("unknown command '%s'", cmd);
   if (as_json && strcmp(cmd, "status")) return usage_error("--json goes with status, not %s", cmd);
   if (deep && strcmp(cmd, "verify")) return usage_error("--deep goes with verify, not %s", cmd);
@@ -597,8 +664,10 @@ int main(int argc, char **argv) {
     return usage_error(want == 1 ? "%s takes no argument"
                        : !strcmp(cmd, "abort") ? "%s needs exactly one SAVE"
                        : !strcmp(cmd, "rm")    ? "%s needs exactly one DIR"
+                       : want == 3             ? "%s needs DIR and ATTEMPT"
                                                : "%s needs exactly one DIR or FILE",
                        cmd);
+  if (want == 3) return cmd_outcome(pos[1], pos[2]);
   if (!strcmp(cmd, "verify")) return cmd_verify(pos[1], deep);
   if (!strcmp(cmd, "inspect")) return cmd_inspect(pos[1]);
   if (!strcmp(cmd, "status")) return cmd_status(socket, as_json);

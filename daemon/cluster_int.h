@@ -222,6 +222,15 @@ void sd_node_close_files(sd_csave *cs);
 void sd_node_remove_orphan_tmp(sd_csave *cs);
 
 /* ------------------------------------------------------------------------ *
+ * cluster_outcome.c: the leader lost after this node's done
+ * ------------------------------------------------------------------------ */
+/* Learns from the shared root whether the leader published the save (and
+ * makes sure it never will if it has not), then ends the save: committed,
+ * peer_lost, or outcome_unknown naming what `shardctl outcome` checks. The
+ * save stays in flight (an I/O reference) meanwhile. */
+void sd_node_learn_outcome(sd_csave *cs);
+
+/* ------------------------------------------------------------------------ *
  * cluster_xfer_staged.c: the participant's own blocks, above cluster_xfer.c
  * ------------------------------------------------------------------------ */
 /* Once the assignment is taken: files made only of this node's own bytes

@@ -150,6 +150,10 @@ static void send_assign(sd_lead *L, uint32_t k) {
                         "write_mode", L->mode == SD_WRITE_SHARED ? "shared" : "owner", "files", files, "writes",
                         writes, "peers", peers);
   if (m && L->sums) json_object_set_new(m, "checksums", json_true());
+  /* what commit will say: a node that loses this leader after its done may have to say it itself */
+  if (m)
+    json_object_set_new(m, "totals", json_pack("[I,I,I]", (json_int_t)P->nfiles_total, (json_int_t)P->ntensors,
+                                               (json_int_t)P->total_bytes));
   to_node(L, k, m, payload, plen);
   free(payload);
 }
@@ -179,9 +183,11 @@ static void commit(sd_lead *L) {
   }
   /* Direct and copied: the sum over the nodes (each logs its own share when the commit reaches it). */
   sd_log_info("save '%s': published %s (%llu files, %llu bytes) from %u nodes, %llu bytes forwarded, %llu bytes "
-              "direct, %llu copied, %.3f s after the last seal", L->id, L->dir, (unsigned long long)P->nfiles_total,
-              (unsigned long long)P->total_bytes, L->nnodes, (unsigned long long)fwd, (unsigned long long)zero_copy,
-              (unsigned long long)(written > zero_copy ? written - zero_copy : 0), secs);
+              "direct, %llu copied, %.3f s after the last seal, %.3f s after the last done", L->id, L->dir,
+              (unsigned long long)P->nfiles_total, (unsigned long long)P->total_bytes, L->nnodes,
+              (unsigned long long)fwd, (unsigned long long)zero_copy,
+              (unsigned long long)(written > zero_copy ? written - zero_copy : 0), secs,
+              (double)(uv_now(L->cl->d->loop) - L->t_done) / 1000.0);
   for (uint32_t k = 0; k < L->nnodes; k++)
     to_node(L, k, json_pack("{s:s,s:I,s:I,s:I}", "t", "commit", "files", (json_int_t)P->nfiles_total, "tensors",
                             (json_int_t)P->ntensors, "bytes", (json_int_t)P->total_bytes),
@@ -538,6 +544,7 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   L->ndone++;
   sd_log_debug("save '%s': node %u is durable (%u of %u)", L->id, k, L->ndone, L->nnodes);
   if (L->ndone == L->nnodes) {
+    L->t_done = uv_now(L->cl->d->loop);
     if (L->sums && put_sums(L) != 0) return;
     L->state = L_FINISH;
     start_job(L, JOB_FINISH);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "cluster_lead_int.h"
@@ -44,6 +45,10 @@ static int job_prepare(fsjob *j) {
   int tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
   if (tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-tfd));
   fchmod(tfd, L->dir_mode);
+  if (fsetxattr(tfd, SD_ATTEMPT_XATTR, L->cid, SD_ATTEMPT_LEN, 0) != 0 &&
+      (geteuid() != 0 || fsetxattr(tfd, SD_ATTEMPT_XATTR_TRUSTED, L->cid, SD_ATTEMPT_LEN, 0) != 0))
+    sd_log_warn("save '%s': cannot record the attempt %s on the folder of '%s': %s; nodes still learn the outcome "
+                "if the leader is lost, shardctl outcome cannot", L->id, L->cid, L->dir, strerror(errno));
   for (size_t i = 0; i < L->plan.plan.nfiles && !rc; i++) {
     const sd_plan_file *pf = &L->plan.plan.files[i];
     int f = openat(tfd, pf->name, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, L->file_mode);
@@ -57,6 +62,7 @@ static int job_prepare(fsjob *j) {
     close(f);
   }
   close(tfd);
+  if (!rc) sd_crash_point("lead_prepare"); /* tests: the folder made, no node assigned yet */
   return rc;
 }
 
@@ -126,6 +132,17 @@ static int finish_publish(fsjob *j) {
   return sd_publish_dir(L->parent_fd, j->tfd, L->tmp, L->dir, L->overwrite, L->id, &L->renamed, &j->err);
 }
 
+/* The folder is gone before the rename: only a node that lost this leader after its files were
+ * durable moves it away (cluster_outcome.c), and it told its ranks the save failed: so must every node. */
+static void if_withdrawn(fsjob *j) {
+  sd_lead *L = j->L;
+  struct stat st;
+  if (!j->err.code || L->renamed || fstatat(L->parent_fd, L->tmp, &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT)
+    return;
+  sd_fail(&j->err, SHARDD_E_PEER_LOST, "save '%s': a node that lost touch with this leader withdrew the temporary "
+          "folder of '%s' before the rename; nothing was published", L->id, L->dir);
+}
+
 int sd_lead_fs_cleanup(fsjob *j) {
   sd_lead *L = j->L;
   if (L->tmp_made && !L->renamed && L->parent_fd >= 0) {
@@ -141,8 +158,8 @@ int sd_lead_fs_cleanup(fsjob *j) {
 static void fs_work(uv_work_t *req) {
   fsjob *j = req->data;
   if (j->kind == JOB_PREPARE) job_prepare(j);
-  else if (j->kind == JOB_FINISH && j->step == 0) finish_open(j);
-  else if (j->kind == JOB_FINISH) finish_publish(j);
+  else if (j->kind == JOB_FINISH && j->step == 0) finish_open(j), if_withdrawn(j);
+  else if (j->kind == JOB_FINISH) finish_publish(j), if_withdrawn(j);
   else sd_lead_fs_cleanup(j);
 }
 

@@ -54,7 +54,7 @@ typedef struct sd_lead {
   unsigned created;
   unsigned file_mode, dir_mode;
   sd_error err;
-  uint64_t forget_at, t0;
+  uint64_t forget_at, t0, t_done; /* t_done: the last node's done (the summary line) */
   /* join_timeout (seconds, 0: never) from the first join, counted from it; ranks the nodes said began */
   uint32_t join_timeout, nbegan;
   uint64_t t_join;

@@ -331,6 +331,14 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
     return SHARDD_E_PROTOCOL;
   }
   snprintf(cs->cid, sizeof cs->cid, "%s", cid);
+  /* What the commit will say, for a node that has to learn the outcome itself (cluster_outcome.c). */
+  json_t *tot = json_object_get(h, "totals");
+  if (json_array_size(tot) == 3) {
+    uint64_t v[3];
+    if (!json_u64(json_array_get(tot, 0), &v[0]) && !json_u64(json_array_get(tot, 1), &v[1]) &&
+        !json_u64(json_array_get(tot, 2), &v[2]))
+      cs->r_files = v[0], cs->r_tensors = v[1], cs->r_bytes = v[2];
+  }
   cs->tmp = strdup(tmp);
   cs->plan_files = (uint32_t)nf;
   cs->fmap = malloc((nf ? nf : 1) * sizeof *cs->fmap);
@@ -452,7 +460,7 @@ static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
   }
   uint64_t fwd = 0;
   for (size_t i = 0; i < cs->ndests; i++) fwd += cs->dests[i].total;
-  sd_log_debug("save '%s': node %u writes %zu files (%zu local writes), forwards %llu bytes to %zu nodes, expects %llu",
+  sd_log_info("save '%s': node %u writes %zu files (%zu local writes), forwards %llu bytes to %zu nodes, expects %llu",
                save->id, cs->node_rank, cs->nfiles, cs->nops, (unsigned long long)fwd, cs->ndests,
                (unsigned long long)cs->recv_expect);
   sd_rbuf *pend = cs->pending;
@@ -567,7 +575,9 @@ void sd_node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {
       cs->from_leader = 1;
       for (size_t j = 0; j < cs->ndests; j++)
         if (cs->dests[j].peer == p) cs->dests[j].peer = NULL;
-      if (code != SHARDD_E_PEER_LOST)
+      if (cs->done_sent && !cs->failing)
+        sd_node_learn_outcome(cs); /* the leader may have published: the root tells */
+      else if (code != SHARDD_E_PEER_LOST)
         sd_save_fail(save, code, "save '%s': %s", save->id, why);
       else if (ready)
         sd_save_fail(save, SHARDD_E_PEER_LOST, "node 0 (the leader, %s) was lost during save '%s'", cs->leader,

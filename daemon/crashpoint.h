@@ -20,6 +20,15 @@
  *               (crash, stall), and each of its writes' answers (fault)
  *   lead        the same for the leader's own files (artifacts, index),
  *               fsyncs included
+ *   lead_prepare    the leader made the temporary folder and sized its
+ *                   files, before any node is assigned (crash, stall)
+ *   lead_index      every node reported its files durable, the leader's
+ *                   own not yet written
+ *   lead_rename     the leader renamed the folder in, before the parent's
+ *                   fsync
+ *   lead_parentsync the parent's fsync done, before the nodes are told
+ *   fence       a node that lost the leader after its done moves the
+ *               temporary folder away (fault: the rename's answer)
  *
  * SHARDD_TEST_CRASH_AT=PHASE:N  the N-th time PHASE is reached (counted over
  *                               the daemon's life, from 1) the daemon kills

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "crashpoint.h"
 #include "log.h"
 #include "pathsafe.h"
 #include "publish_swap.h"
@@ -60,8 +61,10 @@ int sd_publish_dir(int parent_fd, int tmp_fd, const char *tmp, const char *rel_d
   int rc = sd_publish_swap_in(parent_fd, tmp, slash ? slash + 1 : rel_dir, rel_dir, overwrite, &exchanged, err);
   if (rc) return rc;
   *renamed = 1;
+  sd_crash_point("lead_rename"); /* tests: published, the parent not yet fsynced */
   if (fsync(parent_fd) < 0)
     sd_log_warn("save '%s': fsync of the folder holding %s: %s (published regardless)", tag, rel_dir, strerror(errno));
+  sd_crash_point("lead_parentsync");
   if (exchanged) {
     /* The old checkpoint now sits under the temporary name. Failing to
      * remove it does not unpublish the new one; a restart cleans it up. */

@@ -169,4 +169,21 @@ typedef int (*sd_run_cb)(void *ud, uint64_t dst, uint64_t src, uint64_t len);
 int sd_box_runs(uint32_t ndim, const uint64_t *shape, unsigned elem_size, const sd_box *b,
                 uint64_t file_base, sd_run_cb cb, void *ud);
 
+/* ------------------------------------------------------------------------ *
+ * A multi-node save's attempt on its folder (PEERS.md, "When the leader is
+ * lost"): the leader's id for the attempt (16 hex digits, the "cid" of its
+ * messages), set on the temporary folder before any node writes, so the
+ * published folder carries it and `shardctl outcome` can tell later whether
+ * that attempt was published. user.*, or trusted.* where a root daemon finds
+ * user.* refused, as for the owner. No file of the checkpoint changes.
+ * ------------------------------------------------------------------------ */
+#define SD_ATTEMPT_XATTR "user.shardd.attempt"
+#define SD_ATTEMPT_XATTR_TRUSTED "trusted.shardd.attempt"
+#define SD_ATTEMPT_LEN 16
+/* A node that lost the leader after its done and found the folder not yet
+ * published renames it to its temporary name plus this, so the leader's
+ * rename can never happen (the leader's tag stays in front: its start-up
+ * clean-up removes a leftover). */
+#define SD_WITHDRAWN_SUFFIX "-withdrawn"
+
 #endif

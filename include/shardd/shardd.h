@@ -61,7 +61,8 @@ extern "C" {
   XX(NOT_CHECKPOINT,   30, "not_a_checkpoint",  "not a checkpoint shardd wrote")    \
   XX(SAVE_FAILED,      31, "save_failed",       "the save already failed")         \
   XX(FILE_SET,         32, "bad_file_set",      "shard files and index disagree")   \
-  XX(CHECKSUM,         33, "bad_checksum",      "data does not match its checksum")
+  XX(CHECKSUM,         33, "bad_checksum",      "data does not match its checksum") \
+  XX(OUTCOME_UNKNOWN,  34, "outcome_unknown",   "whether the save was published is not known")
 
 typedef enum {
   SHARDD_OK = 0,

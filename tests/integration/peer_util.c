@@ -65,7 +65,9 @@ json_t *node_status(int i) {
 
 void start_node(int i, const char *token) { start_node_with(i, token, NULL); }
 
-void start_node_with(int i, const char *token, const char *const *extra) {
+void start_node_with(int i, const char *token, const char *const *extra) { start_node_env(i, token, extra, NULL); }
+
+void start_node_env(int i, const char *token, const char *const *extra, const char *const *env) {
   h_daemon *d = &N[i].d;
   snprintf(d->base, sizeof d->base, "%s", H.base);
   snprintf(d->root, sizeof d->root, "%s", H.root);
@@ -73,7 +75,7 @@ void start_node_with(int i, const char *token, const char *const *extra) {
   snprintf(d->log, sizeof d->log, "%s/node%d.log", H.base, i);
   char name[16];
   snprintf(name, sizeof name, "node%d", i);
-  f_opts o = {.extra = extra, .peer_token = token, .node_name = name};
+  f_opts o = {.extra = extra, .env = env, .peer_token = token, .node_name = name};
   f_start(d, &o);
   json_t *st = node_status(i);
   const char *listen = json_string_value(json_object_get(json_object_get(st, "peers"), "listen"));

@@ -35,6 +35,8 @@ json_t *node_status(int i);
  * (NULL-terminated, may be NULL) are more flags. Returns once it accepts; N[i].addr is set. */
 void start_node(int i, const char *token);
 void start_node_with(int i, const char *token, const char *const *extra);
+/* The same with "K=V" entries (NULL-terminated, may be NULL) added to its environment. */
+void start_node_env(int i, const char *token, const char *const *extra, const char *const *env);
 int log_has(int i, const char *needle);
 
 /* Ranks scripted by the harness, each pointed at its node's daemon (rank_node). */
