@@ -93,52 +93,28 @@ static void print_moment(const char *moment, const h_script *s, const char *dir)
   fflush(stdout);
 }
 
-/* Lost before the node that wrote last reported: no node can have been told committed, nothing is
- * published, the nodes' ranks hear peer_lost, the leader's own ranks that their daemon was lost. */
-static void lost_unpublished(const char *save, const char *crash, const char *moment, const char *needle) {
+/* The leader's daemon dies at its crash point; its own ranks cannot know the outcome. Lost before
+ * the last node's done (code peer_lost): no node can have been told committed, nothing is
+ * published, the nodes' ranks hear peer_lost naming `needle`. Lost after the rename (code 0):
+ * published, every node's ranks hear committed and the checkpoint reads back whole. */
+static void lose_leader(const char *save, const char *crash, const char *moment, int code, const char *needle) {
   start_cluster(crash, NULL, NULL);
   h_script s;
   char dir[64];
   run_save(&s, save, dir, sizeof dir);
   print_moment(moment, &s, dir);
   expect_node(&s, 0, SHARDD_E_OUTCOME_UNKNOWN, "the daemon was lost");
-  expect_node(&s, 1, SHARDD_E_PEER_LOST, needle);
-  expect_node(&s, 2, SHARDD_E_PEER_LOST, needle);
-  restart_leader();
-  h_expect_unpublished(dir);
-  h_shared_free(s.sh);
-}
-
-Test(outcome, before_assign) {
-  lost_unpublished("pre", "SHARDD_TEST_CRASH_AT=lead_prepare:1", "before assign", "node 0 (the leader");
-}
-
-Test(outcome, while_writing) {
-  /* node 0's own file set starts: the others may be writing, or done and waiting */
-  lost_unpublished("wr", "SHARDD_TEST_CRASH_AT=filejob:1", "while writing", "node 0 (the leader");
-}
-
-Test(outcome, after_every_done) {
-  /* every node had reported: each looked at the root, one withdrew the folder */
-  lost_unpublished("done", "SHARDD_TEST_CRASH_AT=lead_index:1", "after every done", "nothing was published");
-  cr_assert(log_has(1, "looking at the root") && log_has(2, "looking at the root"));
-}
-
-/* Lost after the rename (before or after the parent's fsync): published, so every node's ranks
- * hear committed and the checkpoint reads back whole; the leader's own ranks cannot know. */
-static void lost_published(const char *save, const char *crash, const char *moment) {
-  start_cluster(crash, NULL, NULL);
-  h_script s;
-  char dir[64];
-  run_save(&s, save, dir, sizeof dir);
-  print_moment(moment, &s, dir);
-  expect_node(&s, 0, SHARDD_E_OUTCOME_UNKNOWN, "the daemon was lost");
-  expect_node(&s, 1, 0, NULL);
-  expect_node(&s, 2, 0, NULL);
-  for (int r = PER_NODE; r < WORLD; r++) {
+  expect_node(&s, 1, code, needle);
+  expect_node(&s, 2, code, needle);
+  if (code) {
+    restart_leader();
+    h_expect_unpublished(dir);
+    h_shared_free(s.sh);
+    return;
+  }
+  for (int r = PER_NODE; r < WORLD; r++)
     cr_assert_eq(s.sh->r[r].res.tensors, 4, "rank %d: committed with %llu tensors", r,
                  (unsigned long long)s.sh->r[r].res.tensors);
-  }
   h_check_script(&s);
   restart_leader();
   h_check_script(&s);
@@ -146,12 +122,28 @@ static void lost_published(const char *save, const char *crash, const char *mome
   h_shared_free(s.sh);
 }
 
+Test(outcome, before_assign) {
+  lose_leader("pre", "SHARDD_TEST_CRASH_AT=lead_prepare:1", "before assign", SHARDD_E_PEER_LOST, "node 0 (the leader");
+}
+
+Test(outcome, while_writing) {
+  /* node 0's own file set starts: the others may be writing, or done and waiting */
+  lose_leader("wr", "SHARDD_TEST_CRASH_AT=filejob:1", "while writing", SHARDD_E_PEER_LOST, "node 0 (the leader");
+}
+
+Test(outcome, after_every_done) {
+  /* every node had reported: each looked at the root, one withdrew the folder */
+  lose_leader("done", "SHARDD_TEST_CRASH_AT=lead_index:1", "after every done", SHARDD_E_PEER_LOST,
+              "nothing was published");
+  cr_assert(log_has(1, "looking at the root") && log_has(2, "looking at the root"));
+}
+
 Test(outcome, after_the_rename) {
-  lost_published("ren", "SHARDD_TEST_CRASH_AT=lead_rename:1", "after the rename");
+  lose_leader("ren", "SHARDD_TEST_CRASH_AT=lead_rename:1", "after the rename", 0, NULL);
 }
 
 Test(outcome, after_the_parents_fsync) {
-  lost_published("psync", "SHARDD_TEST_CRASH_AT=lead_parentsync:1", "after the parent's fsync");
+  lose_leader("psync", "SHARDD_TEST_CRASH_AT=lead_parentsync:1", "after the parent's fsync", 0, NULL);
 }
 
 /* With overwrite the leader's exchange leaves the old checkpoint under the temporary name; lost
