@@ -32,15 +32,40 @@ void sd_cl_tmp_tag(const char *node, char *out, size_t n) {
   snprintf(out, n, ".shardd-tmp-@%s@", clean);
 }
 
-char *sd_cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
+/* "TAG-BASE-SAVE-": what every temporary folder of this save made by the node named tag starts with. */
+static void tmp_stem(const char *tag, const char *dir, const char *save_id, char *out, size_t n) {
   const char *slash = strrchr(dir, '/');
   const char *base = slash ? slash + 1 : dir;
-  char b[100], s[70], out[SD_PEER_NAME_MAX + 32 + 100 + 70 + 48];
+  char b[100], s[70];
   clean_name(b, sizeof b, base, 64); /* the whole name stays under NAME_MAX */
   clean_name(s, sizeof s, save_id, 64);
-  snprintf(out, sizeof out, "%s-%s-%s-%ld-%llu", cl->tmp_tag, b, s, (long)getpid(),
-           (unsigned long long)++cl->tmp_counter);
+  snprintf(out, n, "%s-%s-%s-", tag, b, s);
+}
+
+char *sd_cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id) {
+  char stem[SD_PEER_NAME_MAX + 32 + 100 + 70], out[sizeof stem + 48];
+  tmp_stem(cl->tmp_tag, dir, save_id, stem, sizeof stem);
+  snprintf(out, sizeof out, "%s%ld-%llu", stem, (long)getpid(), (unsigned long long)++cl->tmp_counter);
   return strdup(out);
+}
+
+/* Decimal digits up to the end or a '-'; the position after them, or NULL when none. */
+static const char *digits(const char *p) {
+  const char *q = p;
+  while (*q >= '0' && *q <= '9') q++;
+  return q == p || q - p > 20 ? NULL : q;
+}
+
+int sd_cl_tmp_is_for(const char *leader, const char *dir, const char *save_id, const char *tmp) {
+  char tag[SD_PEER_NAME_MAX + 32], stem[SD_PEER_NAME_MAX + 32 + 100 + 70];
+  sd_cl_tmp_tag(leader, tag, sizeof tag);
+  tmp_stem(tag, dir, save_id, stem, sizeof stem);
+  size_t n = strlen(stem);
+  if (strncmp(tmp, stem, n) != 0) return 0;
+  const char *p = digits(tmp + n);
+  if (!p || *p != '-') return 0;
+  p = digits(p + 1);
+  return p && *p == '\0';
 }
 
 char *sd_cl_final_path(sd_cluster *cl, const char *dir) {

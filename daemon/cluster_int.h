@@ -186,6 +186,9 @@ void sd_cl_local_send(sd_cluster *cl, int to_lead, json_t *hdr, const void *payl
 void sd_cl_random_id(char out[17]);
 /* The name of a new temporary folder for dir, carrying this node's tag. */
 char *sd_cl_tmp_name(sd_cluster *cl, const char *dir, const char *save_id);
+/* 1 when tmp is a name sd_cl_tmp_name gives on the node named leader for this dir and save:
+ * ".shardd-tmp-@LEADER@-BASE-SAVE-PID-N", a name no checkpoint may have (pathsafe.c reserves it). */
+int sd_cl_tmp_is_for(const char *leader, const char *dir, const char *save_id, const char *tmp);
 sd_csave *sd_cl_find_csave(sd_cluster *cl, const char *save_id);
 /* A multi-node save failed here: late ranks of it will get its error. */
 void sd_cl_remember_failure(sd_cluster *cl, const sd_save *save);

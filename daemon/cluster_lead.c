@@ -256,7 +256,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
       return;
     }
   }
-  if (!L && sd_lead_room(cl, id, &err) != 0) {
+  if (!L && sd_lead_room(cl, id, p ? sd_peer_name(p) : NULL, &err) != 0) {
     sd_log_warn("save '%s': refusing node %u: %s", id, k, err.msg);
     json_t *m = json_pack("{s:s,s:s,s:s,s:s,s:s}", "t", "abort", "save", id, "tok", tok, "code",
                           sd_err_name(err.code), "message", err.msg);
@@ -271,6 +271,7 @@ static void on_join(sd_cluster *cl, sd_lead *L, sd_peer *p, const char *id, cons
       return;
     }
     L->t0 = L->t_join = uv_now(cl->d->loop);
+    if (p) snprintf(L->begun_by, sizeof L->begun_by, "%s", sd_peer_name(p));
     sd_log_info("leading save '%s' (%u nodes, %u ranks, dir '%s')", id, L->nnodes, L->ws, L->dir);
   }
   if (k >= L->nnodes) {
@@ -346,7 +347,9 @@ static void plan_now(sd_lead *L) {
     return;
   }
   L->planned = 1;
-  if (L->plan.plan.checksums && !(L->sums = calloc(L->plan.plan.nfiles ? L->plan.plan.nfiles : 1, sizeof *L->sums))) {
+  L->acct = calloc(L->plan.plan.nfiles ? L->plan.plan.nfiles : 1, sizeof *L->acct);
+  if (!L->acct ||
+      (L->plan.plan.checksums && !(L->sums = calloc(L->plan.plan.nfiles ? L->plan.plan.nfiles : 1, sizeof *L->sums)))) {
     lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
     return;
   }
@@ -450,38 +453,6 @@ static void on_manifest(sd_lead *L, uint32_t k, json_t *h) {
   if (L->nsealed == L->ws) plan_now(L);
 }
 
-/* Node k's checksum shares, one [file, 8 hex] per entry of its files (in
- * that order), XORed into the save's. A missing or malformed one fails the
- * save as a protocol error naming the node: its checksums cannot be trusted. */
-static int take_sums(sd_lead *L, uint32_t k, json_t *files, json_t *sums) {
-  size_t n = json_array_size(files);
-  uint32_t *v = malloc((n ? n : 1) * sizeof *v);
-  if (!v) {
-    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
-    return -1;
-  }
-  const char *bad = !json_is_array(sums)           ? "no checksum shares"
-                    : json_array_size(sums) != n ? "checksum shares for other files than it wrote"
-                                                 : NULL;
-  for (size_t i = 0; i < n && !bad; i++) {
-    json_t *e = json_array_get(sums, i), *jf = json_array_get(e, 0);
-    const char *hex = json_string_value(json_array_get(e, 1));
-    if (json_array_size(e) != 2 || !json_is_integer(jf) || !hex || sd_crc32c_parse(hex, &v[i]) != 0)
-      bad = "a malformed checksum share";
-    else if (json_integer_value(jf) != json_integer_value(json_array_get(json_array_get(files, i), 0)))
-      bad = "checksum shares for other files than it wrote";
-  }
-  if (bad) {
-    free(v);
-    lead_failf(L, SHARDD_E_PROTOCOL, "save '%s': node %u ('%s', %s) reported %s", L->id, k, L->nodes[k].name,
-               L->nodes[k].addr, bad);
-    return -1;
-  }
-  for (size_t i = 0; i < n; i++) L->sums[json_integer_value(json_array_get(json_array_get(files, i), 0))] ^= v[i];
-  free(v);
-  return 0;
-}
-
 /* Every node reported: each file's CRC from the XOR of the shares and its
  * data length, into the index (written by JOB_FINISH) or, for a single
  * file, into sum_hex for JOB_FINISH to write over its header's placeholder. */
@@ -507,33 +478,27 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
     return;
   }
   const sd_cplan *P = &L->plan;
-  size_t nf = P->plan.nfiles;
   json_t *files = json_object_get(h, "files");
-  size_t want = 0;
-  for (size_t f = 0; f < nf; f++) {
-    uint64_t hdr = P->owner[f] == k ? P->plan.files[f].header_size : 0;
-    if (hdr || P->expect[(size_t)k * nf + f]) want++;
-  }
-  if (!json_is_array(files) || json_array_size(files) != want) {
-    lead_failf(L, SHARDD_E_IO, "save '%s': node %u reported %zu files, the plan gave it %zu", L->id, k,
-               json_array_size(files), want);
+  size_t nent = json_array_size(files);
+  uint32_t *shares = L->sums ? malloc((nent ? nent : 1) * sizeof *shares) : NULL;
+  if (L->sums && !shares) {
+    lead_failf(L, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
     return;
   }
-  for (size_t i = 0; i < want; i++) {
-    json_t *e = json_array_get(files, i);
-    json_int_t f = json_integer_value(json_array_get(e, 0)), b = json_integer_value(json_array_get(e, 1));
-    if (f < 0 || (size_t)f >= nf) {
-      lead_failf(L, SHARDD_E_IO, "save '%s': node %u reported an unknown file", L->id, k);
-      return;
-    }
-    uint64_t exp = (P->owner[f] == k ? P->plan.files[f].header_size : 0) + P->expect[(size_t)k * nf + (size_t)f];
-    if ((uint64_t)b != exp) {
-      lead_failf(L, SHARDD_E_IO, "save '%s': node %u wrote %lld bytes of %s/%s, the plan says %llu", L->id, k,
-                 (long long)b, L->dir, P->plan.files[f].name, (unsigned long long)exp);
-      return;
-    }
+  char why[SD_ERRMSG_MAX / 2];
+  const char *bad = sd_cplan_done_mismatch(P, k, L->dir, files, json_object_get(h, "sums"), shares, why, sizeof why);
+  if (bad) {
+    free(shares);
+    lead_failf(L, SHARDD_E_PROTOCOL, "save '%s': node %u ('%s', %s) reported %s", L->id, k, L->nodes[k].name,
+               L->nodes[k].addr, bad);
+    return;
   }
-  if (L->sums && take_sums(L, k, files, json_object_get(h, "sums")) != 0) return;
+  for (size_t i = 0; i < nent; i++) {
+    size_t f = (size_t)json_integer_value(json_array_get(json_array_get(files, i), 0));
+    L->acct[f] += sd_cplan_assigned(P, k, f);
+    if (shares) L->sums[f] ^= shares[i];
+  }
+  free(shares);
   lnode *n = &L->nodes[k];
   n->done = 1;
   n->b_local = (uint64_t)json_integer_value(json_object_get(h, "local"));
@@ -543,12 +508,19 @@ static void on_done(sd_lead *L, uint32_t k, json_t *h) {
   n->b_zero_copy = (uint64_t)json_integer_value(json_object_get(h, "direct")); /* the wire keeps "direct": older peers send it */
   L->ndone++;
   sd_log_debug("save '%s': node %u is durable (%u of %u)", L->id, k, L->ndone, L->nnodes);
-  if (L->ndone == L->nnodes) {
-    L->t_done = uv_now(L->cl->d->loop);
-    if (L->sums && put_sums(L) != 0) return;
-    L->state = L_FINISH;
-    start_job(L, JOB_FINISH);
-  }
+  if (L->ndone < L->nnodes) return;
+  /* Every byte of every file written once, by the node the plan gave it to. */
+  for (size_t f = 0; f < P->plan.nfiles; f++)
+    if (L->acct[f] != P->plan.files[f].file_size) {
+      lead_failf(L, SHARDD_E_INTERNAL, "save '%s': the nodes wrote %llu of the %llu bytes of %s/%s", L->id,
+                 (unsigned long long)L->acct[f], (unsigned long long)P->plan.files[f].file_size, L->dir,
+                 P->plan.files[f].name);
+      return;
+    }
+  L->t_done = uv_now(L->cl->d->loop);
+  if (L->sums && put_sums(L) != 0) return;
+  L->state = L_FINISH;
+  start_job(L, JOB_FINISH);
 }
 
 void sd_lead_on_msg(sd_cluster *cl, sd_peer *p, json_t *h, uint8_t *payload, size_t plen) {

@@ -46,8 +46,10 @@ typedef struct sd_lead {
    * placeholders, or sum_hex those of a single file's header (written over
    * it in the temporary folder by JOB_FINISH) */
   uint32_t *sums;
+  uint64_t *acct;          /* per plan file: the bytes the nodes reported done, to add up to its size */
   char sum_hex[SD_CHECKSUM_HEX + 1];
   char *tmp;
+  char begun_by[SD_PEER_NAME_MAX + 1]; /* the peer whose join made this state; "" when this daemon's own */
   lstate state;
   int busy;                /* a file-system job is running in the thread pool */
   int parent_fd, tmp_made, renamed;
@@ -85,9 +87,11 @@ sd_lead *sd_lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *err);
 int sd_lead_join_differs(const sd_lead *L, json_t *h, uint32_t k, sd_error *err);
 /* The save led here by that id; failed ones past their forget time go first. */
 sd_lead *sd_lead_find(sd_cluster *cl, const char *id);
-/* Room for one more leader state under max_leader_saves: a failed save kept only to tell late
- * nodes why gives way first (the oldest such). 0, or SHARDD_E_LIMIT with the reason in err. */
-int sd_lead_room(sd_cluster *cl, const char *id, sd_error *err);
+/* Room for one more leader state under max_leader_saves, begun by the peer named by (NULL: this
+ * daemon's own ranks): a failed save kept only to tell late nodes why gives way first (the oldest
+ * such); a peer holds at most half of it in saves this daemon's ranks have not joined. 0, or
+ * SHARDD_E_LIMIT with the reason in err. */
+int sd_lead_room(sd_cluster *cl, const char *id, const char *by, sd_error *err);
 /* The manifest and plan go: a failed save keeps only what answers late nodes. */
 void sd_lead_release_plan(sd_lead *L);
 /* Out of cl->leads and freed. */

@@ -5,6 +5,7 @@
 
 #include "cluster_lead_int.h"
 #include "pathsafe.h"
+#include "sd_escape.h"
 #include "sd_msg.h"
 
 void sd_lead_release_plan(sd_lead *L) {
@@ -12,6 +13,8 @@ void sd_lead_release_plan(sd_lead *L) {
   L->planned = 0;
   free(L->sums);
   L->sums = NULL;
+  free(L->acct);
+  L->acct = NULL;
   sd_cmanifest_free(&L->man);
   free(L->rank_node);
   L->rank_node = NULL;
@@ -52,12 +55,22 @@ sd_lead *sd_lead_find(sd_cluster *cl, const char *id) {
   return NULL;
 }
 
-int sd_lead_room(sd_cluster *cl, const char *id, sd_error *err) {
-  unsigned max = cl->d->cfg ? cl->d->cfg->max_leader_saves : 0, n = 0;
+int sd_lead_room(sd_cluster *cl, const char *id, const char *by, sd_error *err) {
+  unsigned max = cl->d->cfg ? cl->d->cfg->max_leader_saves : 0, n = 0, ghosts = 0;
   sd_lead *forget = NULL;
   for (sd_lead *L = cl->leads; L; L = L->next) {
     n++;
     if (L->state == L_FAILED && !L->busy) forget = L; /* new leads go to the head: the last is the oldest */
+    if (by && L->state != L_FAILED && !L->nodes[0].joined && !strcmp(L->begun_by, by)) ghosts++;
+  }
+  /* Saves a peer began that this daemon's own ranks have not joined (yet) are its alone: it may
+   * hold at most half the room, so no one node fills it with joins its leader never sees. */
+  unsigned per_peer = max / 2 ? max / 2 : 1;
+  if (by && max && ghosts >= per_peer) {
+    sd_escbuf eb;
+    return sd_fail(err, SHARDD_E_LIMIT, "node '%s' already began %u multi-node saves this daemon leads that its own "
+                   "ranks have not joined (at most %u, half of max_leader_saves=%u); save '%s' cannot begin",
+                   sd_esc(&eb, by), ghosts, per_peer, max, id);
   }
   if (!max || n < max) return 0;
   if (forget) {

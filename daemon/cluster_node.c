@@ -9,9 +9,11 @@
 
 #include "cluster_int.h"
 #include "log.h"
+#include "owner.h"
 #include "pathsafe.h"
 #include "publish.h"
 #include "sd_base64.h"
+#include "sd_escape.h"
 #include "sd_grow.h"
 #include "sd_msg.h"
 
@@ -287,6 +289,15 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
     snprintf(why, wn, "cannot open the temporary folder %s beside '%s': %s", cs->tmp, save->dir, strerror(-cs->tmp_fd));
     return cs->tmp_fd == -ENOENT ? GONE : SHARDD_E_IO;
   }
+  /* A folder with a recorded owner was published: no assignment writes into one. */
+  uid_t owner;
+  if (sd_owner_read(cs->tmp_fd, &owner) == 1) {
+    snprintf(why, wn, "the assignment's temporary folder %s beside '%s' is a committed checkpoint (owner uid %u)",
+             cs->tmp, save->dir, (unsigned)owner);
+    free(cs->tmp); /* never removed as an orphan either */
+    cs->tmp = NULL;
+    return SHARDD_E_PROTOCOL;
+  }
   size_t n = json_array_size(files);
   cs->files = calloc(n ? n : 1, sizeof *cs->files);
   if (!cs->files) return SHARDD_E_NO_MEMORY;
@@ -328,6 +339,15 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
   if (!cid || strlen(cid) != 16 || !tmp || sd_path_check_name(tmp, &e) || json_u64(json_object_get(h, "nfiles"), &nf) ||
       nf > (1u << 24) || !json_is_array(files) || !json_is_array(writes) || !json_is_object(peers)) {
     snprintf(why, wn, "the assignment is malformed");
+    return SHARDD_E_PROTOCOL;
+  }
+  /* Whatever the leader says, this node writes into, and on losing it removes, only a temporary
+   * folder of this save made by that leader: never a checkpoint, nor any other folder. */
+  const char *leader = cs->is_leader || !cs->link ? cs->cl->node : sd_peer_name(cs->link);
+  if (!sd_cl_tmp_is_for(leader, cs->save->dir, cs->save->id, tmp)) {
+    sd_escbuf eb;
+    snprintf(why, wn, "the assignment's temporary folder '%s' is not one of this save's (leader '%s')",
+             sd_esc(&eb, tmp), leader);
     return SHARDD_E_PROTOCOL;
   }
   snprintf(cs->cid, sizeof cs->cid, "%s", cid);

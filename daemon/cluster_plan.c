@@ -1,8 +1,10 @@
 /* The leader's planning for a multi-node save: merged manifests, coverage, shard plan, file owners, who writes what. Pure. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cluster_plan.h"
+#include "sd_checksum.h"
 #include "sd_grow.h"
 #include "sd_layout.h"
 
@@ -368,4 +370,62 @@ void sd_cplan_free(sd_cplan *p) {
   free(p->file_bytes);
   free(p->index_json);
   memset(p, 0, sizeof *p);
+}
+
+/* ------------------------------------------------------------------------ *
+ * A node's report against its assignment
+ * ------------------------------------------------------------------------ */
+uint64_t sd_cplan_assigned(const sd_cplan *P, uint32_t k, size_t f) {
+  return (P->owner[f] == k ? P->plan.files[f].header_size : 0) + P->expect[(size_t)k * P->plan.nfiles + f];
+}
+
+const char *sd_cplan_done_mismatch(const sd_cplan *P, uint32_t k, const char *dir, json_t *files, json_t *sums,
+                                   uint32_t *shares, char *buf, size_t n) {
+  size_t nf = P->plan.nfiles, want = 0;
+  for (size_t f = 0; f < nf; f++) want += sd_cplan_assigned(P, k, f) != 0;
+  if (!json_is_array(files) || json_array_size(files) != want) {
+    snprintf(buf, n, "%zu files, the plan gave it %zu", json_array_size(files), want);
+    return buf;
+  }
+  uint8_t *seen = calloc(nf ? nf : 1, 1);
+  if (!seen) return "a done the leader had no memory to check";
+  const char *bad = NULL;
+  for (size_t i = 0; i < want && !bad; i++) {
+    json_t *e = json_array_get(files, i), *jf = json_array_get(e, 0), *jb = json_array_get(e, 1);
+    if (json_array_size(e) != 2 || !json_is_integer(jf) || !json_is_integer(jb) || json_integer_value(jf) < 0 ||
+        (uint64_t)json_integer_value(jf) >= nf) {
+      snprintf(buf, n, "a malformed file entry (%zu)", i);
+      bad = buf;
+      break;
+    }
+    size_t f = (size_t)json_integer_value(jf);
+    uint64_t exp = sd_cplan_assigned(P, k, f);
+    if (!exp)
+      snprintf(buf, n, "%s/%s, which was not assigned to it", dir, P->plan.files[f].name);
+    else if (seen[f]++)
+      snprintf(buf, n, "%s/%s twice", dir, P->plan.files[f].name);
+    else if ((uint64_t)json_integer_value(jb) != exp)
+      snprintf(buf, n, "%lld bytes of %s/%s, the plan gave it %llu", (long long)json_integer_value(jb), dir,
+               P->plan.files[f].name, (unsigned long long)exp);
+    else
+      continue;
+    bad = buf;
+  }
+  free(seen);
+  if (bad || !shares) return bad;
+  if (!json_is_array(sums)) return "no checksum shares";
+  if (json_array_size(sums) != want) return "checksum shares for other files than it wrote";
+  for (size_t i = 0; i < want; i++) {
+    json_t *e = json_array_get(sums, i), *jf = json_array_get(e, 0);
+    const char *hex = json_string_value(json_array_get(e, 1));
+    if (json_array_size(e) != 2 || !json_is_integer(jf) || !hex || sd_crc32c_parse(hex, &shares[i]) != 0)
+      return "a malformed checksum share";
+    json_int_t f = json_integer_value(json_array_get(json_array_get(files, i), 0));
+    if (json_integer_value(jf) != f) return "checksum shares for other files than it wrote";
+    if (shares[i] && !P->expect[(size_t)k * nf + (size_t)f]) {
+      snprintf(buf, n, "a checksum share for %s/%s, into which it writes no data", dir, P->plan.files[f].name);
+      return buf;
+    }
+  }
+  return NULL;
 }

@@ -2,6 +2,7 @@
 #ifndef SD_CLUSTER_PLAN_H
 #define SD_CLUSTER_PLAN_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -106,5 +107,15 @@ typedef struct {
 int sd_cplan_build(const sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
                    sd_cplan *out, sd_error *err);
 void sd_cplan_free(sd_cplan *p);
+/* The bytes the plan gives node k in file f: its header (when it owns it) and its data bytes; 0:
+ * the file is not node k's to write. */
+uint64_t sd_cplan_assigned(const sd_cplan *P, uint32_t k, size_t f);
+/* Node k's done (its "files" [[f, bytes], ...] and, with shares not NULL, its "sums" [[f, "8 hex"],
+ * ...] parsed into shares) against exactly its assignment: every file of it once, with the bytes
+ * the plan gives it, nothing else; one share per file in the same order, and none but zero for a
+ * file it writes no data into (headers never count). NULL when it matches, else what it reported
+ * wrong (in buf, naming dir/file, or a constant). Nothing a node reports is believed beyond the plan. */
+const char *sd_cplan_done_mismatch(const sd_cplan *P, uint32_t k, const char *dir, json_t *files, json_t *sums,
+                                   uint32_t *shares, char *buf, size_t n);
 
 #endif

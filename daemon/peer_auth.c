@@ -13,7 +13,7 @@
 
 #include "peer_auth.h"
 
-#define PROOF_LABEL "shardd-peer-v1"
+#define PROOF_LABEL "shardd-peer-v2"
 
 /* ------------------------------------------------------------------------ *
  * The hello
@@ -41,36 +41,45 @@ int sd_peer_hello_parse(const json_t *h, sd_peer_hello *out, sd_error *err) {
 /* ------------------------------------------------------------------------ *
  * Proofs
  * ------------------------------------------------------------------------ */
-int sd_peer_proof(const uint8_t *token, size_t token_len, const char *role,
-                  const uint8_t own_nonce[SD_PEER_NONCE_LEN],
-                  const uint8_t peer_nonce[SD_PEER_NONCE_LEN], uint8_t out[SD_PEER_MAC_LEN]) {
-  /* The role is part of the message, so what one side proves can never be
-   * replayed as the other side's proof on a reflected connection. */
-  uint8_t msg[sizeof PROOF_LABEL - 1 + 16 + 2 * SD_PEER_NONCE_LEN];
+/* A name with its length in front, so no two pairs of names make the same bytes. */
+static size_t put_name(uint8_t *msg, const char *name) {
+  size_t l = strlen(name);
+  msg[0] = (uint8_t)(l >> 8);
+  msg[1] = (uint8_t)l;
+  memcpy(msg + 2, name, l);
+  return 2 + l;
+}
+
+int sd_peer_proof(const uint8_t *token, size_t token_len, const char *role, const sd_peer_transcript *t,
+                  uint8_t out[SD_PEER_MAC_LEN]) {
+  /* The prover's role, then the connection as both sides saw it, in one order whoever computes it:
+   * a proof is worth nothing in the other direction, on another connection, or between other names. */
+  uint8_t msg[sizeof PROOF_LABEL - 1 + 17 + 2 * SD_PEER_NONCE_LEN + 2 * (2 + SD_PEER_NAME_MAX)];
   size_t rl = strlen(role), n = 0;
-  if (rl > 16 || !token || token_len == 0 || token_len > SD_PEER_TOKEN_MAX) return -1;
+  if (rl > 16 || !token || token_len == 0 || token_len > SD_PEER_TOKEN_MAX || !t->connector || !t->acceptor ||
+      strlen(t->connector) > SD_PEER_NAME_MAX || strlen(t->acceptor) > SD_PEER_NAME_MAX)
+    return -1;
   memcpy(msg + n, PROOF_LABEL, sizeof PROOF_LABEL - 1);
   n += sizeof PROOF_LABEL - 1;
-  memcpy(msg + n, role, rl);
-  n += rl;
-  memcpy(msg + n, own_nonce, SD_PEER_NONCE_LEN);
+  memcpy(msg + n, role, rl + 1); /* with its NUL */
+  n += rl + 1;
+  memcpy(msg + n, t->connector_nonce, SD_PEER_NONCE_LEN);
   n += SD_PEER_NONCE_LEN;
-  memcpy(msg + n, peer_nonce, SD_PEER_NONCE_LEN);
+  memcpy(msg + n, t->acceptor_nonce, SD_PEER_NONCE_LEN);
   n += SD_PEER_NONCE_LEN;
+  n += put_name(msg + n, t->connector);
+  n += put_name(msg + n, t->acceptor);
   unsigned mlen = 0;
-  if (!HMAC(EVP_sha256(), token, (int)token_len, msg, n, out, &mlen) || mlen != SD_PEER_MAC_LEN)
-    return -1;
+  if (!HMAC(EVP_sha256(), token, (int)token_len, msg, n, out, &mlen) || mlen != SD_PEER_MAC_LEN) return -1;
   return 0;
 }
 
-int sd_peer_proof_check(const uint8_t *token, size_t token_len, const char *role,
-                        const uint8_t peer_nonce[SD_PEER_NONCE_LEN],
-                        const uint8_t own_nonce[SD_PEER_NONCE_LEN], const char *proof_hex) {
+int sd_peer_proof_check(const uint8_t *token, size_t token_len, const char *role, const sd_peer_transcript *t,
+                        const char *proof_hex) {
   uint8_t want[SD_PEER_MAC_LEN], got[SD_PEER_MAC_LEN];
   if (!proof_hex || strlen(proof_hex) != 2 * SD_PEER_MAC_LEN) return 0;
   if (sd_peer_unhex(proof_hex, got, sizeof got) != 0) return 0;
-  /* The peer computed it with its own nonce first. */
-  if (sd_peer_proof(token, token_len, role, peer_nonce, own_nonce, want) != 0) return 0;
+  if (sd_peer_proof(token, token_len, role, t, want) != 0) return 0;
   int ok = CRYPTO_memcmp(want, got, sizeof want) == 0;
   OPENSSL_cleanse(want, sizeof want);
   return ok;

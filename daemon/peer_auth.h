@@ -11,7 +11,8 @@
 /* ------------------------------------------------------------------------ *
  * Wire constants (proto/PEERS.md)
  * ------------------------------------------------------------------------ */
-#define SD_PEER_PROTO 1
+/* 2: the proofs bind the direction, both nonces and both node names (v1's did not: reflectable). */
+#define SD_PEER_PROTO 2
 #define SD_PEER_NONCE_LEN 32
 #define SD_PEER_MAC_LEN 32
 #define SD_PEER_TOKEN_MIN 16             /* bytes in the shared secret */
@@ -22,16 +23,21 @@
 /* ------------------------------------------------------------------------ *
  * Authentication (peer_auth.c): pure, so criterion checks it directly
  * ------------------------------------------------------------------------ */
-/* HMAC-SHA256(token, "shardd-peer-v1" || role || own_nonce || peer_nonce);
- * role is "connector" or "acceptor", so a proof never serves the other side. */
-int sd_peer_proof(const uint8_t *token, size_t token_len, const char *role,
-                  const uint8_t own_nonce[SD_PEER_NONCE_LEN],
-                  const uint8_t peer_nonce[SD_PEER_NONCE_LEN], uint8_t out[SD_PEER_MAC_LEN]);
-/* 1 when `proof` (hex, from the wire) is the proof the peer in `role` owes
- * us; compared in constant time. */
-int sd_peer_proof_check(const uint8_t *token, size_t token_len, const char *role,
-                        const uint8_t peer_nonce[SD_PEER_NONCE_LEN],
-                        const uint8_t own_nonce[SD_PEER_NONCE_LEN], const char *proof_hex);
+/* What one connection's proofs are bound to: who dialled whom, by name, and both fresh nonces. */
+typedef struct {
+  const char *connector, *acceptor;          /* node names as each hello gave them */
+  const uint8_t *connector_nonce, *acceptor_nonce; /* SD_PEER_NONCE_LEN bytes each */
+} sd_peer_transcript;
+/* HMAC-SHA256(token, "shardd-peer-v2" || role || 0 || Nc || Na || len16 || connector || len16 ||
+ * acceptor); role ("connector" or "acceptor") is the prover's, so a proof never serves the other
+ * side, nor another connection (other nonces) nor another pair of names (a reflection: the
+ * daemon would have to be both ends). */
+int sd_peer_proof(const uint8_t *token, size_t token_len, const char *role, const sd_peer_transcript *t,
+                  uint8_t out[SD_PEER_MAC_LEN]);
+/* 1 when `proof` (hex, from the wire) is the proof the peer in `role` owes us on this transcript;
+ * compared in constant time. */
+int sd_peer_proof_check(const uint8_t *token, size_t token_len, const char *role, const sd_peer_transcript *t,
+                        const char *proof_hex);
 /* Fresh random bytes from the library's CSPRNG; 0 or -1. */
 int sd_peer_random(uint8_t *buf, size_t n);
 /* Lower-case hex, NUL-terminated: out holds 2n+1 bytes. */

@@ -352,15 +352,34 @@ static void send_hello(sd_peer *p) {
   send_now(p, h);
 }
 
+/* This connection as both sides see it: who dialled, both names, both nonces. */
+static sd_peer_transcript transcript(const sd_peer *p) {
+  const sd_peer_net *net = p->net;
+  if (p->outgoing)
+    return (sd_peer_transcript){.connector = net->node, .acceptor = p->name, .connector_nonce = p->nonce,
+                                .acceptor_nonce = p->peer_nonce};
+  return (sd_peer_transcript){.connector = p->name, .acceptor = net->node, .connector_nonce = p->peer_nonce,
+                              .acceptor_nonce = p->nonce};
+}
+
 static void send_auth(sd_peer *p, const char *role) {
   uint8_t mac[SD_PEER_MAC_LEN];
   char hex[2 * SD_PEER_MAC_LEN + 1];
-  if (sd_peer_proof(p->net->token, p->net->token_len, role, p->nonce, p->peer_nonce, mac) != 0) {
+  sd_peer_transcript t = transcript(p);
+  if (sd_peer_proof(p->net->token, p->net->token_len, role, &t, mac) != 0) {
     sd_peer_fail(p, SHARDD_E_INTERNAL, "cannot compute the peer proof");
     return;
   }
   sd_peer_hex(mac, sizeof mac, hex);
   send_now(p, json_pack("{s:s,s:s}", "t", "auth", "proof", hex));
+}
+
+/* A nonce this daemon picked for one of its own connections: a peer that hands it back is relaying
+ * this daemon's own words (a reflection), never a daemon with a fresh nonce of its own. */
+static int nonce_is_ours(const sd_peer_net *net, const uint8_t nonce[SD_PEER_NONCE_LEN]) {
+  for (const sd_peer *q = net->peers; q; q = q->next)
+    if (memcmp(q->nonce, nonce, SD_PEER_NONCE_LEN) == 0) return 1; /* nonces are public */
+  return 0;
 }
 
 /* The peer's hello: version, name and nonce. */
@@ -370,6 +389,17 @@ static int take_hello(sd_peer *p, json_t *h) {
   int rc = sd_peer_hello_parse(h, &hello, &err);
   if (rc) {
     refuse(p, rc, "%s", err.msg);
+    return -1;
+  }
+  /* A daemon never dials itself (its own participant talks to its leader in process), so this
+   * daemon's name or nonce coming back is its own handshake relayed, or a second daemon with its name. */
+  if (strcmp(hello.name, p->net->node) == 0) {
+    refuse(p, SHARDD_E_PERMISSION, "the peer claims this daemon's own node name '%s' (node names must be unique)",
+           p->net->node);
+    return -1;
+  }
+  if (nonce_is_ours(p->net, hello.nonce)) {
+    refuse(p, SHARDD_E_PERMISSION, "the peer's nonce is one this daemon picked (a relayed handshake)");
     return -1;
   }
   memcpy(p->peer_nonce, hello.nonce, sizeof p->peer_nonce);
@@ -417,7 +447,8 @@ static void handshake(sd_peer *p, json_t *h) {
   }
   const char *proof = json_string_value(json_object_get(h, "proof"));
   const char *role = p->outgoing ? "acceptor" : "connector";
-  if (!sd_peer_proof_check(p->net->token, p->net->token_len, role, p->peer_nonce, p->nonce, proof)) {
+  sd_peer_transcript tr = transcript(p);
+  if (!sd_peer_proof_check(p->net->token, p->net->token_len, role, &tr, proof)) {
     refuse(p, SHARDD_E_PERMISSION, "peer authentication failed: wrong proof of the shared token "
            "(check --peer-token-file on both nodes)");
     return;

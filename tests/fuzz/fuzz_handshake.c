@@ -65,12 +65,18 @@ static int on_frame(void *ud, json_t *h, uint8_t *payload, size_t plen) {
   } else {
     const char *proof = t && strcmp(t, "auth") == 0 ? json_string_value(json_object_get(h, "proof")) : NULL;
     const char *role = x->outgoing ? "acceptor" : "connector";
-    int ok = proof && sd_peer_proof_check(token, sizeof token - 1, role, x->hello.nonce, own_nonce, proof);
+    sd_peer_transcript tr = x->outgoing ? (sd_peer_transcript){.connector = "fuzz-node", .acceptor = x->hello.name,
+                                                               .connector_nonce = own_nonce,
+                                                               .acceptor_nonce = x->hello.nonce}
+                                        : (sd_peer_transcript){.connector = x->hello.name, .acceptor = "fuzz-node",
+                                                               .connector_nonce = x->hello.nonce,
+                                                               .acceptor_nonce = own_nonce};
+    int ok = proof && sd_peer_proof_check(token, sizeof token - 1, role, &tr, proof);
     if (ok) {
       /* Only possible with the token: the proof must be exactly the one it gives. */
       uint8_t mac[SD_PEER_MAC_LEN];
       char hex[2 * SD_PEER_MAC_LEN + 1];
-      FUZZ_CHECK(sd_peer_proof(token, sizeof token - 1, role, x->hello.nonce, own_nonce, mac) == 0, "proof");
+      FUZZ_CHECK(sd_peer_proof(token, sizeof token - 1, role, &tr, mac) == 0, "proof");
       sd_peer_hex(mac, sizeof mac, hex);
       FUZZ_CHECK(strcmp(hex, proof) == 0, "a proof other than the token's was accepted");
     }

@@ -142,13 +142,13 @@ def frame(h):
 
 
 NONCE = "ab" * 32
-hello = {"t": "hello", "v": 1, "node": "node-b", "nonce": NONCE, "listen": "127.0.0.1:7077"}
+hello = {"t": "hello", "v": 2, "node": "node-b", "nonce": NONCE, "listen": "127.0.0.1:7077"}
 put("handshake", "hello-auth", b"\xfe" + frame(hello) + frame({"t": "auth", "proof": "00" * 32}))
 put("handshake", "hello-auth-bytewise", b"\x00" + frame(hello) + frame({"t": "auth", "proof": "0" * 63}))
 put("handshake", "connector-side", b"\x07" + frame(dict(hello, listen="[::1]:9")) + frame({"t": "auth"}))
 put("handshake", "error-escapes", b"\x10" + frame({"t": "error", "code": "protocol",
                                                    "message": "\x1b[2J\x1b]0;owned\x07\r\nfake line \u009b" + "x" * 400}))
-put("handshake", "hello-v2", b"\x20" + frame(dict(hello, v=2)))
+put("handshake", "hello-v1", b"\x20" + frame(dict(hello, v=1)))
 put("handshake", "hello-bad-nonce", b"\x20" + frame(dict(hello, nonce="zz" * 32)))
 put("handshake", "hello-long-name", b"\x20" + frame(dict(hello, node="n" * 200, listen="h" * 400)))
 put("handshake", "auth-first", b"\x20" + frame({"t": "auth", "proof": "11" * 32}))

@@ -146,31 +146,68 @@ json_t *read_frame(int fd) {
   return j;
 }
 
-void peer_login(int fd, const char *token_path, const char *name) {
-  size_t tlen = 0;
-  char *token = h_slurp(token_path, &tlen);
+/* The secret in token_path, without its trailing white space (as the daemon reads it). */
+static char *token_of(const char *token_path, size_t *tlen) {
+  char *token = h_slurp(token_path, tlen);
   cr_assert_not_null(token);
-  while (tlen && (token[tlen - 1] == '\n' || token[tlen - 1] == ' ')) tlen--;
-  uint8_t nonce[SD_PEER_NONCE_LEN], theirs[SD_PEER_NONCE_LEN], mac[SD_PEER_MAC_LEN];
-  char nhex[2 * SD_PEER_NONCE_LEN + 1], phex[2 * SD_PEER_MAC_LEN + 1], hello[512];
-  cr_assert_eq(sd_peer_random(nonce, sizeof nonce), 0);
-  sd_peer_hex(nonce, sizeof nonce, nhex);
-  snprintf(hello, sizeof hello, "{\"t\":\"hello\",\"v\":1,\"node\":\"%s\",\"nonce\":\"%s\",\"listen\":\"127.0.0.1:1\"}",
+  while (*tlen && (token[*tlen - 1] == '\n' || token[*tlen - 1] == ' ')) (*tlen)--;
+  return token;
+}
+
+static void send_hello(int fd, const char *name, const uint8_t nonce[SD_PEER_NONCE_LEN]) {
+  char nhex[2 * SD_PEER_NONCE_LEN + 1], hello[512];
+  sd_peer_hex(nonce, SD_PEER_NONCE_LEN, nhex);
+  snprintf(hello, sizeof hello, "{\"t\":\"hello\",\"v\":2,\"node\":\"%s\",\"nonce\":\"%s\",\"listen\":\"127.0.0.1:1\"}",
            name, nhex);
   send_frame(fd, hello);
+}
+
+/* The daemon's hello: its name into name (n bytes), its nonce into nonce. */
+static void take_hello(int fd, char *name, size_t n, uint8_t nonce[SD_PEER_NONCE_LEN]) {
   json_t *h = read_frame(fd);
   cr_assert_not_null(h, "no hello from the daemon");
-  cr_assert_str_eq(json_string_value(json_object_get(h, "t")), "hello");
-  cr_assert_eq(sd_peer_unhex(json_string_value(json_object_get(h, "nonce")), theirs, sizeof theirs), 0);
+  cr_assert_str_eq(json_string_value(json_object_get(h, "t")), "hello", "%s", json_dumps(h, 0));
+  cr_assert_eq(sd_peer_unhex(json_string_value(json_object_get(h, "nonce")), nonce, SD_PEER_NONCE_LEN), 0);
+  snprintf(name, n, "%s", json_string_value(json_object_get(h, "node")));
   json_decref(h);
-  cr_assert_eq(sd_peer_proof((const uint8_t *)token, tlen, "connector", nonce, theirs, mac), 0);
+}
+
+static void send_proof(int fd, const char *token_path, const char *role, const sd_peer_transcript *t) {
+  size_t tlen = 0;
+  char *token = token_of(token_path, &tlen);
+  uint8_t mac[SD_PEER_MAC_LEN];
+  char phex[2 * SD_PEER_MAC_LEN + 1], auth[128];
+  cr_assert_eq(sd_peer_proof((const uint8_t *)token, tlen, role, t, mac), 0);
   free(token);
   sd_peer_hex(mac, sizeof mac, phex);
-  char auth[128];
   snprintf(auth, sizeof auth, "{\"t\":\"auth\",\"proof\":\"%s\"}", phex);
   send_frame(fd, auth);
+}
+
+void peer_login(int fd, const char *token_path, const char *name) {
+  uint8_t nonce[SD_PEER_NONCE_LEN], theirs[SD_PEER_NONCE_LEN];
+  char daemon[SD_PEER_NAME_MAX + 1];
+  cr_assert_eq(sd_peer_random(nonce, sizeof nonce), 0);
+  send_hello(fd, name, nonce);
+  take_hello(fd, daemon, sizeof daemon, theirs);
+  sd_peer_transcript t = {.connector = name, .acceptor = daemon, .connector_nonce = nonce, .acceptor_nonce = theirs};
+  send_proof(fd, token_path, "connector", &t);
   json_t *a = read_frame(fd);
   cr_assert_not_null(a, "the daemon closed the connection instead of logging us in");
   cr_assert_str_eq(json_string_value(json_object_get(a, "t")), "auth", "%s", json_dumps(a, 0));
   json_decref(a);
+}
+
+void peer_accept_login(int fd, const char *token_path, const char *name) {
+  uint8_t nonce[SD_PEER_NONCE_LEN], theirs[SD_PEER_NONCE_LEN];
+  char daemon[SD_PEER_NAME_MAX + 1];
+  take_hello(fd, daemon, sizeof daemon, theirs);
+  cr_assert_eq(sd_peer_random(nonce, sizeof nonce), 0);
+  send_hello(fd, name, nonce);
+  json_t *a = read_frame(fd);
+  cr_assert_not_null(a, "the daemon closed the connection instead of proving itself");
+  cr_assert_str_eq(json_string_value(json_object_get(a, "t")), "auth", "%s", json_dumps(a, 0));
+  json_decref(a);
+  sd_peer_transcript t = {.connector = daemon, .acceptor = name, .connector_nonce = theirs, .acceptor_nonce = nonce};
+  send_proof(fd, token_path, "acceptor", &t);
 }

@@ -51,5 +51,8 @@ void send_frame(int fd, const char *json);
 json_t *read_frame(int fd);
 /* The whole handshake as a connecting node named `name` that holds the secret in token_path. */
 void peer_login(int fd, const char *token_path, const char *name);
+/* The same as the side that was dialled (a stand-in leader): the daemon's hello, ours, its proof
+ * (not checked), ours. */
+void peer_accept_login(int fd, const char *token_path, const char *name);
 
 #endif

@@ -172,7 +172,7 @@ typedef struct {
  * whole frame), for ms; a connection the daemon closes is counted and, with reconnect, opened
  * again at once. */
 static trickle_stats trickle(const char *addr, int n, int ms, int reconnect) {
-  static const char frame[] = "\0\0\0\310{\"t\":\"hello\",\"v\":1,\"node\":\"slow\",\"nonce\":\"" NONCE "\"}";
+  static const char frame[] = "\0\0\0\310{\"t\":\"hello\",\"v\":2,\"node\":\"slow\",\"nonce\":\"" NONCE "\"}";
   struct pollfd pfd[400];
   double born[400], next[400];
   size_t at[400];
@@ -295,18 +295,24 @@ static int leading(json_t *peers, const char *save) {
   return 0;
 }
 
-/* An authenticated peer's joins each create leader state (4096 nodes: a few hundred KiB): past
- * max_leader_saves the join is refused with limit_exceeded, and status lists what is held. */
+/* Authenticated peers' joins each create leader state (4096 nodes: a few hundred KiB): past
+ * max_leader_saves the join is refused with limit_exceeded, and status lists what is held. Each
+ * of four peers joins one save (one peer alone may hold only half the room: test_peer_trust.c). */
 Test(peer_flood, leader_state_is_limited_and_listed) {
   const char *lim[] = {"--max-leader-saves", "3", NULL};
   start_node_with(0, token_path, lim);
-  int fd = tcp_connect(N[0].addr);
-  peer_login(fd, token_path, "greedy");
+  int fds[4];
   char save[32];
   for (int k = 0; k < 4; k++) {
+    char name[16];
+    snprintf(name, sizeof name, "greedy%d", k);
+    fds[k] = tcp_connect(N[0].addr);
+    peer_login(fds[k], token_path, name);
     snprintf(save, sizeof save, "greedy-%d", k);
-    send_join(fd, save);
+    send_join(fds[k], save);
+    if (k < 3) sleep_ms(50); /* in this order */
   }
+  int fd = fds[3];
   json_t *m = next_message(fd);
   cr_assert_not_null(m, "no answer to the fourth join");
   cr_assert_str_eq(json_string_value(json_object_get(m, "t")), "abort");
@@ -337,8 +343,8 @@ Test(peer_flood, leader_state_is_limited_and_listed) {
   cr_assert(strstr(out, "leader states: 3 of max 3"), "%s", out);
   cr_assert(strstr(out, "leading greedy-1: collecting, 1 of 4096 nodes joined"), "%s", out);
 
-  /* Its connection gone, the saves fail; remembered failures give way to a new save. */
-  close(fd);
+  /* Their connections gone, the saves fail; remembered failures give way to a new save. */
+  for (int k = 0; k < 4; k++) close(fds[k]);
   for (int tries = 0; tries < 300 && peers_field(0, "saves_leading") > 0; tries++) sleep_ms(10);
   cr_assert_eq(peers_field(0, "saves_leading"), 0, "the lost peer's saves did not fail");
   fd = tcp_connect(N[0].addr);
@@ -364,7 +370,7 @@ Test(peer_flood, leader_state_is_limited_and_listed) {
 Test(peer_flood, what_a_stranger_sends_is_escaped_in_the_log_under_its_real_address) {
   start_node(0, token_path);
   int fd = tcp_connect(N[0].addr);
-  send_frame(fd, "{\"t\":\"hello\",\"v\":1,\"node\":\"\\u001b[31mevil\",\"listen\":\"10.9.9.9:7077\",\"nonce\":\"" NONCE
+  send_frame(fd, "{\"t\":\"hello\",\"v\":2,\"node\":\"\\u001b[31mevil\",\"listen\":\"10.9.9.9:7077\",\"nonce\":\"" NONCE
                  "\"}");
   json_t *h = read_frame(fd);
   cr_assert_not_null(h);

@@ -19,43 +19,58 @@ static void nonces(uint8_t a[32], uint8_t b[32]) {
   }
 }
 
-/* Computed with Python's hmac module over "shardd-peer-v1" || role || own || peer. */
+/* The connection of the vectors: node-a (nonce a) dialled node-b (nonce b). */
+static sd_peer_transcript conn(const uint8_t *a, const uint8_t *b) {
+  return (sd_peer_transcript){.connector = "node-a", .acceptor = "node-b", .connector_nonce = a, .acceptor_nonce = b};
+}
+
+/* Computed with Python's hmac module over "shardd-peer-v2" || role || 0 || Nc || Na || len16 || "node-a" || len16
+ * || "node-b". */
 Test(peer_auth, proof_matches_an_independent_hmac) {
   uint8_t a[32], b[32], mac[32];
   char hex[65];
   nonces(a, b);
-  cr_assert_eq(sd_peer_proof(TOKEN, TLEN, "connector", a, b, mac), 0);
+  sd_peer_transcript t = conn(a, b);
+  cr_assert_eq(sd_peer_proof(TOKEN, TLEN, "connector", &t, mac), 0);
   sd_peer_hex(mac, 32, hex);
-  cr_assert_str_eq(hex, "58dc366b640d65b0b2108f8df8159bfd9844878f29e4b642a4345d907fe98828");
-  cr_assert_eq(sd_peer_proof(TOKEN, TLEN, "acceptor", b, a, mac), 0);
+  cr_assert_str_eq(hex, "063d077295ee9566adc5ccc9cbf3aa629fc67a9134fe798700a240136cf2886a");
+  cr_assert_eq(sd_peer_proof(TOKEN, TLEN, "acceptor", &t, mac), 0);
   sd_peer_hex(mac, 32, hex);
-  cr_assert_str_eq(hex, "60b0a71bdf8c32b10f76fa30f31cbdc7018fc99d070eedff72219370f527e94c");
+  cr_assert_str_eq(hex, "e37cdbd9311a7ddee103c836ef8841bddcd34cbe61f01e26aeef218455ba346d");
 }
 
 Test(peer_auth, check_accepts_only_the_right_proof) {
   uint8_t a[32], b[32], mac[32];
   char hex[65];
   nonces(a, b);
-  /* The connector (nonce a) proves to the acceptor (nonce b). */
-  sd_peer_proof(TOKEN, TLEN, "connector", a, b, mac);
+  sd_peer_transcript t = conn(a, b);
+  /* The connector proves to the acceptor. */
+  sd_peer_proof(TOKEN, TLEN, "connector", &t, mac);
   sd_peer_hex(mac, 32, hex);
-  cr_assert(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, hex));
+  cr_assert(sd_peer_proof_check(TOKEN, TLEN, "connector", &t, hex));
   /* Upper-case hex is the same proof. */
   char up[65];
   for (int i = 0; i < 65; i++) up[i] = (char)(hex[i] >= 'a' && hex[i] <= 'f' ? hex[i] - 32 : hex[i]);
-  cr_assert(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, up));
-  /* Reflected as the acceptor's proof, swapped nonces, another token: all refused. */
-  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "acceptor", a, b, hex));
-  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", b, a, hex));
+  cr_assert(sd_peer_proof_check(TOKEN, TLEN, "connector", &t, up));
+  /* Reflected as the acceptor's proof, the nonces swapped (the other direction), the names swapped
+   * or changed (another pair of daemons), another token: all refused. */
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "acceptor", &t, hex));
+  sd_peer_transcript swapped = conn(b, a);
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &swapped, hex));
+  sd_peer_transcript names = {.connector = "node-b", .acceptor = "node-a", .connector_nonce = a, .acceptor_nonce = b};
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &names, hex));
+  /* The length in front of each name: moving a byte from one name to the other is another proof. */
+  sd_peer_transcript moved = {.connector = "node-an", .acceptor = "ode-b", .connector_nonce = a, .acceptor_nonce = b};
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &moved, hex));
   static const uint8_t other[] = "correct horse battery staple 43";
-  cr_assert_not(sd_peer_proof_check(other, sizeof other - 1, "connector", a, b, hex));
+  cr_assert_not(sd_peer_proof_check(other, sizeof other - 1, "connector", &t, hex));
   /* One flipped bit, a short proof, garbage, nothing. */
   hex[10] = hex[10] == '0' ? '1' : '0';
-  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, hex));
-  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, "abcd"));
-  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b,
-                                    "zz" "dc366b640d65b0b2108f8df8159bfd9844878f29e4b642a4345d907fe98828"));
-  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", a, b, NULL));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &t, hex));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &t, "abcd"));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &t,
+                                    "zz" "3d077295ee9566adc5ccc9cbf3aa629fc67a9134fe798700a240136cf2886a"));
+  cr_assert_not(sd_peer_proof_check(TOKEN, TLEN, "connector", &t, NULL));
 }
 
 Test(peer_auth, nonces_are_fresh) {
@@ -151,21 +166,21 @@ static int hello(const char *js, sd_peer_hello *out, sd_error *err) {
 Test(peer_auth, hello_fields) {
   sd_peer_hello h;
   sd_error err;
-  cr_assert_eq(hello("{\"t\":\"hello\",\"v\":1,\"node\":\"n1\",\"nonce\":\"" N64 "\",\"listen\":\"10.0.0.1:7077\"}", &h,
+  cr_assert_eq(hello("{\"t\":\"hello\",\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\",\"listen\":\"10.0.0.1:7077\"}", &h,
                      &err), 0);
   cr_assert_str_eq(h.name, "n1");
   cr_assert_str_eq(h.listen, "10.0.0.1:7077");
   cr_assert_eq(h.nonce[1], 0x11);
   /* No listener announced (a node that does not listen): accepted, listen empty. */
-  cr_assert_eq(hello("{\"v\":1,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), 0);
+  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), 0);
   cr_assert_str_eq(h.listen, "");
-  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
-  cr_assert(strstr(err.msg, "version 2"), "%s", err.msg);
+  cr_assert_eq(hello("{\"v\":1,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
+  cr_assert(strstr(err.msg, "version 1 is not supported (this daemon speaks 2)"), "%s", err.msg);
   cr_assert_eq(hello("{\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
-  cr_assert_eq(hello("{\"v\":1,\"node\":\"\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
-  cr_assert_eq(hello("{\"v\":1,\"node\":\"n1\",\"nonce\":\"0011\"}", &h, &err), SHARDD_E_PROTOCOL);
-  cr_assert_eq(hello("{\"v\":1,\"node\":7,\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":2,\"node\":\"\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"0011\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":2,\"node\":7,\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
   char big[512];
-  snprintf(big, sizeof big, "{\"v\":1,\"node\":\"%0129d\",\"nonce\":\"" N64 "\"}", 0);
+  snprintf(big, sizeof big, "{\"v\":2,\"node\":\"%0129d\",\"nonce\":\"" N64 "\"}", 0);
   cr_assert_eq(hello(big, &h, &err), SHARDD_E_PROTOCOL, "a node name over %d bytes", SD_PEER_NAME_MAX);
 }
