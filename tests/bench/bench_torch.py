@@ -15,7 +15,8 @@ the same state in every way, then loads it back:
         dcp-hf         DCP HuggingFaceStorageWriter, every rank its shard, then consolidation into
                        the HF layout (torchtitan's last_save_in_hf), then sync
         dcp-fs         DCP FileSystemWriter (DCP's own format, not HF: a speed reference), then sync
-        shardd         shardd.torch.save_pretrained, waiting for the commit (fsynced); arena kept
+        shardd         shardd.torch.save_pretrained, waiting for the commit (fsynced); the default
+                       path (no arena=: the library's own pooled arenas, reused from round 2)
         shardd-async   the same with wait=False: blocked is the hand-over
         dcp-shardd     dcp.save through shardd.torch.StorageWriter
         dcp-shardd-async  dcp.async_save through it
@@ -171,14 +172,13 @@ def save_way(way, ctx):
         os.sync()
         return time.perf_counter() - t0, time.perf_counter() - t0
     if way in ("shardd", "shardd-async"):
-        pending = st.save_pretrained(m, dest, max_shard_size=args["shard"], wait=way == "shardd",
-                                     arena=ctx["arena"])
+        pending = st.save_pretrained(m, dest, max_shard_size=args["shard"], wait=way == "shardd")
         blocked = time.perf_counter() - t0
         if way == "shardd-async":
             pending.wait()
         return blocked, time.perf_counter() - t0
     if way in ("dcp-shardd", "dcp-shardd-async"):
-        writer = st.StorageWriter(dest, max_shard_size=args["shard"], arena=ctx["dcp_arena"])
+        writer = st.StorageWriter(dest, max_shard_size=args["shard"])
         sd = get_model_state_dict(m)
         if way == "dcp-shardd":
             dcp.save(sd, storage_writer=writer)
@@ -288,7 +288,6 @@ def worker(args):
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    import shardd
     from torch_world import init
 
     rank, _ = init()
@@ -297,9 +296,7 @@ def worker(args):
     fresh = build_model(args, layout)
     own = sum(t.numel() * t.element_size() for t in local_tensors(m).values())
     total = sum(p.numel() * p.element_size() for p in m.parameters())  # the global bytes
-    client = shardd.Client()
     ctx = {"model": m, "fresh": fresh, "args": args, "rank": rank, "total": total,
-           "arena": client.arena(own + (4 << 20)), "dcp_arena": client.arena(own + (4 << 20)),
            "fio_dir": os.path.join(args["root"], "fio-read")}
     gathered = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     ctx["gathered_ref"] = gathered if rank == 0 else None

@@ -15,6 +15,7 @@ Every failure raises ShardError with the stable error name (.name) and the
 daemon's or reader's message.
 """
 
+from ._arena_pool import release_arenas
 from ._client import Arena, Client, ShardError, error_names, parse_size, place
 from ._lib import library_path
 from ._load import Checkpoint, TensorInfo, load, load_slices
@@ -26,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Arena", "Client", "ShardError", "PendingSave", "Slice", "Checkpoint", "TensorInfo",
     "save", "delete", "load", "load_slices", "torchrun_env", "nodes_from_env", "default_save_id", "dtype_name",
-    "error_names", "library_path", "parse_size", "place", "DTYPES",
+    "error_names", "library_path", "parse_size", "place", "release_arenas", "DTYPES",
 ]

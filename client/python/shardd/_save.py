@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
-from . import _lib
+from . import _arena_pool, _lib
 from ._client import Arena, Client, ShardError, _Descs, _error, _place, parse_size
 from ._lib import SaveOpts
 from ._tensors import Slice, check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
@@ -136,21 +136,31 @@ class PendingSave:
     running); wait(timeout) is result() raising ShardError("timeout") instead.
     """
 
-    def __init__(self, client: Client, save_id: str, arena: Optional[Arena], owns_client: bool,
-                 progress: Optional[Progress] = None):
-        self.client = client
+    def __init__(self, client: Optional[Client], save_id: str, arena: Optional[Arena], owns_client: bool,
+                 progress: Optional[Progress] = None, pool=None):
+        self._client = client
         self.save_id = save_id
         self.arena = arena
         self._owns = owns_client
         self._progress = progress
+        self._pool = pool  # the _arena_pool lane the save was handed over through, if any
         self._result: Optional[Dict[str, Any]] = None
         self._exception: Optional[BaseException] = None
         self._last_progress: Optional[Tuple[int, int]] = None
 
+    @property
+    def client(self) -> Client:
+        """The connection this save is waited on. A pooled save's is its own, opened at the first
+        wait, so that waiting never holds up the pool's connection."""
+        if self._client is None:
+            self._client = Client(self._pool.socket)
+        return self._client
+
     def _close_owned(self) -> None:
         if self._owns:
             self._owns = False
-            self.client.close()
+            if self._client is not None:
+                self._client.close()
 
     def _report(self, written: int, total: int) -> None:
         if self._progress is not None and (written, total) != self._last_progress:
@@ -182,7 +192,13 @@ class PendingSave:
 
     def wait_released(self, timeout: Optional[float] = None) -> None:
         """Blocks until the arena the save read from may be overwritten."""
-        self.client.wait_released(self.save_id, timeout)
+        if self._pool is None:
+            self.client.wait_released(self.save_id, timeout)
+            return
+        # The daemon says so on the connection the save was handed over through.
+        with self._pool.lock:
+            if self._pool.client is not None and not self._pool.client.closed:
+                self._pool.client.wait_released(self.save_id, timeout)
 
     def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """Blocks until the save ends; returns the result dict or raises ShardError."""
@@ -251,8 +267,9 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     tensors: {name: array} in state-dict order, each value a numpy array or
     torch tensor (the whole tensor; any device, any strides), a Slice of a
     global tensor, or a list of Slices (several boxes of one tensor). Every
-    rank of the save calls this with the same dir, save_id and world_size. The bytes are copied into `arena` (grown as needed; a temporary one when
-    None), put with index = position in the dict (ordered=False: natural name
+    rank of the save calls this with the same dir, save_id and world_size. The bytes are copied into `arena` (grown as needed; with neither arena
+    nor client, one of this process's two pooled arenas, reused once the daemon has released it,
+    see release_arenas; with only a client, a temporary one), put with index = position in the dict (ordered=False: natural name
     order instead, for ranks whose dicts hold different names; a {name: index}
     mapping: those indices, the same on every rank), then sealed.
     Once save() returns (wait=False included) the arrays may change.
@@ -317,9 +334,14 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
              in zip(prepared, offsets)]
     check_shared_memory([(name, src) for name, src, _offset in items])
 
-    owns_client = client is None and arena is None
+    args = (save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata, overwrite, files, keep_last)
+    if client is None and arena is None:
+        # The default path: this process's pooled connection and arenas (_arena_pool), so a
+        # save costs a copy; its wait goes over a connection of its own.
+        lane = _run_pooled(socket, end, items, timeout, args)
+        return _finish(PendingSave(None, save_id, None, True, progress, lane), wait, timeout)
     if client is None:
-        client = arena.client if arena is not None else Client(socket)
+        client = arena.client
     temp_arena = None
     try:
         if arena is None:
@@ -332,30 +354,53 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
                 arena.resize((end + page - 1) // page * page)
         if wants_pinned_memory(src for _name, src, _offset in items):
             arena.pin()
-        _run(client, arena, save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata,
-             overwrite, files, keep_last)
+        _run(client, arena, *args)
         if temp_arena is not None:
             # Safe right after seal: the daemon holds its own mapping.
             temp_arena.close()
             temp_arena = None
-        pending = PendingSave(client, save_id, arena, owns_client, progress)
-        owns_client = False
-        if not wait:
-            return pending
-        try:
-            return pending.wait(timeout)
-        except ShardError as e:
-            if e.name != "timeout":
-                raise
-            # Nobody waits for it any more: end it now rather than leave it open in the daemon.
-            return client.wait(save_id, 0, abort=True)
-        finally:
-            pending._close_owned()
+        return _finish(PendingSave(client, save_id, arena, False, progress), wait, timeout)
     finally:
         if temp_arena is not None:
             temp_arena.close()
-        if owns_client:
-            client.close()
+
+
+def _run_pooled(socket, end, items, timeout, args):
+    lane = _arena_pool.borrow(socket, args[0])
+    try:
+        for attempt in (0, 1):
+            client = lane.connect(fresh=attempt == 1)
+            try:
+                try:
+                    arena = lane.take(max(end, 1), timeout)
+                except ShardError as e:
+                    e.before_begin = True
+                    raise
+                if wants_pinned_memory(src for _name, src, _offset in items):
+                    arena.pin()
+                _run(client, arena, *args)
+                return lane
+            except ShardError as e:
+                # A daemon restarted since the last save closed the kept connection: until begin
+                # has gone through nothing of this save reached any daemon, so it starts over, once.
+                if attempt or e.name != "connect_failed" or not getattr(e, "before_begin", False):
+                    raise
+    finally:
+        lane.lock.release()
+
+
+def _finish(pending, wait, timeout):
+    if not wait:
+        return pending
+    try:
+        return pending.wait(timeout)
+    except ShardError as e:
+        if e.name != "timeout":
+            raise
+        # Nobody waits for it any more: end it now rather than leave it open in the daemon.
+        return pending.client.wait(pending.save_id, 0, abort=True)
+    finally:
+        pending._close_owned()
 
 
 def _boxes(value) -> bool:
@@ -364,8 +409,12 @@ def _boxes(value) -> bool:
 
 def _run(client, arena, save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata,
          overwrite, files, keep_last=None):
-    client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
-                 overwrite=overwrite, keep_last=keep_last, **topo)
+    try:
+        client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
+                     overwrite=overwrite, keep_last=keep_last, **topo)
+    except ShardError as e:
+        e.before_begin = True  # no daemon heard of this save: it may be retried
+        raise
     try:
         buf = arena.buffer
         for _name, src, off in items:

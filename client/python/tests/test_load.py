@@ -308,6 +308,70 @@ class LoadTest(unittest.TestCase):
         self.assertIn("progress", typing.get_type_hints(shardd.save))
 
 
+class ArenaPoolTest(unittest.TestCase):
+    """save() with neither client= nor arena= borrows this process's pooled connection and two
+    arenas, reusing an arena only once the daemon has released the save that read it."""
+
+    def lanes(self):
+        from shardd import _arena_pool
+        return _arena_pool._pools.get(_arena_pool._key(D.socket), [])
+
+    def test_arenas_are_reused_double_buffered_and_bytes_stay_right(self):
+        shardd.release_arenas()
+        w = np.arange(1 << 18, dtype=np.float32)  # 1 MiB
+        shardd.save({"w": w}, "pool/0", socket=D.socket, timeout=WAIT)
+        (lane,) = self.lanes()
+        first = [a.name for a in lane.arenas]
+        shardd.save({"w": w + 1}, "pool/1", socket=D.socket, timeout=WAIT)
+        self.assertEqual([a.name for a in lane.arenas], first, "a released arena is taken again")
+        # Back to back without waiting: never more than two arenas, and no save sees another's bytes.
+        pending = [shardd.save({"w": w * k}, "pool/b%d" % k, socket=D.socket, wait=False) for k in range(2, 8)]
+        self.assertLessEqual(len(lane.arenas), 2)
+        self.assertEqual(len(self.lanes()), 1)
+        for k, p in zip(range(2, 8), pending):
+            p.wait(WAIT)
+            self.assertEqual(shardd.load(path("pool", "b%d" % k))["w"].tobytes(), (w * k).tobytes(), k)
+        # A larger save grows an arena; one process playing two ranks of one save gets two lanes.
+        shardd.save({"w": np.concatenate([w, w])}, "pool/big", socket=D.socket, timeout=WAIT)
+        self.assertGreaterEqual(max(a.size for a in lane.arenas), 2 * w.nbytes)
+        p0 = shardd.save({"w": shardd.Slice(w[:10], (20,), (0,))}, "pool/r", rank=0, world_size=2,
+                         socket=D.socket, wait=False)
+        shardd.save({"w": shardd.Slice(w[10:20], (20,), (10,))}, "pool/r", rank=1, world_size=2,
+                    socket=D.socket, timeout=WAIT)
+        p0.wait(WAIT)
+        self.assertEqual(len(self.lanes()), 2)
+        self.assertEqual(shardd.load(path("pool", "r"))["w"].tobytes(), w[:20].tobytes())
+
+    def test_a_restarted_daemon_and_a_forked_child(self):
+        import shutil
+        import tempfile
+
+        w = np.arange(1000, dtype=np.int64)
+        tmp = tempfile.mkdtemp(prefix="shardd-pool-")
+        try:
+            d = Daemon(tmp=tmp)
+            shardd.save({"w": w}, "before", socket=d.socket, timeout=WAIT)
+            # The kept connection dies with its daemon; the next save connects anew, once.
+            d.stop()
+            d = Daemon(tmp=tmp)
+            shardd.save({"w": -w}, "after", socket=d.socket, timeout=WAIT)
+            self.assertEqual(shardd.load(os.path.join(d.root, "after"))["w"].tobytes(), (-w).tobytes())
+            # A forked child never touches its parent's connection or arenas.
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    shardd.save({"w": w * 3}, "child", socket=d.socket, timeout=WAIT)
+                    os._exit(0)
+                except BaseException:
+                    os._exit(1)
+            self.assertEqual(os.waitpid(pid, 0)[1], 0)
+            shardd.save({"w": w * 4}, "parent", socket=d.socket, timeout=WAIT)
+            self.assertEqual(shardd.load(os.path.join(d.root, "child"))["w"].tobytes(), (w * 3).tobytes())
+            self.assertEqual(shardd.load(os.path.join(d.root, "parent"))["w"].tobytes(), (w * 4).tobytes())
+            self.assertEqual(d.stop(), 0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
 def start():
     global D
     D = Daemon()
