@@ -107,8 +107,12 @@ SHARDD_EXPORT int shardd_place(const shardd_tensor_desc *t, size_t n, uint64_t m
     size[i] = nb;
     bad |= !ok;
   }
+  /* Only a slice of SD_PLACE_MIN bytes or more is placed by its file offset: with none, the
+   * plan (a sort of every name) is not needed. */
+  int any_big = 0;
+  for (size_t i = 0; i < n && !any_big; i++) any_big = size[i] >= SD_PLACE_MIN;
   /* No plan (a name twice with different shapes, say): every slice is packed. */
-  if (bad || file_offsets(t, n, max_shard_size, fo) != 0)
+  if (bad || !any_big || file_offsets(t, n, max_shard_size, fo) != 0)
     for (size_t i = 0; i < n; i++) fo[i] = UINT64_MAX;
   uint64_t at = base;
   for (size_t i = 0; i < n; i++) {

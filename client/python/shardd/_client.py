@@ -160,28 +160,98 @@ def _desc(name, dtype, shape, start, count, index):
     return d, keep
 
 
+# TensorDesc's layout as a numpy record, so that tens of thousands are filled a column at a time.
+def _desc_record():
+    import numpy as np
+
+    kinds = {"name": np.uint64, "dtype": np.uint64, "ndim": np.int32, "shape": np.uint64, "start": np.uint64,
+             "count": np.uint64, "index": np.int64}
+    names = [f[0] for f in TensorDesc._fields_]
+    return np.dtype({"names": names, "formats": [kinds[n] for n in names],
+                     "offsets": [getattr(TensorDesc, n).offset for n in names], "itemsize": ctypes.sizeof(TensorDesc)})
+
+
+def _addr(b):
+    """The address of a bytes object's (NUL-terminated) text; valid while b lives."""
+    return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value
+
+
 class _Descs:
-    """A TensorDesc array over (name, dtype, shape, start, count, index) tuples, with what it points into."""
+    """TensorDescs of (name, dtype, shape, start, count, index) tuples, with what they point into.
+
+    Built as one numpy record array over one text of all the names and one array of all the
+    dims: what each slice costs here is a few list appends, not ctypes objects.
+    """
 
     def __init__(self, slices):
+        import numpy as np
+
         slices = list(slices)
-        self.n = len(slices)
-        self.array = (TensorDesc * max(self.n, 1))()
-        self._keep = []
-        for i, (name, dtype, shape, start, count, index) in enumerate(slices):
-            self.array[i], k = _desc(name, dtype, shape, start, count, index)
-            self._keep.append(k)
+        names, dtypes, ndims, dims, boxed, index = [], [], [], [], [], []
+        for name, dtype, shape, start, count, idx in slices:
+            names.append(_bytes(name, "tensor name"))
+            dtypes.append(_dtype_ascii(dtype))
+            at = len(dims)
+            dims.extend(shape)
+            ndim = len(dims) - at
+            ndims.append(ndim)
+            if (start is None) != (count is None):
+                raise ValueError("tensor %r: give both start and count, or neither" % (name,))
+            if start is not None:
+                dims.extend(start)
+                dims.extend(count)
+                if len(dims) - at != 3 * ndim:
+                    raise ValueError("tensor %r: start and count need %d entries each" % (name, ndim))
+                boxed.append(len(names) - 1)
+            index.append(-1 if idx is None else idx)
+        n = self.n = len(names)
+        try:
+            self._dims = np.array([int(d) for d in dims] or [0], dtype=np.int64)
+        except OverflowError:
+            raise ValueError("a dimension of a tensor does not fit in 64 bits") from None
+        if self._dims.min() < 0:
+            self._negative(slices)
+        self._text = b"\0".join(names) + b"\0"
+        room = np.fromiter(map(len, names), np.uint64, n) + np.uint64(1)  # each name and its NUL
+        self._dtypes = {d: _addr(d) for d in set(dtypes)}
+        rec = self._rec = np.zeros(max(n, 1), _desc_record())
+        rec["name"][:n] = np.uint64(_addr(self._text)) + np.cumsum(room) - room
+        rec["dtype"][:n] = [self._dtypes[d] for d in dtypes]
+        ndim = np.array(ndims, dtype=np.int64)
+        rec["ndim"][:n] = ndim
+        # Each slice's dims in order: shape, then (boxed) start and count.
+        per = ndim.copy()
+        per[boxed] *= 3
+        first = np.cumsum(per) - per
+        base = np.uint64(self._dims.ctypes.data)
+        rec["shape"][:n] = base + first.astype(np.uint64) * np.uint64(8)
+        if boxed:
+            rec["start"][boxed] = rec["shape"][boxed] + ndim[boxed].astype(np.uint64) * np.uint64(8)
+            rec["count"][boxed] = rec["start"][boxed] + ndim[boxed].astype(np.uint64) * np.uint64(8)
+        rec["index"][:n] = index
+        self.array = ctypes.cast(rec.ctypes.data, ctypes.POINTER(TensorDesc))
+
+    @staticmethod
+    def _negative(slices):  # slices: a list here, read twice
+        for name, _dtype, shape, start, count, _index in slices:
+            for what, values in (("shape", shape), ("start", start), ("count", count)):
+                for i, v in enumerate(values or ()):
+                    if int(v) < 0:
+                        raise ValueError("tensor %r: %s[%d] must not be negative" % (name, what, i))
 
 
 def _place(descs, max_shard_size=0, base=0):
-    """(ctypes array of offsets, end) of shardd_place over a _Descs."""
-    offsets = (ctypes.c_uint64 * max(descs.n, 1))()
+    """(numpy array of offsets, end) of shardd_place over a _Descs."""
+    import numpy as np
+
+    offsets = np.zeros(max(descs.n, 1), np.uint64)
     end = ctypes.c_uint64(0)
     lib = _lib.lib()
-    rc = lib.shardd_place(descs.array, descs.n, int(max_shard_size or 0), int(base), offsets, ctypes.byref(end))
+    rc = lib.shardd_place(descs.array, descs.n, int(max_shard_size or 0), int(base),
+                          offsets.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), ctypes.byref(end))
     if rc:
         raise _error(rc, lib.shardd_last_error(None))
-    return offsets, end.value
+    return offsets[:descs.n], end.value
 
 
 def place(slices, max_shard_size=0, base=0):
@@ -196,7 +266,7 @@ def place(slices, max_shard_size=0, base=0):
     """
     descs = _Descs(slices)
     offsets, end = _place(descs, max_shard_size, base)
-    return offsets[:descs.n], end
+    return offsets.tolist(), end
 
 
 def _buffer(data):
@@ -568,16 +638,20 @@ class Client:
         are (deferred=True: will be) at offset in arena. Raises on the first refusal;
         the error's `index` attribute says which slice (the slices before it were put).
         """
+        import numpy as np
+
         slices = list(slices)
         descs = _Descs((sl[0], sl[1], sl[2], sl[4] if len(sl) > 5 else None, sl[5] if len(sl) > 5 else None,
                         sl[6] if len(sl) > 6 else None) for sl in slices)
-        offsets = (ctypes.c_uint64 * max(len(slices), 1))(*(int(sl[3]) for sl in slices))
+        offsets = np.array([int(sl[3]) for sl in slices] or [0], dtype=np.uint64)
         self._put_descs(save, arena, descs, offsets, deferred)
 
     def _put_descs(self, save, arena, descs, offsets, deferred=False):
+        """put_many of a _Descs whose bytes are at `offsets` (a numpy uint64 array) in arena."""
         ptr = self._arena_ptr(arena)
         failed = ctypes.c_size_t(0)
-        rc = _lib.lib().shardd_put_many(self._handle(), _bytes(save, "save"), descs.array, offsets, descs.n, ptr,
+        rc = _lib.lib().shardd_put_many(self._handle(), _bytes(save, "save"), descs.array,
+                                        offsets.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), descs.n, ptr,
                                         1 if deferred else 0, ctypes.byref(failed))
         try:
             self._check(rc)

@@ -331,7 +331,7 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
                    for name, dt, shape, start, count, _src, index in prepared)
     offsets, end = _place(descs, max_shard_size)
     items = [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
-             in zip(prepared, offsets)]
+             in zip(prepared, offsets.tolist())]
     check_shared_memory([(name, src) for name, src, _offset in items])
 
     args = (save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata, overwrite, files, keep_last)

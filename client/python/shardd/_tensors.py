@@ -133,6 +133,32 @@ def _memory(src):
     return ("cpu", src) if src.size else None
 
 
+def _span(src):
+    """(device, first byte address, one past the last) of src's elements; None when it has none.
+
+    Cheap (no numpy array is made): it runs for every tensor of a save, and only spans that
+    overlap as address ranges are compared element by element (_memory)."""
+    if _is_torch(src):
+        if src.numel() == 0:
+            return None
+        size = src.element_size()
+        lo = src.data_ptr()
+        # torch strides are never negative: the last element is the furthest.
+        last = sum((n - 1) * st for n, st in zip(src.shape, src.stride()))
+        return str(src.device), lo, lo + (last + 1) * size
+    if not src.size:
+        return None
+    if src.flags.c_contiguous:
+        lo = src.__array_interface__["data"][0]
+        return "cpu", lo, lo + src.nbytes
+    import numpy as np
+
+    # numpy 2 moved byte_bounds out of the top-level namespace.
+    byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
+    lo, hi = byte_bounds(src)
+    return "cpu", lo, hi
+
+
 def check_shared_memory(named_srcs):
     """ValueError naming two entries whose memory overlaps (tied weights).
 
@@ -140,27 +166,24 @@ def check_shared_memory(named_srcs):
     safetensors refuses it too. Entries that only share a storage without
     overlapping (views of one fused tensor) are fine.
     """
-    import numpy as np
-
-    # numpy 2 moved byte_bounds out of the top-level namespace.
-    byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
     spans = []
     for name, src in named_srcs:
-        mem = _memory(src)
-        if mem is not None:
-            lo, hi = byte_bounds(mem[1])
-            spans.append((mem[0], lo, hi, name, mem[1]))
+        span = _span(src)
+        if span is not None:
+            spans.append(span + (name, src))
     spans.sort(key=lambda s: (s[0], s[1]))
     # A sweep: only spans that overlap as address ranges are compared element by element.
     open_spans = []
-    for dev, lo, hi, name, arr in spans:
+    for dev, lo, hi, name, src in spans:
         open_spans = [s for s in open_spans if s[0] == dev and s[2] > lo]
-        for _, _, _, other, other_arr in open_spans:
-            if np.shares_memory(arr, other_arr):
+        for other in open_spans:
+            import numpy as np
+
+            if np.shares_memory(_memory(src)[1], _memory(other[4])[1]):
                 raise ValueError("tensors %r and %r share memory (tied weights): save one of them "
                                  "and tie them again after loading, or save a copy of one"
-                                 % (other, name))
-        open_spans.append((dev, lo, hi, name, arr))
+                                 % (other[3], name))
+        open_spans.append((dev, lo, hi, name, src))
 
 
 def nbytes(src):
@@ -193,7 +216,8 @@ def copy_into(buf, offset, src):
 
 def wants_pinned_memory(srcs):
     """True when some tensor lives on a CUDA device, so a page-locked arena speeds its copy."""
-    return any(_is_torch(s) and s.device.type == "cuda" for s in srcs)
+    torch = sys.modules.get("torch")
+    return torch is not None and any(isinstance(s, torch.Tensor) and s.device.type == "cuda" for s in srcs)
 
 
 def cuda_host_register(addr, size):
@@ -227,7 +251,7 @@ def prepare(name, value):
     box = None
     if isinstance(value, Slice):
         box, value = value, value.array
-    if _is_torch(value):
+    if type(value) is not np.ndarray and _is_torch(value):
         dt, count, src = _torch_source(name, value)
     else:
         if isinstance(value, np.generic):
