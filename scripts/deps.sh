@@ -46,7 +46,9 @@ shardd_build() {
 # records what it holds, and a venv that holds exactly that is left alone.
 SHARDD_VENV=${SHARDD_VENV:-$PWD/.venv}
 shardd_venv_torch="torch==2.13.0"
-shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest crc32c)   # crc32c: an independent check of the recorded checksums
+# crc32c: an independent check of the recorded checksums. megatron-core 0.16.1 is the last for
+# Python 3.11; its dist_checkpointing needs psutil (undeclared) and its MoE layers einops.
+shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest crc32c megatron-core==0.16.1 psutil einops)
 
 shardd_venv() {
   local stamp="$SHARDD_VENV/.shardd-packages" want="$shardd_venv_torch ${shardd_venv_rest[*]}"

@@ -90,10 +90,15 @@ def config_files(model) -> Dict[str, bytes]:
     model.config.dtype = str(model.dtype).split(".")[1]
     # FSDP2 wraps in place, renaming the class: save_pretrained strips the prefix the same way.
     model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    return config_json_files(model.config, model.generation_config if model.can_generate() else None)
+
+
+def config_json_files(config, generation_config=None) -> Dict[str, bytes]:
+    """{file name: bytes} that config.save_pretrained (and generation_config's) write."""
     with tempfile.TemporaryDirectory(prefix="shardd-config-") as d:
-        model.config.save_pretrained(d)
-        if model.can_generate():
-            model.generation_config.save_pretrained(d)
+        config.save_pretrained(d)
+        if generation_config is not None:
+            generation_config.save_pretrained(d)
         out = {}
         for name in sorted(os.listdir(d)):
             with open(os.path.join(d, name), "rb") as f:
