@@ -78,6 +78,27 @@ static json_t *u64_array(const uint64_t *v, uint32_t n) {
   return a;
 }
 
+/* One slice description for the leader, [id, rank, start..., count...]; its id is its place in cs->slices. */
+static int emit_slice(sd_csave *cs, sd_save_tensor *t, sd_slice *s, json_t **sl) {
+  if (SD_GROW(cs->slices, cs->scap, cs->nslices + 1, 256)) return -1;
+  uint64_t id = cs->nslices;
+  cs->slices[cs->nslices++] = (sd_cslice_ref){t, s};
+  if (!*sl) *sl = json_array();
+  json_t *e = json_array();
+  json_array_append_new(e, json_integer((json_int_t)id));
+  json_array_append_new(e, json_integer(s->rank));
+  for (uint32_t d = 0; d < 2 * t->ndim; d++) json_array_append_new(e, json_integer((json_int_t)s->dims[d]));
+  json_array_append_new(*sl, e);
+  return 0;
+}
+
+/* The same box of t is among the descriptions this batch already holds (from cs->slices[first] on). */
+static int described_here(const sd_csave *cs, const sd_save_tensor *t, const sd_slice *s, size_t first) {
+  for (size_t k = first; k < cs->nslices; k++)
+    if (!memcmp(cs->slices[k].sl->dims, s->dims, 2 * t->ndim * sizeof *s->dims)) return 1;
+  return 0;
+}
+
 void sd_node_sealed(sd_csave *cs) {
   sd_save *save = cs->save;
   uint8_t *fresh = calloc(save->world_size, 1);
@@ -105,24 +126,27 @@ void sd_node_sealed(sd_csave *cs) {
   for (size_t i = 0; i < save->ntensors && !oom; i++) {
     sd_save_tensor *t = save->tensors[i];
     json_t *sl = NULL;
+    size_t first = cs->nslices, empty = SIZE_MAX;
     for (size_t j = 0; j < t->nslices; j++) {
       sd_slice *s = t->slices[j];
       if (!fresh[s->rank]) continue;
-      if (SD_GROW(cs->slices, cs->scap, cs->nslices + 1, 256)) {
+      /* What the leader needs of this node: each distinct box with bytes once (an empty box adds
+       * nothing to coverage, a replica here nothing to write), and the tensor's dtype and shape
+       * at least once, which this node's ranks agreed on already (an empty box stands for it
+       * when no other does). */
+      if (s->len == 0) {
+        if (empty == SIZE_MAX) empty = j;
+        continue;
+      }
+      if (described_here(cs, t, s, first)) continue;
+      if (emit_slice(cs, t, s, &sl) != 0) {
         oom = 1;
         break;
       }
-      uint64_t id = cs->nslices;
-      cs->slices[cs->nslices++] = (sd_cslice_ref){t, s};
-      if (!sl) sl = json_array();
-      /* [id, rank, start..., count...] */
-      json_t *e = json_array();
-      json_array_append_new(e, json_integer((json_int_t)id));
-      json_array_append_new(e, json_integer(s->rank));
-      for (uint32_t d = 0; d < 2 * t->ndim; d++) json_array_append_new(e, json_integer((json_int_t)s->dims[d]));
-      json_array_append_new(sl, e);
     }
+    if (!oom && !sl && empty != SIZE_MAX && emit_slice(cs, t, t->slices[empty], &sl) != 0) oom = 1;
     if (!sl) continue;
+
     json_t *te = json_pack("{s:s,s:s,s:o,s:o}", "name", t->name, "dtype", sd_dtype_name(t->dtype), "shape",
                            u64_array(t->shape, t->ndim), "slices", sl);
     if (!te) {

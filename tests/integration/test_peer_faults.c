@@ -92,6 +92,31 @@ Test(peers, a_gap_across_nodes_fails_every_rank) {
   h_shared_free(s.sh);
 }
 
+/* Nodes leave empty boxes and their own replicas out of what they tell the leader (issue 33): a
+ * gap or an overlap beside them is still found and named. */
+Test(peers, a_gap_or_overlap_beside_empty_boxes_is_still_found) {
+  static const h_put gap_puts[] = {
+      BOX2(0, "e", "F32", 4, 2, 0, 0, 2, 2), BOX2(1, "e", "F32", 4, 2, 2, 0, 1, 2),
+      BOX2(2, "e", "F32", 4, 2, 4, 0, 0, 2), BOX2(3, "e", "F32", 4, 2, 4, 0, 0, 2),
+      BOX2(4, "e", "F32", 4, 2, 4, 0, 0, 2), BOX2(5, "e", "F32", 4, 2, 4, 0, 0, 2),
+  };
+  h_script s = {.opts = cluster_opts("egap", "ck/egap", 0), .puts = gap_puts, .nputs = 6, .wait_after_fail = 1};
+  run_ranks(&s);
+  h_expect_failed(&s, SHARDD_E_GAP, "'e'", (char *)NULL);
+  h_expect_unpublished("ck/egap");
+  h_shared_free(s.sh);
+  static const h_put overlap_puts[] = {
+      BOX2(0, "o", "F32", 4, 2, 0, 0, 2, 2), BOX2(1, "o", "F32", 4, 2, 0, 0, 2, 2), /* a replica on node 0 */
+      BOX2(2, "o", "F32", 4, 2, 1, 0, 3, 2), BOX2(3, "o", "F32", 4, 2, 4, 0, 0, 2),
+      BOX2(4, "o", "F32", 4, 2, 4, 0, 0, 2), BOX2(5, "o", "F32", 4, 2, 4, 0, 0, 2),
+  };
+  h_script o = {.opts = cluster_opts("eovl", "ck/eovl", 0), .puts = overlap_puts, .nputs = 6, .wait_after_fail = 1};
+  run_ranks(&o);
+  h_expect_failed(&o, SHARDD_E_OVERLAP, "'o'", (char *)NULL);
+  h_expect_unpublished("ck/eovl");
+  h_shared_free(o.sh);
+}
+
 /* ------------------------------------------------------------------------ *
  * Lost daemons. Ranks of the "late" node wait (at H_AT_PUTS) until the test
  * has done its damage; every other rank seals first.
