@@ -30,6 +30,7 @@ typedef struct {
   int layout, fp8, layers, check, keep;
   unsigned factor;
   int timeout_s;
+  const char *peer_timeout; /* --peer-timeout for the daemons; NULL: their default */
 } options;
 
 typedef struct {
@@ -50,6 +51,7 @@ typedef struct {
   uint64_t lead_recv, node_sent_max, node_sent_sum; /* peer bytes less the forwarded tensor bytes */
   uint64_t lead_rss, node_rss_max;                  /* peak RSS (VmHWM), bytes */
   double lead_cpu, node_cpu_max;                    /* user + system seconds */
+  double blocked_s;        /* the longest a daemon's loop was blocked (its heartbeats late), any node */
   uint64_t files, tensors, bytes;
 } point;
 
@@ -82,8 +84,10 @@ static int start_daemon(const options *o, daemon_t *d, const char *base, const c
       dup2(fd, 1);
       dup2(fd, 2);
     }
-    execl(o->shardd, o->shardd, "--root", root, "--socket", d->sock, "--peer-listen", peer_listen,
-          "--peer-token-file", token, "--node-name", name, "--log-level", "info", (char *)NULL);
+    const char *argv[] = {o->shardd, "--root", root, "--socket", d->sock, "--peer-listen", peer_listen,
+                          "--peer-token-file", token, "--node-name", name, "--log-level", "info",
+                          o->peer_timeout ? "--peer-timeout" : NULL, o->peer_timeout, NULL};
+    execv(o->shardd, (char *const *)argv);
     _exit(127);
   }
   for (int i = 0; i < 3000; i++) {
@@ -314,8 +318,9 @@ static void run_point(const options *o, const cm_model *m, int nodes, int per_no
   }
   double last_assign = 0;
   for (int k = 0; k < nodes; k++) {
-    double t = log_time(dm[k].log, "files (", NULL, NULL);
+    double t = log_time(dm[k].log, "files (", NULL, NULL), late = 0;
     if (t > last_assign) last_assign = t;
+    if (log_time(dm[k].log, "heartbeats ran", "s late", &late) > 0 && late > pt->blocked_s) pt->blocked_s = late;
   }
   pt->plan_s = last_assign > 0 ? last_assign - t_seal : -1;
   pt->done_commit_s = -1;
@@ -357,7 +362,8 @@ out:
 static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_cluster --shardd PATH [--points 1x8,2x8,...] [--layout fsdp2|hsdp|ep-pp] [--fp8]\n"
-          "                     [--factor F] [--layers L] [--tmp DIR] [--timeout S] [--check] [--keep]\n"
+          "                     [--factor F] [--layers L] [--tmp DIR] [--timeout S] [--peer-timeout S]\n"
+          "                     [--check] [--keep]\n"
           "N daemons on loopback sharing one root, R ranks each held by this process over real\n"
           "connections, save DeepSeek-V3's tensor table (its names, dtypes and shapes; every dim divided\n"
           "by F, default 128, and the shard size by F^2, so the file map keeps about the real file count)\n"
@@ -370,7 +376,8 @@ static void usage(FILE *f) {
           "assign (planning; -1 on one node, which plans alone), last seal to the last rank's committed,\n"
           "peer bytes received by the leader and sent by the busiest node and all nodes (forwarded tensor\n"
           "bytes excluded: the metadata), peak RSS (MiB) and CPU seconds of the leader and the busiest\n"
-          "other node, and the leader's last done to its publish.\n");
+          "other node, the leader's last done to its publish, and the longest any daemon's loop was\n"
+          "blocked (its heartbeats late: past --peer-timeout, default the daemons' 30 s, a peer is lost).\n");
 }
 
 static int parse_points(const char *s, options *o) {
@@ -414,6 +421,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--layers") && v) o.layers = atoi(argv[++i]);
     else if (!strcmp(a, "--tmp") && v) o.tmpdir = argv[++i];
     else if (!strcmp(a, "--timeout") && v) o.timeout_s = atoi(argv[++i]);
+    else if (!strcmp(a, "--peer-timeout") && v) o.peer_timeout = argv[++i];
     else if (!strcmp(a, "--fp8")) o.fp8 = 1;
     else if (!strcmp(a, "--check")) o.check = 1;
     else if (!strcmp(a, "--keep")) o.keep = 1;
@@ -446,9 +454,9 @@ int main(int argc, char **argv) {
   }
   printf("bench_cluster: DeepSeek-V3%s, %zu tensors, %d layers, dims / %u: %.1f MiB; layout %s\n",
          o.fp8 ? " fp8" : " bf16", m.n, m.layers, o.factor, (double)m.bytes / 1048576.0, cm_layout_name(o.layout));
-  printf("%-6s %10s %8s %8s %8s %10s %10s %10s %9s %8s %9s %8s %8s %6s\n", "NxR", "declared", "decl_s", "plan_s",
-         "seal->c", "lead_MiB", "node_MiB", "nodes_MiB", "lead_RSS", "lead_s", "node_RSS", "node_s", "done->c",
-         "files");
+  printf("%-6s %10s %8s %8s %8s %10s %10s %10s %9s %8s %9s %8s %8s %8s %6s\n", "NxR", "declared", "decl_s",
+         "plan_s", "seal->c", "lead_MiB", "node_MiB", "nodes_MiB", "lead_RSS", "lead_s", "node_RSS", "node_s",
+         "done->c", "blocked", "files");
   fflush(stdout);
   int bad = 0;
   for (int p = 0; p < o.npoints; p++) {
@@ -466,9 +474,9 @@ int main(int argc, char **argv) {
     mib(nss, sizeof nss, pt.node_sent_sum);
     mib(lrss, sizeof lrss, pt.lead_rss);
     mib(nrss, sizeof nrss, pt.node_rss_max);
-    printf("%-6s %10zu %8.2f %8.2f %8.2f %10s %10s %10s %9s %8.2f %9s %8.2f %8.3f %6llu\n", nxr, pt.declared,
-           pt.decl_s, pt.plan_s, pt.seal_commit_s, lr, ns, nss, lrss, pt.lead_cpu, nrss, pt.node_cpu_max,
-           pt.done_commit_s, (unsigned long long)pt.files);
+    printf("%-6s %10zu %8.2f %8.2f %8.2f %10s %10s %10s %9s %8.2f %9s %8.2f %8.3f %8.1f %6llu\n", nxr,
+           pt.declared, pt.decl_s, pt.plan_s, pt.seal_commit_s, lr, ns, nss, lrss, pt.lead_cpu, nrss,
+           pt.node_cpu_max, pt.done_commit_s, pt.blocked_s, (unsigned long long)pt.files);
     fflush(stdout);
   }
   cm_free(&m);
