@@ -150,7 +150,8 @@ int sd_st_index_parse(const char *label, const char *json, size_t len, sd_st_ind
 void sd_st_index_free(sd_st_index *ix);
 /* files[i] must be the shard named ix->files[i], already read. Every header
  * tensor is in the map pointing at its own file, every map entry is found in
- * its file, and total_size (and total_parameters when present) match. */
+ * its file, total_size matches, and total_parameters (when present) is no more than
+ * the tensors hold: transformers counts parameters only, not buffers. */
 int sd_st_index_check(const char *label, const sd_st_index *ix, const sd_ckpt_file *files,
                       sd_error *err);
 

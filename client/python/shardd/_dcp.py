@@ -28,6 +28,8 @@ from torch.distributed.checkpoint.storage import WriteResult
 from ._client import refusal
 from ._load import Checkpoint, torch_dtype
 from ._save import save
+from ._hf_convert import piece_parts
+from ._torch_load import converted, fill_box
 from ._tensors import Slice
 
 __all__ = ["StorageWriter", "StorageReader"]
@@ -100,11 +102,18 @@ class StorageWriter(_Writer):
 
 class StorageReader(_Reader):
     """A DCP StorageReader over a shardd or save_pretrained checkpoint folder (a path on this
-    machine): dcp.load fills tensors and DTensors of any layout, each rank reading its boxes."""
+    machine): dcp.load fills tensors and DTensors of any layout, each rank reading its boxes.
 
-    def __init__(self, path):
+    model: the transformers model being loaded, for a folder save_pretrained
+    wrote with converted names (fused MoE experts as one tensor per expert
+    and projection): DCP is shown the model's own names and shapes, and each
+    rank reads only the per-expert boxes of its chunks."""
+
+    def __init__(self, path, model=None):
         super().__init__()
         self.path = os.fspath(path)
+        self.model = model
+        self.held_as = {}
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
@@ -112,7 +121,17 @@ class StorageReader(_Reader):
 
     def read_metadata(self, *args, **kwargs):
         entries = {}
+        if self.model is not None:
+            sd = self.model.state_dict()
+            self.held_as = {k: v for k, v in converted(self.model, sd).items()
+                            if [n for n, _ in v] != [k] or not v[0][1].is_whole(sd[k].shape)}
         with Checkpoint(self.path) as ck:
+            for key, held in self.held_as.items():
+                if all(name in ck for name, _ in held):
+                    shape = torch.Size(sd[key].shape)
+                    entries[key] = TensorStorageMetadata(
+                        properties=TensorProperties(dtype=torch_dtype(ck.info(held[0][0]).dtype)), size=shape,
+                        chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)])
             for name in ck:
                 info = ck.info(name)
                 shape = torch.Size(info.shape)
@@ -139,7 +158,11 @@ class StorageReader(_Reader):
                 name = item.storage_index.fqn
                 start, count = tuple(item.storage_offsets), tuple(item.lengths)
                 target = planner.resolve_tensor(item).detach()
-                if target.device.type == "cpu" and target.is_contiguous():
+                if name in self.held_as:
+                    for source, piece in self.held_as[name]:
+                        for view, at, n in piece_parts(piece, target, [(start, count, (0,) * len(start))]):
+                            fill_box(ck, source, view, at, n)
+                elif target.device.type == "cpu" and target.is_contiguous():
                     ck.read_into(name, target, start, count)
                 else:
                     target.copy_(ck.read(name, start, count, framework="torch"))

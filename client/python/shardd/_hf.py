@@ -16,10 +16,11 @@ import os
 import tempfile
 from typing import Any, Dict, List, Tuple
 
+from ._hf_convert import Piece, piece_parts, reverted_pieces
 from ._torch_state import save_state_dict
 from ._unwrap import unwrap_model
 
-__all__ = ["save_pretrained", "saved_names"]
+__all__ = ["save_pretrained", "saved_names", "saved_pieces"]
 
 
 def _owner(model, name: str):
@@ -58,31 +59,44 @@ def _stand_ins(model, state_dict) -> Dict[str, Any]:
     return out
 
 
-def saved_names(model, state_dict) -> List[Tuple[str, str]]:
-    """[(name in the checkpoint, key in state_dict), ...] in the order save_pretrained writes them."""
+def saved_pieces(model, state_dict) -> List[Tuple[str, Piece]]:
+    """[(name in the checkpoint, Piece of a state_dict value), ...] in the order save_pretrained
+    writes them: most are a whole value; a fused MoE parameter gives one Piece per expert and
+    projection, as the installed transformers converts it back (_hf_convert)."""
     from transformers import modeling_utils
 
     stand_in = _stand_ins(model, state_dict)
     for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
         stand_in.pop(key, None)
     kept = modeling_utils.remove_tied_weights_from_state_dict(dict(stand_in), model)
-    source = {id(t): name for name, t in kept.items()}
-    try:
-        from transformers.core_model_loading import revert_weight_conversion
-    except ImportError:  # transformers 4: no conversions on save
-        reverted = kept
+    shapes = {key: (tuple(state_dict[key].shape), state_dict[key].dtype) for key in kept
+              if hasattr(state_dict[key], "shape") and hasattr(state_dict[key], "dtype")}
+    return reverted_pieces(model, kept, shapes)
+
+
+def saved_names(model, state_dict) -> List[Tuple[str, str]]:
+    """[(name in the checkpoint, key in state_dict), ...] in the order save_pretrained writes them."""
+    return [(name, piece.key) for name, piece in saved_pieces(model, state_dict)]
+
+
+def _saved_value(state_dict, piece: Piece):
+    """What this rank hands over for one saved tensor: the value itself when it is the whole
+    held tensor, else the Slices of the piece its local boxes hold (one empty Slice if none)."""
+    from ._dtensor import dtensor_boxes, is_dtensor
+    from ._tensors import Slice
+
+    value = state_dict[piece.key]
+    if piece.is_whole(value.shape):
+        return value
+    if is_dtensor(value):
+        local, boxes, primary = dtensor_boxes(piece.key, value)
     else:
-        reverted = revert_weight_conversion(model, kept)
-    out = []
-    for name, t in reverted.items():
-        if id(t) not in source:
-            raise NotImplementedError(
-                "%s converts weights when it saves (%r is computed from other tensors): "
-                "shardd.torch.save_pretrained writes only tensors the ranks hold; save with "
-                "save_state_dict, or with model.save_pretrained(save_original_format=False)"
-                % (type(model).__name__, name))
-        out.append((name, source[id(t)]))
-    return out
+        local, boxes, primary = value, [((0,) * value.dim(), tuple(value.shape), (0,) * value.dim())], True
+    shape = piece.shape
+    parts = piece_parts(piece, local, boxes) if primary else []
+    if not parts:
+        return Slice(local.new_empty((0,) + shape[1:]), shape, (0,) * len(shape))
+    return [Slice(view, shape, start) for view, start, _ in parts]
 
 
 def config_files(model) -> Dict[str, bytes]:
@@ -128,8 +142,7 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
                                   "own save_pretrained only")
     if state_dict is None:
         state_dict = model.state_dict()
-    names = saved_names(model, state_dict)
-    tensors = {saved: state_dict[key] for saved, key in names}
+    tensors = {saved: _saved_value(state_dict, piece) for saved, piece in saved_pieces(model, state_dict)}
     all_files = config_files(model)
     all_files.update(files or {})
     return save_state_dict(tensors, dir, max_shard_size=max_shard_size, files=all_files, **kwargs)

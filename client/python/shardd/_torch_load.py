@@ -12,10 +12,11 @@ from typing import Any, Dict, List, Tuple
 
 from ._client import refusal
 from ._dtensor import box_views, dtensor_boxes, is_dtensor, tensor_identity
+from ._hf_convert import piece_parts
 from ._load import Checkpoint
 from ._tensors import dtype_name
 
-__all__ = ["load_state_dict", "IncompatibleKeys"]
+__all__ = ["load_state_dict", "IncompatibleKeys", "converted", "fill_box"]
 
 # What nn.Module.load_state_dict returns.
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -30,19 +31,52 @@ def _groups(state_dict) -> List[List[str]]:
     return list(groups.values())
 
 
-def _targets(name, value) -> List[Tuple[Any, Tuple[int, ...], Tuple[int, ...]]]:
-    """[(local view, global start, count), ...]: where this rank's part of `value` goes."""
+def _local_boxes(name, value):
+    """(local tensor, its boxes of the global one) of a tensor or DTensor."""
     import torch
 
     if is_dtensor(value):
         local, boxes, _ = dtensor_boxes(name, value)
-        return box_views(local, boxes)
+        return local, boxes
     if isinstance(value, torch.Tensor):
-        return [(value, (0,) * value.dim(), tuple(value.shape))]
+        return value, [((0,) * value.dim(), tuple(value.shape), (0,) * value.dim())]
     raise TypeError("state_dict[%r] is a %s, not a tensor or DTensor" % (name, type(value).__name__))
 
 
-def _fill(ck: Checkpoint, source: str, view, start, count) -> None:
+def converted(model, state_dict) -> Dict[str, List[Tuple[str, Any]]]:
+    """{key: [(name in the checkpoint, Piece), ...]}: where save_pretrained puts each value of a
+    transformers model (renamed, or one fused MoE parameter as many per-expert tensors); the
+    names of a tied group all map to what the one save_pretrained keeps is saved as."""
+    if model is None:
+        return {}
+    from ._hf import saved_pieces
+
+    out: Dict[str, List[Tuple[str, Any]]] = {}
+    for name, piece in saved_pieces(model, state_dict):
+        out.setdefault(piece.key, []).append((name, piece))
+    for group in _groups(state_dict):
+        held = next((out[n] for n in group if n in out), None)
+        if held is not None:
+            out.update((n, held) for n in group)
+    return out
+
+
+def _check(ck: Checkpoint, source: str, shape, dtype) -> str:
+    """Why `source` of the checkpoint cannot fill a value of this shape and dtype; '' when it can."""
+    info = ck.info(source)
+    if tuple(shape) != info.shape:
+        return "%r has shape %s in the checkpoint but %s here" % (source, list(info.shape), list(shape))
+    try:
+        dt = dtype_name(dtype)
+    except TypeError as e:
+        return "%r: %s" % (source, e)
+    if dt != info.dtype:
+        return "%r is %s in the checkpoint but %s here" % (source, info.dtype, dt)
+    return ""
+
+
+def fill_box(ck: Checkpoint, source: str, view, start, count) -> None:
+    """Reads the box (start, count) of `source` into view, a tensor of any strides and device."""
     import torch
 
     if view.numel() == 0:
@@ -58,7 +92,7 @@ def _fill(ck: Checkpoint, source: str, view, start, count) -> None:
     view.copy_(tmp, non_blocking=False)
 
 
-def load_state_dict(dir, state_dict, strict=True, verify=False):
+def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
     """Fills `state_dict` (tensors and DTensors, as model.state_dict() gives them) in place from the
     checkpoint folder `dir` (shardd's, or one save_pretrained wrote), whatever mesh and
     placements it was saved from. Every rank calls it with its own state dict and reads only
@@ -72,6 +106,13 @@ def load_state_dict(dir, state_dict, strict=True, verify=False):
     dtype are still checked). Returns IncompatibleKeys(missing_keys,
     unexpected_keys).
 
+    model: the transformers model whose state dict this is, for a checkpoint
+    that save_pretrained wrote in the checkpoint's own layout: renamed
+    tensors, and fused MoE experts (`experts.gate_up_proj` [E, 2I, H]) held
+    as one tensor per expert and projection, are found by the installed
+    transformers' own conversion, and each rank reads only the per-expert
+    boxes its shards hold.
+
     verify=True also checks every file's recorded data CRC-32C
     (Checkpoint.verify) once the names fit and before anything is filled:
     a ShardError "bad_checksum" names the damaged file (or says the
@@ -81,29 +122,27 @@ def load_state_dict(dir, state_dict, strict=True, verify=False):
     import torch
 
     dir = os.fspath(dir)
+    held_as = converted(model, state_dict)
     with Checkpoint(dir) as ck:
-        plan, missing, wrong = [], [], []
+        plan, missing, wrong, wanted = [], [], [], set(state_dict)
         for group in _groups(state_dict):
-            source = next((n for n in group if n in ck), None)
-            if source is None:
-                missing.extend(group)
+            value = state_dict[group[0]]
+            held = next((held_as[n] for n in group if n in held_as), None)
+            if held is not None and any(name not in ck for name, _ in held):
+                held = None
+            if held is None:
+                source = next((n for n in group if n in ck), None)
+                if source is None:
+                    missing.extend(group)
+                    continue
+                held = [(source, None)]
+            why = [_check(ck, source, value.shape if piece is None else piece.shape, value.dtype)
+                   for source, piece in held]
+            if any(why):
+                wrong.extend(w for w in why if w)
                 continue
-            value, info = state_dict[group[0]], ck.info(source)
-            shape = tuple(value.shape)
-            if shape != info.shape:
-                wrong.append("%r has shape %s in the checkpoint but %s here" % (source, list(info.shape),
-                                                                                 list(shape)))
-                continue
-            try:
-                dt = dtype_name(value.dtype)
-            except TypeError as e:
-                wrong.append("%r: %s" % (source, e))
-                continue
-            if dt != info.dtype:
-                wrong.append("%r is %s in the checkpoint but %s here" % (source, info.dtype, dt))
-                continue
-            plan.append((source, group[0], value))
-        wanted = set(state_dict)
+            wanted.update(source for source, _ in held)
+            plan.append((group[0], value, held))
         unexpected = [n for n in ck.names() if n not in wanted]
         problems = list(wrong)
         if strict and missing:
@@ -115,9 +154,13 @@ def load_state_dict(dir, state_dict, strict=True, verify=False):
                           % (dir, "; ".join(problems)))
         if verify:
             ck.verify()
-        targets = [(source, _targets(name, value)) for source, name, value in plan]
+        fills = []
+        for name, value, held in plan:
+            local, boxes = _local_boxes(name, value)
+            for source, piece in held:
+                parts = box_views(local, boxes) if piece is None else piece_parts(piece, local, boxes)
+                fills.extend((source, view, start, count) for view, start, count in parts)
         with torch.no_grad():
-            for source, parts in targets:
-                for view, start, count in parts:
-                    _fill(ck, source, view, start, count)
+            for source, view, start, count in fills:
+                fill_box(ck, source, view, start, count)
     return IncompatibleKeys(missing, unexpected)

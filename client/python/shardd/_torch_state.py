@@ -43,7 +43,8 @@ def tie_groups(state_dict):
 
 def state_dict_tensors(state_dict, tied=None):
     """{name: tensor, Slice or [Slice, ...]} for save() from a state dict whose values are whole
-    tensors, DTensors, Slices, or (local tensor, global shape, offset) triples; the order is kept.
+    tensors, DTensors, Slices, lists of Slices (several boxes of one tensor), or (local tensor,
+    global shape, offset) triples; the order is kept.
 
     tied: names that are one tensor (tied weights) are refused with a
     ValueError saying which to drop, unless tied="drop", which keeps the
@@ -71,6 +72,8 @@ def state_dict_tensors(state_dict, tied=None):
             value = Slice(*value)
         elif is_dtensor(value):
             value = dtensor_slices(name, value)
+        elif isinstance(value, list) and value and all(isinstance(v, Slice) for v in value):
+            pass  # several boxes of one tensor, as save() takes them
         elif not isinstance(value, (torch.Tensor, Slice)):
             raise TypeError("state_dict[%r] is a %s, not a tensor, DTensor, Slice or (tensor, shape, "
                             "offset)" % (name, type(value).__name__))

@@ -1,0 +1,196 @@
+# transformers' reverse weight conversion as boxes: which part of which held tensor each saved tensor is.
+"""save_pretrained of transformers 5 writes some parameters converted back to
+the checkpoint's own layout: MoE experts fused as `experts.gate_up_proj`
+[E, 2I, H] are written one tensor per expert and projection. Rather than a
+table per model, the installed transformers' own reverse conversion is run
+on meta tensors of the global shapes. Every op it applies that is a view
+(chunk, split, unbind, select, squeeze, transpose, `.contiguous()`, which
+changes no value) leaves its result's storage offset and strides, from
+which the result is read back as a box of the held tensor, its dims
+possibly permuted. A result that is no view of one held tensor (cat,
+arithmetic, a dtype change) is refused with NotImplementedError naming the
+model class, the operation and the tensor, before anything is saved.
+
+A Piece then turns any rank's local boxes of the held tensor into the
+boxes of the saved tensor it holds (to save), or into the views of its
+local tensor a saved tensor's box fills (to load).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+__all__ = ["Piece", "whole", "reverted_pieces", "piece_parts"]
+
+
+class Piece(NamedTuple):
+    """A saved tensor as a box of the held tensor `key`: start and count in the held tensor's
+    coordinates; dims[i] is the held dim that the saved dim i runs along, None for a saved
+    dim of size 1 that the held tensor has not."""
+    key: str
+    start: Tuple[int, ...]
+    count: Tuple[int, ...]
+    dims: Tuple[Optional[int], ...]
+
+    def is_whole(self, shape) -> bool:
+        return (tuple(self.count) == tuple(shape) and not any(self.start)
+                and tuple(self.dims) == tuple(range(len(shape))))
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """The saved tensor's shape."""
+        return tuple(1 if d is None else self.count[d] for d in self.dims)
+
+
+def whole(key: str, shape: Sequence[int]) -> Piece:
+    n = len(shape)
+    return Piece(key, (0,) * n, tuple(int(s) for s in shape), tuple(range(n)))
+
+
+def _conversion_op() -> str:
+    """The transformers ConversionOps running further up the stack, for the refusal's message."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and type(owner).__module__.startswith("transformers") and \
+                hasattr(owner, "reverse_op"):
+            return type(owner).__name__
+        frame = frame.f_back
+    return "a conversion"
+
+
+def _views_only_mode():
+    """A TorchFunctionMode under which `.contiguous()`, `.clone()` and `.detach()` hand back their
+    input (the values are the same, and a copy would lose the view's offset and strides), and
+    which notes what made every other new tensor, for the refusal."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    same = {torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.detach, torch.clone, torch.detach}
+
+    class ViewsOnly(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.made = {}  # id(result) -> (result, what made it); the result kept so its id stays its own
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in same and args and isinstance(args[0], torch.Tensor):
+                return args[0]
+            out = func(*args, **kwargs)
+            results = out if isinstance(out, (tuple, list)) else (out,)
+            for t in results:
+                if isinstance(t, torch.Tensor) and t._base is None and not any(t is a for a in args):
+                    name = getattr(func, "__name__", repr(func))
+                    self.made[id(t)] = (t, "%s (torch.%s)" % (_conversion_op(), name))
+            return out
+
+    return ViewsOnly()
+
+
+def _box(name: str, base, view, model_name: str) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[Optional[int], ...]]:
+    """(start, count, dims) of `view` in `base`, a contiguous meta tensor it views."""
+    shape = [int(s) for s in base.shape]
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    offset = int(view.storage_offset())
+    start = [(offset // strides[d]) % shape[d] if shape[d] else 0 for d in range(len(shape))]
+    count = [1] * len(shape)
+    dims: List[Optional[int]] = []
+    for size, stride in zip(view.shape, view.stride()):
+        size = int(size)
+        held = [d for d in range(len(shape)) if shape[d] > 1 and strides[d] == stride]
+        if size == 1:
+            dims.append(None)
+            continue
+        if len(held) != 1 or held[0] in dims or start[held[0]] + size > shape[held[0]]:
+            raise NotImplementedError(
+                "%s: transformers' reverse conversion writes %r as a view of the held tensor that is no "
+                "box of it (shape %s, strides %s, offset %d in %s): shardd.torch.save_pretrained writes "
+                "boxes of what the ranks hold only; save with save_state_dict, or with "
+                "model.save_pretrained(save_original_format=False)"
+                % (model_name, name, list(view.shape), list(view.stride()), offset, shape))
+        dims.append(held[0])
+        count[held[0]] = size
+    return tuple(start), tuple(count), tuple(dims)
+
+
+def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tuple[int, ...], object]]):
+    """[(saved name, Piece), ...] in the order save_pretrained writes them.
+
+    kept: {state-dict key: stand-in} as save_pretrained would revert them
+    (tied names already dropped); shapes: {key: (global shape, dtype)}.
+    Each distinct stand-in becomes one meta tensor of its global shape, so
+    transformers' reverse conversion runs on the real shapes and its config
+    checks hold; what it hands back is read as a box of one of them.
+    """
+    import torch
+
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: no conversions on save
+        return [(key, whole(key, shapes[key][0])) for key in kept if key in shapes]
+    meta, key_of, by_stand_in = {}, {}, {}
+    for key, stand_in in kept.items():
+        if key not in shapes:  # not a tensor: transformers passes it through
+            meta[key] = stand_in
+            continue
+        if id(stand_in) not in by_stand_in:
+            shape, dtype = shapes[key]
+            t = torch.empty(shape, dtype=dtype, device="meta")
+            by_stand_in[id(stand_in)] = t
+            key_of[id(t)] = key
+        meta[key] = by_stand_in[id(stand_in)]
+    mode = _views_only_mode()
+    with torch.no_grad(), mode:
+        reverted = revert_weight_conversion(model, meta)
+    model_name = type(model).__name__.removeprefix("FSDP")
+    out = []
+    for name, t in reverted.items():
+        base = t if id(t) in key_of else t._base if isinstance(t, torch.Tensor) else None
+        if base is None or id(base) not in key_of:
+            made = mode.made.get(id(t))
+            raise NotImplementedError(
+                "%s: transformers' reverse conversion computes %r with %s, not as a view of one tensor the "
+                "ranks hold: shardd.torch.save_pretrained writes only what the ranks hold; save with "
+                "save_state_dict, or with model.save_pretrained(save_original_format=False)"
+                % (model_name, name, made[1] if made else "an operation shardd cannot follow"))
+        key = key_of[id(base)]
+        if t is base:
+            out.append((name, whole(key, base.shape)))
+        else:
+            out.append((name, Piece(key, *_box(name, base, t, model_name))))
+    return out
+
+
+def _to_saved(piece: Piece, held_view):
+    """held_view (a box of the held tensor, all its dims) as a view in the saved tensor's dims."""
+    x = held_view
+    mapped = [d for d in piece.dims if d is not None]
+    for d in range(x.dim() - 1, -1, -1):
+        if d not in mapped:
+            x = x.select(d, 0)
+    order = sorted(mapped)
+    x = x.permute([order.index(d) for d in mapped])
+    for i, d in enumerate(piece.dims):
+        if d is None:
+            x = x.unsqueeze(i)
+    return x
+
+
+def piece_parts(piece: Piece, local, boxes):
+    """[(view of local in the saved tensor's dims, start in the saved tensor, count), ...]: where
+    this rank's boxes of the held tensor meet the piece. boxes: (global start, count, local
+    start) of the held tensor, as _dtensor.dtensor_boxes gives them."""
+    out = []
+    for gstart, gcount, lstart in boxes:
+        lo = [max(a, b) for a, b in zip(piece.start, gstart)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(piece.start, piece.count, gstart, gcount)]
+        if any(h <= l for l, h in zip(lo, hi)):
+            continue
+        view = local[tuple(slice(o + l - g, o + h - g) for o, l, h, g in zip(lstart, lo, hi, gstart))]
+        start = tuple(0 if d is None else lo[d] - piece.start[d] for d in piece.dims)
+        count = tuple(1 if d is None else hi[d] - lo[d] for d in piece.dims)
+        out.append((_to_saved(piece, view), start, count))
+    return out

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+# MoE models as transformers 5 holds them (fused experts) saved per expert by save_pretrained under FSDP2, EP, EP x DP and TP, loaded back across layouts.
+"""Tiny Qwen3-MoE, Mixtral, DeepSeek-V3 (MLA, a shared expert,
+first_k_dense_replace, e_score_correction_bias) and Qwen2-MoE models, built
+in code (tied and untied, bf16 and f32), are saved by real gloo ranks with
+shardd.torch.save_pretrained under the layouts MoE trainers use: FSDP2
+over four ranks (uneven, fewer experts than ranks), torchtitan's expert
+parallel (experts Shard(0) on ep, FSDP2 on efsdp giving _StridedShard or
+Shard(1)), EP x DP (replicated experts written once) and TP on attention
+and the experts' intermediate dim. Every folder is compared with what
+model.save_pretrained writes for an unsharded copy: the same files holding
+the same per-expert tensors bit for bit, an equal index and configs, and
+from_pretrained logits that are torch.equal. Each layout loads the
+previous layout's folder with load_state_dict(model=) and dcp.load
+(StorageReader(model=)) into other weights, bit-exact, and saves its state
+dict with dcp.save and dcp.async_save (fused names), read back by dcp.load.
+A conversion that is not a view of one tensor is refused before the
+daemon hears of the save.
+
+Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6,
+transformers >= 5, safetensors. `--worker JSON` is one rank.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    import transformers
+    from transformers import (AutoConfig, AutoModelForCausalLM, DeepseekV3Config, MixtralConfig, Qwen2MoeConfig,
+                              Qwen3MoeConfig)
+    from transformers import modeling_utils
+    from transformers.core_model_loading import Interleave, WeightConverter, revert_weight_conversion
+    from safetensors import safe_open
+    from huggingface_hub import split_torch_state_dict_into_shards
+except ImportError as e:
+    print("torch >= 2.6, transformers >= 5 or safetensors is missing (%s): skipping; "
+          "scripts/deps.sh shardd_venv makes the venv that has them" % e)
+    sys.exit(77)
+
+import suite
+import shardd
+import shardd.torch as st
+from shardd_daemon import Daemon
+from st_reader import data_crc32c
+from torch_world import WAIT, answer, init, raw, run_world
+
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+MAX_SHARD = "12KB"
+COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+# name: (config, tie_word_embeddings, dtype); each holds fewer experts than the four ranks, or as many.
+MODELS = {
+    "qwen3moe-tied-bf16": (lambda: Qwen3MoeConfig(intermediate_size=40, moe_intermediate_size=24, num_experts=4,
+                                                  num_experts_per_tok=2, num_key_value_heads=2, head_dim=8,
+                                                  **COMMON), True, torch.bfloat16),
+    "mixtral-f32": (lambda: MixtralConfig(intermediate_size=24, num_local_experts=3, num_experts_per_tok=2,
+                                          num_key_value_heads=2, **COMMON), False, torch.float32),
+    "deepseekv3-bf16": (lambda: DeepseekV3Config(
+        intermediate_size=40, moe_intermediate_size=24, n_routed_experts=4, n_shared_experts=1,
+        num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4, n_group=1, topk_group=1, **COMMON),
+        False, torch.bfloat16),
+    "qwen2moe-tied-f32": (lambda: Qwen2MoeConfig(intermediate_size=40, moe_intermediate_size=24, num_experts=2,
+                                                 num_experts_per_tok=2, shared_expert_intermediate_size=28,
+                                                 num_key_value_heads=2, **COMMON), True, torch.float32),
+}
+# (name, world size); each loads the checkpoint the one before it saved.
+LAYOUTS = [("fsdp4", 4), ("ep4", 4), ("ep2_efsdp2", 4), ("ep2_dp2", 4), ("tp2", 2)]
+# Layouts that also save with save_pretrained's default max_shard_size: one file, as transformers writes it.
+WHOLE = ("fsdp4", "tp2")
+COLWISE = ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj")
+
+
+def build(name, seed):
+    config, tied, dtype = MODELS[name]
+    cfg = config()
+    cfg.tie_word_embeddings = tied
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    with torch.no_grad():  # the bias starts at zero: give it bits of its own, as a trained model has
+        for key, b in m.named_buffers():
+            if key.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(seed)))
+    return m
+
+
+def experts(m):
+    return [layer.mlp.experts for layer in m.model.layers if hasattr(layer.mlp, "experts")]
+
+
+def place(module, mesh, placements):
+    """Each parameter of module a DTensor on mesh, as an EP or TP plan leaves it."""
+    for key, p in list(module.named_parameters(recurse=False)):
+        module._parameters[key] = torch.nn.Parameter(
+            distribute_tensor(p.data, mesh, placements(key) if callable(placements) else placements))
+
+
+def fsdp_rest(m, mesh, skip=()):
+    """FSDP2 over mesh for every layer and the root, leaving the expert modules in skip alone."""
+    ignored = {p for e in skip for p in e.parameters()}
+    for layer in m.model.layers:
+        fully_shard(layer, mesh=mesh, ignored_params=ignored or None)
+    fully_shard(m, mesh=mesh, ignored_params=ignored or None)
+
+
+def parallelize(m, layout, world):
+    ex = experts(m)
+    if layout == "fsdp4":
+        fsdp_rest(m, init_device_mesh("cpu", (world,)))
+    elif layout == "ep4":  # torchtitan: experts Shard(0) on ep, the rest FSDP2 over every rank
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("ep",))
+        for e in ex:
+            place(e, mesh, [Shard(0)])
+        fsdp_rest(m, mesh, ex)
+    elif layout == "ep2_efsdp2":  # experts FSDP2 on efsdp too: dim 0, or dim 1 once efsdp x ep > E
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("efsdp", "ep"))
+        for e in ex:
+            place(e, mesh["ep"], [Shard(0)])
+            dim = 0 if e.gate_up_proj.shape[0] >= world else 1
+            fully_shard(e, mesh=mesh["efsdp"], shard_placement_fn=lambda p, dim=dim: Shard(dim))
+        fsdp_rest(m, init_device_mesh("cpu", (world,)), ex)
+    elif layout == "ep2_dp2":  # experts replicated over dp: each is written once
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "ep"))
+        for e in ex:
+            place(e, mesh, [Replicate(), Shard(0)])
+        fsdp_rest(m, init_device_mesh("cpu", (world,)), ex)
+    elif layout == "tp2":  # attention and the experts' intermediate dim
+        mesh = init_device_mesh("cpu", (world,))
+        plan = {}
+        for i, layer in enumerate(m.model.layers):
+            for key, _ in layer.self_attn.named_children():
+                if key in COLWISE or key == "o_proj":
+                    plan["model.layers.%d.self_attn.%s" % (i, key)] = (RowwiseParallel() if key == "o_proj"
+                                                                      else ColwiseParallel())
+        parallelize_module(m, mesh, plan)
+        for e in ex:
+            place(e, mesh, lambda key: [Shard(1) if key == "gate_up_proj" else Shard(2)])
+    return m
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def placements(m):
+    return sorted({"%s%s" % (type(p).__name__, getattr(p, "dim", "")) for e in experts(m)
+                   for t in (e.gate_up_proj, e.down_proj) for p in getattr(t, "placements", ())})
+
+
+def untied(name):
+    return not MODELS[name][1]
+
+
+def worker(args):
+    """Every layout of args["layouts"] in turn, each loading the folders the one before saved."""
+    rank, world = init()
+    ref_sd = {name: {k: raw(v) for k, v in build(name, 1234).state_dict().items()} for name in MODELS}
+    out, previous = {}, args["from"]
+    for layout in args["layouts"]:
+        out[layout] = {name: one_model(layout, world, name, previous, ref_sd[name], args["root"]) for name in MODELS}
+        previous = os.path.join(args["root"], layout)
+    return out
+
+
+def one_model(layout, world, name, previous, ref_sd, root):
+    def differ(sd):
+        return sorted(k for k, v in sd.items() if raw(full(v)) != ref_sd[k])
+
+    m = parallelize(build(name, 1234), layout, world)
+    st.save_pretrained(m, "%s/%s" % (layout, name), max_shard_size=MAX_SHARD, timeout=WAIT)
+    if layout in WHOLE:
+        st.save_pretrained(m, "%s/%s-whole" % (layout, name), timeout=WAIT)
+    got = {}
+    # Another layout's per-expert folder into a model that starts from other weights, both ways.
+    src = os.path.join(previous, name)
+    fresh = parallelize(build(name, 99), layout, world)
+    sd = fresh.state_dict()
+    got["load_state_dict"] = (list(st.load_state_dict(src, sd, model=fresh)), differ(sd))
+    fresh = parallelize(build(name, 98), layout, world)
+    sd = fresh.state_dict()
+    dcp.load(sd, storage_reader=st.StorageReader(src, model=fresh))
+    got["dcp.load"] = differ(sd)
+    if untied(name) and layout.startswith("ep"):
+        # The fused names of an EP state dict through DCP, synchronously and not, read back by DCP.
+        sd = m.state_dict()
+        dcp.save(sd, storage_writer=st.StorageWriter("%s/%s-dcp" % (layout, name), timeout=WAIT))
+        dcp.async_save(sd, storage_writer=st.StorageWriter("%s/%s-async" % (layout, name), timeout=WAIT)).result()
+        for kind in ("dcp", "async"):
+            sd = parallelize(build(name, 97), layout, world).state_dict()
+            dcp.load(sd, storage_reader=st.StorageReader(os.path.join(root, layout, "%s-%s" % (name, kind))))
+            got[kind] = differ(sd)
+    return {"got": got, "placements": placements(m)}
+
+
+def shards(folder):
+    """{file: {tensor: bytes}} of every .safetensors file in folder."""
+    out = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, f), "pt") as h:
+                out[f] = {k: raw(h.get_tensor(k)) for k in h.keys()}
+    return out
+
+
+def logits(folder):
+    m = AutoModelForCausalLM.from_pretrained(folder)
+    ids = torch.arange(24).reshape(2, 12) % 96
+    with torch.no_grad():
+        return m(input_ids=ids).logits
+
+
+class MoE(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+        cls.ref = tempfile.mkdtemp(prefix="shardd-moe-ref-")
+        cls.ref_logits = {}
+        for name in MODELS:
+            build(name, 1234).save_pretrained(os.path.join(cls.ref, name), max_shard_size=MAX_SHARD)
+            build(name, 1234).save_pretrained(os.path.join(cls.ref, name + "-whole"))
+            cls.ref_logits[name] = logits(os.path.join(cls.ref, name))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+        shutil.rmtree(cls.ref, ignore_errors=True)
+
+    def check_folder(self, name, got, whole=False):
+        """got holds what save_pretrained writes: with its default max_shard_size the same file;
+        split, the same tensors, index and configs (the files split as below)."""
+        ref = os.path.join(self.ref, name + ("-whole" if whole else ""))
+        ref_shards, got_shards = shards(ref), shards(got)
+        if whole:
+            self.assertEqual(sorted(os.listdir(got)), sorted(os.listdir(ref)), name)
+            self.assertEqual(got_shards, ref_shards, name + ": tensors differ")
+        else:
+            self.assertGreater(len(got_shards), 2, "%s: max_shard_size gives one file" % name)
+            self.assertEqual(dict(kv for f in got_shards.values() for kv in f.items()),
+                             dict(kv for f in ref_shards.values() for kv in f.items()), name + ": tensors differ")
+        self.assertTrue(any(".experts.1." in t for f in ref_shards.values() for t in f), name)
+        files = ("config.json", "generation_config.json") + (() if whole else ("model.safetensors.index.json",))
+        for f in files:
+            with open(os.path.join(got, f)) as a, open(os.path.join(ref, f)) as b:
+                mine, theirs = json.load(a), json.load(b)
+            if f.endswith(".index.json"):
+                self.check_index(name, got, mine, theirs, got_shards)
+            else:
+                self.assertEqual(mine, theirs, "%s: %s" % (name, f))
+        self.assertTrue(torch.equal(logits(got), self.ref_logits[name]), name + ": logits differ")
+
+    def check_index(self, name, got, mine, theirs, got_shards):
+        # save_pretrained's index, plus each file's data CRC-32C (which from_pretrained ignores)
+        sums = mine["metadata"].pop("shardd_data_crc32c")
+        self.assertEqual(sums, {s: "%08x" % data_crc32c(os.path.join(got, s)) for s in got_shards}, name)
+        # shardd counts every tensor it writes; transformers its parameters, not the buffers
+        m = build(name, 0)
+        mine["metadata"]["total_parameters"] -= sum(b.numel() for k, b in m.named_buffers() if k in m.state_dict())
+        self.assertEqual(mine["metadata"], theirs["metadata"], name)
+        self.assertEqual(mine["weight_map"], {t: f for f, ts in got_shards.items() for t in ts}, name)
+        # huggingface_hub's split of the same tensors in the same order, each counted by itself.
+        # (transformers' own split differs: its per-expert tensors are views of one storage, which
+        # huggingface_hub keeps in one file and counts once, whole, at the first of them.)
+        tensors = {}
+        for f in sorted(os.listdir(os.path.join(self.ref, name))):
+            if f.endswith(".safetensors"):
+                with safe_open(os.path.join(self.ref, name, f), "pt") as h:
+                    tensors.update({k: h.get_tensor(k) for k in h.keys()})
+        order = revert_weight_conversion(m, modeling_utils.remove_tied_weights_from_state_dict(m.state_dict(), m))
+        split = split_torch_state_dict_into_shards({k: tensors[k] for k in order}, max_shard_size=MAX_SHARD)
+        self.assertEqual(split.tensor_to_filename, mine["weight_map"], name)
+
+    def test_layouts(self):
+        previous = self.ref
+        for world in sorted({w for _, w in LAYOUTS}, reverse=True):
+            layouts = [layout for layout, w in LAYOUTS if w == world]
+            out = run_world(__file__, world, {"layouts": layouts, "from": previous, "root": self.d.root},
+                            {"SHARDD_SOCKET": self.d.socket})
+            for layout in layouts:
+                with self.subTest(layout=layout):
+                    for name in MODELS:
+                        self.check_folder(name, os.path.join(self.d.root, layout, name))
+                        if layout in WHOLE:
+                            self.check_folder(name, os.path.join(self.d.root, layout, name + "-whole"), True)
+                        expect = {"load_state_dict": [[[], []], []], "dcp.load": []}
+                        if untied(name) and layout.startswith("ep"):
+                            expect.update({"dcp": [], "async": []})
+                        for rank, r in enumerate(out):
+                            self.assertEqual(r[layout][name]["got"], expect, "%s %s rank %d, loaded from %s"
+                                             % (layout, name, rank, previous))
+                    print("%s: %d ranks, experts %s; %d models saved as save_pretrained does, loaded from %s"
+                          % (layout, world, sorted({p for r in out[0][layout].values() for p in r["placements"]}),
+                             len(MODELS), os.path.basename(previous)))
+                previous = os.path.join(self.d.root, layout)
+
+
+class InterleavedMoe(transformers.Qwen3MoeForCausalLM):
+    """A Qwen3-MoE whose checkpoint keeps the router's rows interleaved: saving computes them."""
+
+
+class Refused(unittest.TestCase):
+    """Conversions that are no view of one tensor the ranks hold: refused by name, the daemon told nothing."""
+
+    def refused(self, model, words):
+        d = Daemon()
+        try:
+            with shardd.Client(d.socket) as c:
+                before = c.status()["totals"]
+                with self.assertRaises(NotImplementedError) as e:
+                    st.save_pretrained(model, "refused", socket=d.socket, rank=0, world_size=1, timeout=WAIT)
+                for w in words:
+                    self.assertIn(w, str(e.exception))
+                self.assertEqual(c.status()["totals"], before)
+                self.assertEqual(c.status()["saves"], [])
+            self.assertFalse(os.path.exists(os.path.join(d.root, "refused")))
+            print("refused: %s" % e.exception)
+        finally:
+            self.assertEqual(d.stop(), 0)
+
+    def test_many_to_one(self):
+        # HRM loads a fused gate_up_proj as two projections: saving concatenates them again.
+        cfg = AutoConfig.for_model("hrm_text", vocab_size=64, hidden_size=32, intermediate_size=48,
+                                   num_hidden_layers=2, num_layers_per_stack=1, num_attention_heads=4, head_dim=8,
+                                   max_position_embeddings=64)
+        self.refused(AutoModelForCausalLM.from_config(cfg),
+                     ["HrmTextForCausalLM", "Concatenate (torch.cat)", "mlp.gate_up_proj.weight'"])
+
+    def test_computed_permutation(self):
+        transformers.conversion_mapping.register_checkpoint_conversion_mapping(
+            "InterleavedMoe", [WeightConverter("mlp.gate.weight", "mlp.gate.weight", operations=[Interleave(dim=0)])],
+            overwrite=True)
+        torch.manual_seed(0)
+        self.refused(InterleavedMoe(MODELS["qwen3moe-tied-bf16"][0]()),
+                     ["InterleavedMoe", "Interleave (torch.reshape)", "model.layers.0.mlp.gate.weight'"])
+
+
+def main():
+    return suite.run(__name__, lambda args: answer(worker(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
