@@ -39,9 +39,9 @@ try:
                               Qwen3MoeConfig)
     from transformers import modeling_utils
     from transformers.core_model_loading import Interleave, WeightConverter, revert_weight_conversion
-    from safetensors import safe_open
     from huggingface_hub import split_torch_state_dict_into_shards
-except ImportError as e:
+    from test_hf import _ref_tensors, logits, shards
+except (ImportError, SystemExit) as e:
     print("torch >= 2.6, transformers >= 5 or safetensors is missing (%s): skipping; "
           "scripts/deps.sh shardd_venv makes the venv that has them" % e)
     sys.exit(77)
@@ -202,23 +202,6 @@ def one_model(layout, world, name, previous, ref_sd, root):
     return {"got": got, "placements": placements(m)}
 
 
-def shards(folder):
-    """{file: {tensor: bytes}} of every .safetensors file in folder."""
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, f), "pt") as h:
-                out[f] = {k: raw(h.get_tensor(k)) for k in h.keys()}
-    return out
-
-
-def logits(folder):
-    m = AutoModelForCausalLM.from_pretrained(folder)
-    ids = torch.arange(24).reshape(2, 12) % 96
-    with torch.no_grad():
-        return m(input_ids=ids).logits
-
-
 class MoE(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -270,11 +253,7 @@ class MoE(unittest.TestCase):
         # huggingface_hub's split of the same tensors in the same order, each counted by itself.
         # (transformers' own split differs: its per-expert tensors are views of one storage, which
         # huggingface_hub keeps in one file and counts once, whole, at the first of them.)
-        tensors = {}
-        for f in sorted(os.listdir(os.path.join(self.ref, name))):
-            if f.endswith(".safetensors"):
-                with safe_open(os.path.join(self.ref, name, f), "pt") as h:
-                    tensors.update({k: h.get_tensor(k) for k in h.keys()})
+        tensors = _ref_tensors(self.ref, name)
         order = revert_weight_conversion(m, modeling_utils.remove_tied_weights_from_state_dict(m.state_dict(), m))
         split = split_torch_state_dict_into_shards({k: tensors[k] for k in order}, max_shard_size=MAX_SHARD)
         self.assertEqual(split.tensor_to_filename, mine["weight_map"], name)
