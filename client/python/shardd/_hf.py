@@ -16,7 +16,7 @@ import os
 import tempfile
 from typing import Any, Dict, List, Tuple
 
-from ._hf_convert import Piece, piece_parts, reverted_pieces
+from ._hf_convert import Piece, piece_parts, refuse_local_experts, reverted_pieces
 from ._torch_state import save_state_dict
 from ._unwrap import unwrap_model
 
@@ -65,6 +65,7 @@ def saved_pieces(model, state_dict) -> List[Tuple[str, Piece]]:
     projection, as the installed transformers converts it back (_hf_convert)."""
     from transformers import modeling_utils
 
+    refuse_local_experts(model, state_dict)
     stand_in = _stand_ins(model, state_dict)
     for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
         stand_in.pop(key, None)

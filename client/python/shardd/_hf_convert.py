@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["Piece", "whole", "reverted_pieces", "piece_parts"]
+__all__ = ["Piece", "whole", "reverted_pieces", "piece_parts", "refuse_local_experts"]
 
 
 class Piece(NamedTuple):
@@ -162,6 +162,29 @@ def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tupl
         else:
             out.append((name, Piece(key, *_box(name, base, t, model_name))))
     return out
+
+
+def refuse_local_experts(model, state_dict) -> None:
+    """NotImplementedError for experts held as plain local tensors by a module that says it is
+    expert parallel: which experts they are is recorded nowhere shardd can read exactly, and
+    numbering them from 0 would write other experts' names. DTensors (transformers 5's own EP,
+    torchtitan's) carry their place and are taken apart as any other."""
+    from ._dtensor import is_dtensor
+
+    for key, value in state_dict.items():
+        owner = key.rpartition(".")[0]
+        if is_dtensor(value) or not owner:
+            continue
+        try:
+            module = model.get_submodule(owner)
+        except AttributeError:
+            continue
+        if getattr(module, "_is_expert_parallel", False):
+            raise NotImplementedError(
+                "%s: %r is a plain local tensor of an expert-parallel module (%d experts here): which "
+                "global experts it holds is not recorded; make it a DTensor with Shard(0) on the "
+                "expert-parallel mesh (DTensor.from_local) so each rank's experts are known"
+                % (type(model).__name__, key, getattr(module, "num_experts", value.shape[0])))
 
 
 def _to_saved(piece: Piece, held_view):

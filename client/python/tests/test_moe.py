@@ -14,8 +14,9 @@ from_pretrained logits that are torch.equal. Each layout loads the
 previous layout's folder with load_state_dict(model=) and dcp.load
 (StorageReader(model=)) into other weights, bit-exact, and saves its state
 dict with dcp.save and dcp.async_save (fused names), read back by dcp.load.
-A conversion that is not a view of one tensor is refused before the
-daemon hears of the save.
+A conversion that is not a view of one tensor, and experts an
+expert-parallel module holds as plain local tensors (no record of which
+they are), are refused before the daemon hears of the save.
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6,
 transformers >= 5, safetensors. `--worker JSON` is one rank.
@@ -320,6 +321,15 @@ class Refused(unittest.TestCase):
         torch.manual_seed(0)
         self.refused(InterleavedMoe(MODELS["qwen3moe-tied-bf16"][0]()),
                      ["InterleavedMoe", "Interleave (torch.reshape)", "model.layers.0.mlp.gate.weight'"])
+
+
+    def test_local_experts_without_their_place(self):
+        # Expert parallel as older transformers held it: each rank's experts as a plain tensor.
+        m = build("qwen3moe-tied-bf16", 0)
+        e = m.model.layers[1].mlp.experts
+        e.gate_up_proj = torch.nn.Parameter(e.gate_up_proj.data[2:].clone())
+        e.num_experts, e._is_expert_parallel = 2, True
+        self.refused(m, ["Qwen3MoeForCausalLM", "'model.layers.1.mlp.experts.gate_up_proj' is a plain local tensor"])
 
 
 def main():
