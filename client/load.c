@@ -36,14 +36,11 @@ static int cmp_entry(const void *a, const void *b) {
 /* The header was checked against a file of this size; a file replaced or
  * truncated since then is refused rather than read past its checks. */
 static int open_checked(int dirfd, const sd_ckpt_file *f, int *fd, sd_error *err) {
-  *fd = openat(dirfd, f->name, O_RDONLY | O_CLOEXEC);
   char nb[SD_MSGNAME_MAX];
-  if (*fd < 0)
-    return sd_fail(err, SHARDD_E_IO, "%s: cannot open: %s", SHOW(nb, f->name), strerror(errno));
   struct stat st;
-  if (fstat(*fd, &st) != 0)
-    return sd_fail(err, SHARDD_E_IO, "%s: cannot stat: %s", SHOW(nb, f->name), strerror(errno));
-  if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->h.file_size)
+  *fd = sd_open_regular(dirfd, f->name, SHOW(nb, f->name), &st, err);
+  if (*fd < 0) return err->code;
+  if ((uint64_t)st.st_size != f->h.file_size)
     return sd_fail(err, SHARDD_E_FORMAT, "%s: changed while it was being checked",
                    SHOW(nb, f->name));
   return 0;

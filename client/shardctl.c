@@ -100,9 +100,9 @@ static double now_s(void) {
 
 /* Opens file i of a checked checkpoint: inside the folder, or the single file itself. */
 static int open_file(const char *path, int dfd, const sd_ckpt *c, size_t i, sd_error *err) {
-  int fd = dfd >= 0 ? openat(dfd, c->files[i].name, O_RDONLY | O_CLOEXEC) : open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) sd_fail(err, SHARDD_E_IO, "%s: cannot open: %s", c->files[i].name, strerror(errno));
-  return fd;
+  struct stat st;
+  return dfd >= 0 ? sd_open_regular(dfd, c->files[i].name, NULL, &st, err)
+                  : sd_open_regular(AT_FDCWD, path, c->files[i].name, &st, err);
 }
 
 /* Every file's data read and its CRC-32C compared; every damaged file gets its own invalid: line,

@@ -9,6 +9,7 @@
 #include "log.h"
 #include "pathsafe.h"
 #include "publish.h"
+#include "rootlock.h"
 #include "sd_msg.h"
 
 /* ------------------------------------------------------------------------ *
@@ -24,12 +25,22 @@ static void node_name_of(const sd_config *cfg, char *out, size_t n) {
   snprintf(out, n, "%s", host);
 }
 
-int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err) {
-  if (!cfg->peer_listen || !*cfg->peer_listen) return sd_cleanup_stale(root_fd, err);
+int sd_cluster_claim_root(const sd_config *cfg, int root_fd, int *lock_fd, sd_error *err) {
+  int peers = cfg->peer_listen && *cfg->peer_listen;
   char node[SD_PEER_NAME_MAX + 1], tag[SD_PEER_NAME_MAX + 32];
   node_name_of(cfg, node, sizeof node);
-  sd_cl_tmp_tag(node, tag, sizeof tag);
-  return sd_cleanup_stale_owned(root_fd, tag, err);
+  /* Held before the sweep: what it removes belongs to no live daemon. */
+  int rc = sd_root_lock(root_fd, cfg->root, peers ? node : NULL, lock_fd, err);
+  if (rc) return rc;
+  sd_error e = {0};
+  if (!peers) {
+    rc = sd_cleanup_stale(root_fd, &e);
+  } else {
+    sd_cl_tmp_tag(node, tag, sizeof tag);
+    rc = sd_cleanup_stale_owned(root_fd, tag, &e);
+  }
+  if (rc) sd_log_warn("cleaning stale temporary folders: %s", e.msg);
+  return 0;
 }
 
 /* ------------------------------------------------------------------------ *

@@ -17,10 +17,13 @@ typedef struct sd_cluster sd_cluster;
 int sd_cluster_init(struct sd_daemon *d, sd_error *err);
 /* Closes listener and connections; saves were failed before. */
 void sd_cluster_shutdown(struct sd_daemon *d);
-/* Startup cleanup of temporary folders. Without peers: every stale one under
- * the root. With peers the root is shared, so only folders this node created
- * (their name carries the node name) are removed. */
-int sd_cluster_cleanup_stale(const sd_config *cfg, int root_fd, sd_error *err);
+/* Start-up: takes the root (sd_root_lock: the whole root without peers, the
+ * node name with them; refused with conflict naming the holder's pid), then
+ * removes stale temporary folders, each logged. Without peers: every one
+ * under the root. With peers the root is shared, so only folders this node
+ * created (their name carries the node name) are removed. A failed sweep is
+ * logged, not fatal. *lock_fd stays open for the daemon's life. */
+int sd_cluster_claim_root(const sd_config *cfg, int root_fd, int *lock_fd, sd_error *err);
 
 /* ------------------------------------------------------------------------ *
  * For main and ops.c. A save with nnodes > 1 carries save->cl.

@@ -24,8 +24,12 @@ static int job_prepare(fsjob *j) {
   sd_lead *L = j->L;
   sd_error *err = &j->err;
   const char *base = NULL;
-  int rc = sd_path_open_parent(j->root_fd, L->dir, 1, &L->parent_fd, &L->created, &base, err);
+  /* The nodes checked who may save there at their begin; that no checkpoint has appeared above it since is
+   * checked here, where the folders are made (and recorded as the owner's). */
+  int rc = sd_owner_check_place(j->root_fd, L->dir, L->owner_uid, 1, err);
+  if (!rc) rc = sd_path_open_parent(j->root_fd, L->dir, 1, &L->parent_fd, &L->created, &base, err);
   if (rc) return rc;
+  sd_owner_mark_made(j->root_fd, L->dir, L->created, L->owner_uid);
   int fd = sd_openat_beneath(L->parent_fd, base, O_PATH, 0);
   if (fd >= 0) {
     struct stat st;

@@ -32,6 +32,8 @@ static sd_config cfg;               /* SIGHUP updates the reloadable settings in
 static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_timer_t watchdog_timer, status_timer;
 static int idle_done, activated;
+/* ROOT/.shardd-lock, held until the process exits (rootlock.h). */
+static int root_lock_fd = -1;
 static char socket_shown[PATH_MAX]; /* what the daemon listens on, for logs */
 static char last_status[256];
 static sd_metrics_http *metrics_http; /* GET /metrics, with metrics_listen */
@@ -239,10 +241,7 @@ int main(int argc, char **argv) {
   if (gethostname(d->node, sizeof d->node - 1) != 0) snprintf(d->node, sizeof d->node, "localhost");
 
   if (sd_root_open(cfg.root, &d->root_fd, &err) != 0) goto fail;
-  if (sd_cluster_cleanup_stale(&cfg, d->root_fd, &err) != 0) {
-    sd_log_warn("cleaning stale temporary folders: %s", err.msg);
-    sd_error_clear(&err);
-  }
+  if (sd_cluster_claim_root(&cfg, d->root_fd, &root_lock_fd, &err) != 0) goto fail;
   size_threadpool(cfg.copy_threads);
   sd_writer_opts wopts = {.queue_depth = cfg.queue_depth, .staging_bytes = (uint64_t)cfg.staging_mib << 20,
                           .copy_threads = cfg.copy_threads};

@@ -23,4 +23,22 @@ int sd_owner_read(int dirfd, uid_t *uid);
  * has none. A symlink on the way is refused as everywhere beneath the root. */
 int sd_owner_of(int root_fd, const char *rel, int *found, uid_t *uid, sd_error *err);
 
+/* A folder shardd made on the way to a uid's checkpoint (not a checkpoint
+ * itself) is that uid's: the uid is recorded on it under this name, with the
+ * same trusted.* fallback. */
+#define SD_FOLDER_XATTR "user.shardd.folder"
+#define SD_FOLDER_XATTR_TRUSTED "trusted.shardd.folder"
+
+/* Whether uid may publish at ROOT/rel, judged on the folders above it that
+ * exist (README "Who may save where"):
+ * - none may be a checkpoint (a recorded owner, or an index or
+ *   model.safetensors inside): SHARDD_E_CONFLICT naming it and its owner;
+ * - none may be a folder shardd made for another uid, unless trusted_member:
+ *   SHARDD_E_PERMISSION naming it and its uid.
+ * Folders nobody recorded (made by hand) are open to every uid. */
+int sd_owner_check_place(int root_fd, const char *rel, uid_t uid, int trusted_member, sd_error *err);
+/* Records uid on the `created` deepest folders above rel's last part (those
+ * sd_path_open_parent just made); a failure is logged, not fatal. */
+void sd_owner_mark_made(int root_fd, const char *rel, unsigned created, uid_t uid);
+
 #endif

@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "pathsafe.h"
 
 /* ------------------------------------------------------------------------ *
@@ -54,6 +55,10 @@ int sd_path_check_rel(const char *rel, sd_error *err) {
     if (n >= sizeof SD_DEL_PREFIX - 1 && !strncmp(p, SD_DEL_PREFIX, sizeof SD_DEL_PREFIX - 1))
       return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' has a part starting with '%s', which is reserved",
                      rel, SD_DEL_PREFIX);
+    /* The root's lock file (rootlock.h). */
+    if (n >= sizeof SD_LOCK_PREFIX - 1 && !strncmp(p, SD_LOCK_PREFIX, sizeof SD_LOCK_PREFIX - 1))
+      return sd_fail(err, SHARDD_E_BAD_PATH, "dir '%s' has a part starting with '%s', which is reserved",
+                     rel, SD_LOCK_PREFIX);
     if (!end) break;
     p = end + 1;
   }
@@ -321,8 +326,16 @@ int sd_path_remove_tree(int dirfd, const char *name, sd_error *err) {
   return remove_tree_at(dirfd, name, 0, err);
 }
 
-/* owner: only folders whose name starts with it (NULL: every temporary folder). */
-static int cleanup_at(int dirfd, unsigned depth, const char *owner, sd_error *err) {
+/* Removes path/name (path: the folder's place under the root, for the log). */
+static int remove_logged(int dirfd, const char *path, const char *name, sd_error *err) {
+  int rc = sd_path_remove_tree(dirfd, name, err);
+  if (!rc) sd_log_info("start-up: removed the stale folder '%s%s%s'", path, *path ? "/" : "", name);
+  return rc;
+}
+
+/* owner: only folders whose name starts with it (NULL: every temporary folder).
+ * path: dirfd's place under the root ("" for the root), grown as it descends. */
+static int cleanup_at(int dirfd, unsigned depth, const char *owner, char *path, size_t plen, sd_error *err) {
   int fd = sd_openat_beneath(dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
   if (fd < 0) return sd_fail(err, SHARDD_E_IO, "cannot read a folder under the root: %s",
                              strerror(-fd));
@@ -337,14 +350,20 @@ static int cleanup_at(int dirfd, unsigned depth, const char *owner, sd_error *er
     if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
     if (!is_dir_entry(fd, de)) continue; /* symlinks included: never followed */
     if (!strncmp(de->d_name, SD_TMP_PREFIX, sizeof SD_TMP_PREFIX - 1)) {
-      if (!owner || !strncmp(de->d_name, owner, strlen(owner))) rc = sd_path_remove_tree(fd, de->d_name, err);
+      if (!owner || !strncmp(de->d_name, owner, strlen(owner))) rc = remove_logged(fd, path, de->d_name, err);
     } else if (!strncmp(de->d_name, SD_DEL_PREFIX, sizeof SD_DEL_PREFIX - 1)) {
       /* Renamed away for deletion: nobody's save, on any node; a peer may be removing it too. */
-      rc = sd_path_remove_tree(fd, de->d_name, err);
+      rc = remove_logged(fd, path, de->d_name, err);
     } else if (depth + 1 < SD_WALK_DEPTH_MAX) {
+      size_t nl = strlen(de->d_name);
+      if (plen + nl + 2 > SD_WALK_PATH_MAX) continue; /* no checkpoint path is this long */
       int sub = sd_openat_beneath(fd, de->d_name, O_PATH | O_DIRECTORY | O_NOFOLLOW, 0);
       if (sub < 0) continue; /* raced away, or not ours to read */
-      rc = cleanup_at(sub, depth + 1, owner, err);
+      size_t sl = plen ? plen + 1 : 0;
+      if (plen) path[plen] = '/';
+      memcpy(path + sl, de->d_name, nl + 1);
+      rc = cleanup_at(sub, depth + 1, owner, path, sl + nl, err);
+      path[plen] = '\0';
       close(sub);
     }
   }
@@ -353,9 +372,11 @@ static int cleanup_at(int dirfd, unsigned depth, const char *owner, sd_error *er
 }
 
 int sd_cleanup_stale(int root_fd, sd_error *err) {
-  return cleanup_at(root_fd, 0, NULL, err);
+  char path[SD_WALK_PATH_MAX] = "";
+  return cleanup_at(root_fd, 0, NULL, path, 0, err);
 }
 
 int sd_cleanup_stale_owned(int root_fd, const char *owner_prefix, sd_error *err) {
-  return cleanup_at(root_fd, 0, owner_prefix, err);
+  char path[SD_WALK_PATH_MAX] = "";
+  return cleanup_at(root_fd, 0, owner_prefix, path, 0, err);
 }

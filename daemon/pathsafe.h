@@ -2,6 +2,8 @@
 #ifndef SD_PATHSAFE_H
 #define SD_PATHSAFE_H
 
+#include <limits.h>
+
 #include "sd_error.h"
 
 /* ------------------------------------------------------------------------ *
@@ -34,8 +36,12 @@ int sd_cleanup_stale_owned(int root_fd, const char *owner_prefix, sd_error *err)
  * PARENT/SD_DEL_PREFIX<name>-<random>: whatever a crash leaves under such a
  * name is garbage, whichever node or daemon made it. */
 #define SD_DEL_PREFIX ".shardd-del-"
+/* The root's lock file, ROOT/.shardd-lock (rootlock.h): no checkpoint takes the name. */
+#define SD_LOCK_PREFIX ".shardd-lock"
 /* Deepest folder sd_cleanup_stale and sd_path_remove_tree descend into. */
 #define SD_WALK_DEPTH_MAX 64
+/* Longest path under the root the sweep descends to (it logs each folder it removes by its path). */
+#define SD_WALK_PATH_MAX (SD_REL_PATH_MAX + NAME_MAX + 2)
 
 /* openat2(dirfd, path, flags, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
  * returns the fd or -errno. */

@@ -44,6 +44,7 @@ typedef struct {
   unsigned dir_mode;       /* the checkpoint folder (0: 0755) */
   int record_owner;        /* set owner_uid on the folder (owner.h); a failure is logged, not fatal */
   uid_t owner_uid;
+  int owner_trusted;       /* with record_owner: owner_uid may save beneath others' folders (owner.h) */
   const sd_plan *plan;     /* file names, headers, sizes */
   const sd_write_op *ops;  /* data writes; everything must stay valid until done */
   size_t nops;

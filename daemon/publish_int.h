@@ -26,6 +26,7 @@ struct sd_publish {
   int overwrite;
   int record_owner;
   uid_t owner_uid;
+  int owner_trusted;
 
   size_t nfiles;           /* shards, then artifacts, then the index */
   const char **names;      /* per file: into the plan, the artifact copy or the plan's index name */

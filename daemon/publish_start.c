@@ -235,6 +235,7 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
   p->dir_mode = req->dir_mode ? req->dir_mode & 07777 : 0755;
   p->record_owner = req->record_owner;
   p->owner_uid = req->owner_uid;
+  p->owner_trusted = req->owner_trusted;
   p->on_released = req->on_released;
   p->on_done = req->on_done;
   p->ud = req->ud;
@@ -249,8 +250,11 @@ int sd_publish_start(sd_writer *w, const sd_publish_req *req, sd_publish **out, 
 
   p->job.w = w; /* for the file set; attach sets it again */
   rc = prepare(p, req, err);
+  /* Again at the publish: other saves may have committed or made folders since the begin. */
+  if (!rc && p->record_owner) rc = sd_owner_check_place(p->root_fd, p->rel_dir, p->owner_uid, p->owner_trusted, err);
   if (!rc) rc = sd_path_open_parent(p->root_fd, p->rel_dir, 1, &p->parent_fd,
                                     &p->created_parents, &p->base, err);
+  if (!rc && p->record_owner) sd_owner_mark_made(p->root_fd, p->rel_dir, p->created_parents, p->owner_uid);
   if (!rc) {
     int fd = sd_openat_beneath(p->parent_fd, p->base, O_PATH, 0);
     if (fd >= 0) {

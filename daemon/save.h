@@ -86,6 +86,7 @@ typedef struct sd_save {
   uint32_t nbegun, nsealed, ndeclared;
 
   uid_t owner_uid;          /* who began it: only this uid may join or abort */
+  int owner_trusted;        /* it began as a member of trusted_group: it may save beneath others' folders */
   uint64_t nslices;         /* every rank's puts, against max_slices */
   sd_save_tensor **tensors; /* in first-put order */
   size_t ntensors, tcap;

@@ -251,6 +251,7 @@ static void start_write(sd_save *save) {
       .dir_mode = d->cfg->dir_mode,
       .record_owner = 1,
       .owner_uid = save->owner_uid,
+      .owner_trusted = save->owner_trusted,
       .plan = &p->plan,
       .ops = p->ops,
       .nops = p->nops,

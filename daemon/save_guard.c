@@ -1,4 +1,5 @@
 /* What a save may hold and replace: inline bytes against their limits, overwrite against the folder's recorded owner. */
+#include <string.h>
 #include <unistd.h>
 
 #include "owner.h"
@@ -52,4 +53,23 @@ int sd_save_may_overwrite(sd_daemon *d, uid_t uid, int trusted_member, const cha
   return sd_fail(err, SHARDD_E_PERMISSION,
                  "'%s' has no recorded owner; uid %u may not overwrite it (only root, the daemon's uid %u%s may)",
                  dir, (unsigned)uid, (unsigned)geteuid(), trusted >= 0 ? " or members of trusted_group" : "");
+}
+
+/* 1 when `outer` is a folder above `inner` ("a" holds "a/b", not "ab"). */
+static int holds(const char *outer, const char *inner) {
+  size_t n = strlen(outer);
+  return strncmp(outer, inner, n) == 0 && inner[n] == '/';
+}
+
+int sd_save_may_place(sd_daemon *d, uid_t uid, int trusted_member, const char *dir, sd_error *err) {
+  /* Publishing one inside the other would put a folder into a checkpoint, or a checkpoint around one. */
+  for (sd_save *s = d->saves; s; s = s->next) {
+    if (holds(s->dir, dir))
+      return sd_fail(err, SHARDD_E_CONFLICT, "'%s' lies inside '%s', the destination of save '%s' (uid %u) in flight",
+                     dir, s->dir, s->id, (unsigned)s->owner_uid);
+    if (holds(dir, s->dir))
+      return sd_fail(err, SHARDD_E_CONFLICT, "'%s' holds '%s', the destination of save '%s' (uid %u) in flight", dir,
+                     s->dir, s->id, (unsigned)s->owner_uid);
+  }
+  return sd_owner_check_place(d->root_fd, dir, uid, trusted_member, err);
 }

@@ -16,5 +16,9 @@ void sd_save_inline_release(sd_save *save);
  * recorded owner, a member of trusted_group, or, for a folder without an
  * owner, root or the daemon's uid. */
 int sd_save_may_overwrite(sd_daemon *d, uid_t uid, int trusted_member, const char *dir, sd_error *err);
+/* conflict when dir lies inside (or holds) another save's destination in
+ * flight, or inside a committed checkpoint; permission_denied when it lies
+ * under a folder shardd made for another uid (sd_owner_check_place). */
+int sd_save_may_place(sd_daemon *d, uid_t uid, int trusted_member, const char *dir, sd_error *err);
 
 #endif

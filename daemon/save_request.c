@@ -83,6 +83,7 @@ static int create_save(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a,
     return sd_fail(err, SHARDD_E_EXISTS, "'%s' already exists under the root (pass overwrite to replace it)",
                    a->dir);
   if (exists && j && (rc = sd_save_may_overwrite(d, j->uid, j->trusted, a->dir, err)) != 0) return rc;
+  if (j && (rc = sd_save_may_place(d, j->uid, j->trusted, a->dir, err)) != 0) return rc;
   sd_save *save = sd_save_new(d, a);
   if (!save) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory creating save '%s'", a->save);
   /* Newest last, so status lists saves in the order they began. */
@@ -159,6 +160,7 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
       return rc;
     }
     save->owner_uid = j->uid;
+    save->owner_trusted = j->trusted;
     sd_save_deadlines_arm(d);
   }
   if (d->save_owner->joined(j->owner, save, a->rank) != 0) {

@@ -338,16 +338,12 @@ static int list_dir(int dfd, names_t *shards, names_t *indexes, sd_error *err) {
 }
 
 static int read_text(int dfd, const char *name, char **out, size_t *len, sd_error *err) {
-  int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sd_fail(err, SHARDD_E_IO, "%s: cannot open: %s", name, strerror(errno));
   struct stat st;
+  int fd = sd_open_regular(dfd, name, name, &st, err);
+  if (fd < 0) return err->code;
   int rc = 0;
   char *buf = NULL;
-  if (fstat(fd, &st) != 0) {
-    rc = sd_fail(err, SHARDD_E_IO, "%s: cannot stat: %s", name, strerror(errno));
-  } else if (!S_ISREG(st.st_mode)) {
-    rc = sd_fail(err, SHARDD_E_FORMAT, "%s: not a regular file", name);
-  } else if ((uint64_t)st.st_size > INDEX_MAX) {
+  if ((uint64_t)st.st_size > INDEX_MAX) {
     rc = sd_fail(err, SHARDD_E_FORMAT, "%s: %lld bytes, over the %llu-byte limit for an index",
                  name, (long long)st.st_size, (unsigned long long)INDEX_MAX);
   } else if (!(buf = malloc((size_t)st.st_size + 1))) {

@@ -338,23 +338,46 @@ static int read_full(int fd, void *buf, size_t len, uint64_t off) {
   return 0;
 }
 
+static const char *kind_of(mode_t m) {
+  return S_ISFIFO(m) ? "a fifo" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device" :
+         S_ISBLK(m) ? "a block device" : S_ISDIR(m) ? "a folder" : "not a file";
+}
+
+int sd_open_regular(int dirfd, const char *path, const char *label, struct stat *st, sd_error *err) {
+  if (!label) label = path;
+  int fd = openat(dirfd, path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    /* A socket cannot be opened at all (ENXIO): still the same refusal. */
+    if (fstatat(dirfd, path, st, 0) == 0 && !S_ISREG(st->st_mode)) {
+      sd_fail(err, SHARDD_E_FORMAT, "%s: not a regular file (%s)", label, kind_of(st->st_mode));
+      return -1;
+    }
+    sd_fail(err, SHARDD_E_IO, "%s: cannot open: %s", label, strerror(e));
+    return -1;
+  }
+  if (fstat(fd, st) != 0) {
+    sd_fail(err, SHARDD_E_IO, "%s: cannot stat: %s", label, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  if (!S_ISREG(st->st_mode)) {
+    sd_fail(err, SHARDD_E_FORMAT, "%s: not a regular file (%s)", label, kind_of(st->st_mode));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 int sd_st_read_fileat(int dirfd, const char *path, const char *label, sd_st_header *h,
                       sd_error *err) {
   memset(h, 0, sizeof *h);
   if (!label) label = path;
-  int fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sd_fail(err, SHARDD_E_IO, "%s: cannot open: %s", label, strerror(errno));
+  struct stat st;
+  int fd = sd_open_regular(dirfd, path, label, &st, err);
+  if (fd < 0) return err->code;
   int rc = 0;
   char *buf = NULL;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    rc = sd_fail(err, SHARDD_E_IO, "%s: cannot stat: %s", label, strerror(errno));
-    goto out;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    rc = sd_fail(err, SHARDD_E_FORMAT, "%s: not a regular file", label);
-    goto out;
-  }
   uint64_t size = (uint64_t)st.st_size;
   unsigned char pre[8];
   size_t npre = size < 8 ? (size_t)size : 8;

@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "sd_error.h"
 #include "sd_format.h"
@@ -54,6 +55,13 @@ typedef struct {
 int sd_st_parse(const char *label, const void *buf, size_t len, uint64_t file_size,
                 sd_st_header *h, sd_error *err);
 void sd_st_header_free(sd_st_header *h);
+
+/* Every reader opens its files through this: dirfd/path (AT_FDCWD for a
+ * plain path; symlinks followed), O_NONBLOCK so that a FIFO, a socket or a
+ * device never holds the open, then fstat before any read: anything but a
+ * regular file is SHARDD_E_FORMAT "LABEL: not a regular file (a fifo)".
+ * *st gets the fstat; returns the descriptor (>= 0) or -1 with err set. */
+int sd_open_regular(int dirfd, const char *path, const char *label, struct stat *st, sd_error *err);
 
 /* Opens dirfd/path (AT_FDCWD for a plain path; symlinks are followed, as in
  * the Hugging Face cache), requires a regular file, reads the header and

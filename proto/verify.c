@@ -60,6 +60,9 @@ int sd_ckpt_file_verify(const sd_ckpt *c, size_t i, int fd, uint32_t *got, sd_er
   }
   free(buf);
   if (rc) return rc;
+  /* Grown (or cut and grown back) while it was read: its bytes are not the ones that were checked. */
+  if (fstat(fd, &st) != 0) return sd_fail(err, SHARDD_E_IO, "%s: cannot stat: %s", nb, strerror(errno));
+  if ((uint64_t)st.st_size != f->h.file_size) return size_changed(nb, (uint64_t)st.st_size, f->h.file_size, err);
   *got = crc;
   if (f->has_crc && crc != f->crc) {
     char g[SD_CHECKSUM_HEX + 1], w[SD_CHECKSUM_HEX + 1];

@@ -11,7 +11,7 @@ import sys
 # The floors of the house (HACKING.md). A file may only call files on its own floor or below.
 FLOORS = [
     ("proto", 1),
-    ("daemon/region", 2), ("daemon/staging", 2), ("daemon/writer", 2), ("daemon/owner", 2),
+    ("daemon/region", 2), ("daemon/staging", 2), ("daemon/writer", 2), ("daemon/owner", 2), ("daemon/rootlock", 2),
     ("daemon/pathsafe", 2), ("daemon/publish", 2), ("daemon/pubfill", 2), ("daemon/peer", 2),
     ("daemon/log", 2), ("daemon/crashpoint", 2), ("daemon/sdnotify", 2), ("daemon/listener", 2),
     ("daemon/acceptor", 2), ("daemon/retention", 2), ("daemon/direct", 2), ("daemon/fileset", 2),

@@ -210,7 +210,7 @@ int h_shardctl(char *out, size_t n, ...) __attribute__((sentinel));
 void h_verify_ok(const char *rel);
 /* lstat succeeds: the path exists (a dangling symlink counts). */
 int h_exists(const char *path);
-/* Entries in a folder; -1 when it is not a folder (symlinks not followed). */
+/* Entries in a folder but the root's lock file; -1 when it is not a folder (symlinks not followed). */
 int h_dir_count(const char *path);
 /* Number of `.shardd-tmp-*` entries anywhere under the root. */
 int h_tmp_count(void);

@@ -56,8 +56,9 @@ int h_dir_count(const char *path) {
   if (fd < 0) return -1;
   int n = 0;
   DIR *d = fdopendir(fd);
+  /* The root's lock file is the daemon's, there while it runs (rootlock.h). */
   for (struct dirent *de; (de = readdir(d));)
-    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") && strcmp(de->d_name, ".shardd-lock")) n++;
   closedir(d);
   return n;
 }

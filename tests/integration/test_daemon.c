@@ -153,6 +153,83 @@ Test(daemon, restart_removes_stale_temporary_folders_only_under_the_root) {
 }
 
 /* ------------------------------------------------------------------------ *
+ * One daemon per root, one per node name (ROOT/.shardd-lock)
+ * ------------------------------------------------------------------------ */
+/* A second daemon (its own socket and log) on H's root, as o says: it must refuse to start, saying `want`. */
+static void refused_start(const char *tag, const f_opts *o, const char *want) {
+  h_daemon d2;
+  f_scratch(&d2, tag);
+  snprintf(d2.root, sizeof d2.root, "%s", H.root);
+  char why[512];
+  if (f_try_start(&d2, o, why, sizeof why) == 0) {
+    f_stop(&d2, 1);
+    cr_assert_fail("a second daemon started on root %s", H.root);
+  }
+  cr_assert(strstr(why, "exited before accepting"), "%s", why);
+  cr_assert_eq(f_log_count(d2.log, want), 1, "the refusal does not say '%s'", want);
+  f_scratch_remove(d2.base);
+}
+
+static void token_file(char *path, size_t n) {
+  snprintf(path, n, "%s/token", H.base);
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f, "%s", path);
+  fputs("6f0c2b1e9d8a7f6e5d4c3b2a19080706f5e4d3c2b1a09f8e7d6c5b4a39281706\n", f);
+  fclose(f);
+  cr_assert_eq(chmod(path, 0600), 0);
+}
+
+Test(daemon, a_second_daemon_on_the_root_refuses_to_start_and_removes_nothing) {
+  /* what the live daemon's save in flight would hold */
+  char p[PATH_MAX], want[PATH_MAX + 128];
+  plant_dir(h_path(p, sizeof p, ".shardd-tmp-live-save-1-1"), "model.safetensors");
+  snprintf(want, sizeof want, "root '%s' is held by another shardd (pid %d): one daemon per root", H.root, (int)H.pid);
+  refused_start("second", NULL, want);
+  cr_assert(h_exists(p), "the refused daemon removed the live daemon's temporary folder");
+  /* one with peers may not share a single-node daemon's root either */
+  char token[PATH_MAX];
+  token_file(token, sizeof token);
+  f_opts peers = {.peer_token = token, .node_name = "n1"};
+  snprintf(want, sizeof want, "root '%s' is held by a single-node shardd (pid %d)", H.root, (int)H.pid);
+  refused_start("second-peers", &peers, want);
+  cr_assert(h_exists(p));
+  h_expect_serving();
+  /* once it has stopped, the next one takes the root and logs what it removes */
+  h_daemon_stop(&H);
+  h_daemon_start(&H);
+  cr_assert_not(h_exists(p), "the stale folder survived the restart");
+  cr_assert_eq(f_log_count(H.log, "start-up: removed the stale folder '.shardd-tmp-live-save-1-1'"), 1,
+               "the sweep did not log the folder it removed");
+  h_expect_serving();
+}
+
+Test(daemon, daemons_with_peers_share_a_root_but_not_a_node_name) {
+  h_daemon_stop(&H);
+  char token[PATH_MAX], want[PATH_MAX + 128];
+  token_file(token, sizeof token);
+  f_opts n1 = {.peer_token = token, .node_name = "n1"};
+  f_start(&H, &n1);
+  char p[PATH_MAX];
+  plant_dir(h_path(p, sizeof p, ".shardd-tmp-@n1@-ck-s-1-1"), "model.safetensors");
+  snprintf(want, sizeof want, "node name 'n1' is held on root '%s' by another shardd (pid %d)", H.root, (int)H.pid);
+  refused_start("same-node", &n1, want);
+  cr_assert(h_exists(p), "the refused daemon removed node n1's temporary folder");
+  /* another node name shares the root, and its sweep leaves n1's folder alone */
+  h_daemon d2;
+  f_scratch(&d2, "other-node");
+  snprintf(d2.root, sizeof d2.root, "%s", H.root);
+  f_opts n2 = {.peer_token = token, .node_name = "n2"};
+  f_start(&d2, &n2);
+  cr_assert(h_exists(p), "node n2's sweep removed node n1's temporary folder");
+  /* and no single-node daemon joins them */
+  snprintf(want, sizeof want, "root '%s' is held by another shardd (pid ", H.root);
+  refused_start("single", NULL, want);
+  f_stop(&d2, 1);
+  f_scratch_remove(d2.base);
+  h_expect_serving();
+}
+
+/* ------------------------------------------------------------------------ *
  * status (library and shardctl) and the totals
  * ------------------------------------------------------------------------ */
 Test(daemon, status_shows_saves_in_flight_and_totals) {

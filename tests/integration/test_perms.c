@@ -314,3 +314,93 @@ Test(perms, trusted_group_members_may_overwrite_any_checkpoint) {
   h_verify_ok("team/ck");
   x_serving();
 }
+
+/* ------------------------------------------------------------------------ *
+ * Who may save where: a committed checkpoint is a closed folder, and a folder
+ * shardd made for a uid's checkpoints is that uid's (README "Who may save where")
+ * ------------------------------------------------------------------------ */
+/* One step of a save as uid that must be refused with `want` in the reply. */
+static void refused_as(uid_t uid, const char *dir, int overwrite, const char *want) {
+  x_step s[4];
+  char l[4][256];
+  save_steps(s, l, "nest", dir, overwrite, 3);
+  s[0].want = want;
+  cr_assert_eq(x_steps_as(uid, TH_G_OTHER, s, 1), 0, "uid %u was not refused '%s' at %s", (unsigned)uid, want, dir);
+}
+
+Test(perms, no_save_inside_a_checkpoint_nor_under_another_uids_folder) {
+  TH_NEED_ROOT("run clients as other uids");
+  open_up();
+  const char *flags[] = {"--socket-mode", "0666", NULL};
+  x_start(flags);
+  x_step s[4];
+  char l[4][256];
+  /* uid A's single-file checkpoint: no index, so its name is free inside */
+  save_steps(s, l, "a1", "A/run/step-1", 0, 1);
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "uid A's first save");
+  char p[PATH_MAX];
+  uint64_t before = x_tree_hash(h_path(p, sizeof p, "A/run/step-1"));
+  const char *inside[] = {"A/run/step-1/model.safetensors.index.json", "A/run/step-1/sub/deeper"};
+  for (int i = 0; i < 2; i++)
+    for (int ow = 0; ow < 2; ow++) {
+      refused_as(TH_U_THIRD, inside[i], ow, "\"code\":\"conflict\"");
+      refused_as(TH_U_THIRD, inside[i], ow, "lies inside the checkpoint 'A/run/step-1', committed by uid 4243");
+      /* its owner may not either: a checkpoint is a closed folder */
+      refused_as(TH_U_OTHER, inside[i], ow, "\"code\":\"conflict\"");
+    }
+  /* the folders shardd made for A's checkpoints are A's: B cannot squat the next step */
+  refused_as(TH_U_THIRD, "A/run/step-2", 0, "\"code\":\"permission_denied\"");
+  refused_as(TH_U_THIRD, "A/run/step-2", 0,
+             "'A/run/step-2' lies under 'A', a folder shardd made for uid 4243: uid 4245 may not save beneath it");
+  refused_as(TH_U_THIRD, "A/other/x", 0, "a folder shardd made for uid 4243");
+  /* root is no exception */
+  x_conn *c = x_connect();
+  x_err(x_call(c, "{\"op\":\"begin\",\"save\":\"r\",\"dir\":\"A/run/step-2\",\"rank\":0,\"world_size\":1}"),
+        "permission_denied", "a folder shardd made for uid 4243", "root under A's folder");
+  x_err(x_call(c, "{\"op\":\"begin\",\"save\":\"r\",\"dir\":\"A/run/step-1/sub\",\"rank\":0,\"world_size\":1}"),
+        "conflict", "inside the checkpoint 'A/run/step-1'", "root inside A's checkpoint");
+  cr_assert_eq(x_tree_hash(h_path(p, sizeof p, "A/run/step-1")), before, "a refused save touched the checkpoint");
+  cr_assert_eq(h_exists(h_path(p, sizeof p, "A/run/step-2")), 0, "a refused save left A/run/step-2");
+  /* nor inside a save in flight, nor around one */
+  x_ok(x_call(c, "{\"op\":\"begin\",\"save\":\"fl\",\"dir\":\"mine/step-9\",\"rank\":0,\"world_size\":1}"), "begin");
+  x_err(x_call(c, "{\"op\":\"begin\",\"save\":\"in\",\"dir\":\"mine/step-9/x\",\"rank\":0,\"world_size\":1}"),
+        "conflict", "'mine/step-9/x' lies inside 'mine/step-9', the destination of save 'fl'", "inside a save in flight");
+  x_err(x_call(c, "{\"op\":\"begin\",\"save\":\"out\",\"dir\":\"mine\",\"rank\":0,\"world_size\":1,\"overwrite\":true}"),
+        "conflict", "holds 'mine/step-9'", "around a save in flight");
+  x_ok(x_call(c, "{\"op\":\"abort\",\"save\":\"fl\"}"), "abort");
+  /* A itself goes on saving, and its checkpoint loads */
+  save_steps(s, l, "a2", "A/run/step-2", 0, 2);
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "uid A's next step");
+  h_verify_ok("A/run/step-1");
+  h_verify_ok("A/run/step-2");
+  const uint8_t one = 1;
+  h_check_bytes("A/run/step-1", "w", &one, 1);
+  /* a folder made by hand records nobody: open to every uid */
+  cr_assert_eq(mkdir(h_path(p, sizeof p, "shared"), 0777), 0);
+  save_steps(s, l, "sb", "shared/b", 0, 2);
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_OTHER, s, 4), 0, "B in a hand-made folder");
+  save_steps(s, l, "sa", "shared/a", 0, 1);
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "A in a hand-made folder");
+  x_close(c);
+  x_serving();
+}
+
+Test(perms, trusted_group_members_may_save_under_another_uids_folder) {
+  TH_NEED_ROOT("run clients as other uids");
+  open_up();
+  const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
+  x_start(flags);
+  x_step s[4];
+  char l[4][256];
+  save_steps(s, l, "t1", "team/run/step-1", 0, 1);
+  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "the first save");
+  refused_as(TH_U_THIRD, "team/run/step-2", 0, "only uid 4243 or members of trusted_group may");
+  save_steps(s, l, "t2", "team/run/step-2", 0, 2);
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_TRUST, s, 4), 0, "a member of the trusted group");
+  /* but not inside a checkpoint */
+  save_steps(s, l, "t3", "team/run/step-1/x", 0, 2);
+  s[0].want = "\"code\":\"conflict\"";
+  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_TRUST, s, 1), 0, "a trusted member saved inside a checkpoint");
+  h_verify_ok("team/run/step-2");
+  x_serving();
+}

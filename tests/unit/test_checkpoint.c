@@ -398,3 +398,63 @@ Test(ckpt, not_a_folder) {
   cr_assert_eq(sd_ckpt_read(path, &c, &err), SHARDD_E_IO);
   cr_assert_not_null(strstr(err.msg, "cannot open the folder"), "%s", err.msg);
 }
+
+/* ------------------------------------------------------------------------ *
+ * Only regular files are opened for reading: a FIFO, a socket or a device
+ * (or a symlink to one) is refused at once, never waited on
+ * ------------------------------------------------------------------------ */
+#include <sys/socket.h>
+#include <sys/un.h>
+
+/* name in ckdir replaced by: 0 a FIFO, 1 a symlink to a FIFO, 2 a symlink to /dev/zero, 3 a socket, 4 a folder. */
+static int plant_special(const char *name, int kind) {
+  char p[256], q[300];
+  path_of(p, sizeof p, name);
+  unlink(p);
+  int keep = -1;
+  if (kind == 0) cr_assert_eq(mkfifo(p, 0644), 0);
+  if (kind == 1) {
+    snprintf(q, sizeof q, "%s.fifo", p);
+    cr_assert_eq(mkfifo(q, 0644), 0);
+    cr_assert_eq(symlink(q, p), 0);
+  }
+  if (kind == 2) cr_assert_eq(symlink("/dev/zero", p), 0);
+  if (kind == 3) {
+    keep = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    cr_assert_lt(strlen(p), sizeof a.sun_path);
+    memcpy(a.sun_path, p, strlen(p) + 1);
+    cr_assert_eq(bind(keep, (struct sockaddr *)&a, sizeof a), 0);
+  }
+  if (kind == 4) cr_assert_eq(mkdir(p, 0755), 0);
+  return keep;
+}
+
+Test(ckpt, what_is_not_a_regular_file_is_refused_without_blocking) {
+  static const char *const kinds[] = {"a fifo", "a fifo", "a character device", "a socket", "a folder"};
+  const char *victims[] = {F2, INDEX};
+  for (int v = 0; v < 2; v++)
+    for (int k = 0; k < 5; k++) {
+      good_shards();
+      put_str(INDEX, "{\"metadata\":{\"total_size\":27}," WM_OK "}");
+      char p[256], q[300];
+      path_of(p, sizeof p, victims[v]);
+      int keep = plant_special(victims[v], k);
+      /* a blocking open of a FIFO with no writer never returns: the test would hang, not fail */
+      alarm(10);
+      char want[128];
+      snprintf(want, sizeof want, "%s: not a regular file (%s)", victims[v], kinds[k]);
+      expect_bad(want);
+      sd_st_header h;
+      sd_error err;
+      int rc = sd_st_read_file(p, &h, &err);
+      alarm(0);
+      cr_assert_eq(rc, SHARDD_E_FORMAT, "%s", err.msg);
+      cr_assert_not_null(strstr(err.msg, "not a regular file"), "%s", err.msg);
+      if (keep >= 0) close(keep);
+      snprintf(q, sizeof q, "%s.fifo", p);
+      unlink(q);
+      if (k == 4) rmdir(p);
+      else unlink(p);
+    }
+}

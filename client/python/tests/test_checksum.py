@@ -313,6 +313,60 @@ class ChecksumTest(unittest.TestCase):
     # Other readers of the same files, and torch
     # -------------------------------------------------------------------- #
 
+    def test_what_is_not_a_regular_file_is_refused_at_once_by_every_reader(self):
+        """A FIFO (or a symlink to one), a socket or /dev/zero where a shard or the index should be: every
+        reader refuses it as bad_format without blocking in open(); an alarm turns a hang into a failure."""
+        import signal
+        import socket as socketmod
+
+        def fifo(p):
+            os.mkfifo(p)
+
+        def fifo_link(p):
+            os.mkfifo(p + ".fifo")
+            os.symlink(os.path.basename(p) + ".fifo", p)
+
+        def dev_zero(p):
+            os.symlink("/dev/zero", p)
+
+        socks = []
+
+        def unix_socket(p):
+            s = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+            s.bind(p)
+            socks.append(s)
+
+        readers = [("load", lambda ck: shardd.load(ck)), ("Checkpoint", lambda ck: shardd.Checkpoint(ck).close())]
+        if torch is not None:
+            readers.append(("load_state_dict",
+                            lambda ck: st.load_state_dict(ck, {k: torch.zeros(64, 64) for k in self.w1})))
+            readers.append(("StorageReader", lambda ck: st.StorageReader(ck).read_metadata()))
+        old = signal.signal(signal.SIGALRM, lambda *a: None)  # interrupts a blocked open() with EINTR
+        try:
+            for victim in (F[1], INDEX):
+                for kind, make in (("fifo", fifo), ("fifo-link", fifo_link), ("dev-zero", dev_zero),
+                                   ("socket", unix_socket)):
+                    ck = self.copy(self.multi, "special-%s-%s" % (kind, victim))
+                    os.unlink(os.path.join(ck, victim))
+                    make(os.path.join(ck, victim))
+                    for args in (("verify", ck), ("verify", "--deep", ck)):
+                        rc, out, err = shardctl(*args)  # its timeout fails a hang
+                        self.assertNotEqual(rc, 0, (kind, victim, args))
+                        self.assertIn("bad_format", out + err, (kind, victim, args))
+                        self.assertIn("%s: not a regular file" % victim, out + err, (kind, victim, args))
+                    for name, read in readers:
+                        signal.alarm(20)
+                        with self.assertRaises(shardd.ShardError, msg=(kind, victim, name)) as cm:
+                            read(ck)
+                        signal.alarm(0)
+                        self.assertEqual(cm.exception.name, "bad_format", (kind, victim, name, cm.exception.message))
+                        self.assertIn("%s: not a regular file" % victim, cm.exception.message, (kind, victim, name))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+            for s in socks:
+                s.close()
+
     @unittest.skipIf(torch is None, "needs torch")
     def test_load_state_dict_verify(self):
         sd = {k: torch.zeros(64, 64) for k in self.w1}
