@@ -328,16 +328,21 @@ static void refused_as(uid_t uid, const char *dir, int overwrite, const char *wa
   cr_assert_eq(x_steps_as(uid, TH_G_OTHER, s, 1), 0, "uid %u was not refused '%s' at %s", (unsigned)uid, want, dir);
 }
 
+/* A whole one-rank save of dir as uid:gid, which must commit. */
+static void saved_as(uid_t uid, gid_t gid, const char *save, const char *dir, int value) {
+  x_step s[4];
+  char l[4][256];
+  save_steps(s, l, save, dir, 0, value);
+  cr_assert_eq(x_steps_as(uid, gid, s, 4), 0, "uid %u could not save %s", (unsigned)uid, dir);
+}
+
 Test(perms, no_save_inside_a_checkpoint_nor_under_another_uids_folder) {
   TH_NEED_ROOT("run clients as other uids");
   open_up();
   const char *flags[] = {"--socket-mode", "0666", NULL};
   x_start(flags);
-  x_step s[4];
-  char l[4][256];
   /* uid A's single-file checkpoint: no index, so its name is free inside */
-  save_steps(s, l, "a1", "A/run/step-1", 0, 1);
-  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "uid A's first save");
+  saved_as(TH_U_OTHER, TH_G_OTHER, "a1", "A/run/step-1", 1);
   char p[PATH_MAX];
   uint64_t before = x_tree_hash(h_path(p, sizeof p, "A/run/step-1"));
   const char *inside[] = {"A/run/step-1/model.safetensors.index.json", "A/run/step-1/sub/deeper"};
@@ -369,18 +374,15 @@ Test(perms, no_save_inside_a_checkpoint_nor_under_another_uids_folder) {
         "conflict", "holds 'mine/step-9'", "around a save in flight");
   x_ok(x_call(c, "{\"op\":\"abort\",\"save\":\"fl\"}"), "abort");
   /* A itself goes on saving, and its checkpoint loads */
-  save_steps(s, l, "a2", "A/run/step-2", 0, 2);
-  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "uid A's next step");
+  saved_as(TH_U_OTHER, TH_G_OTHER, "a2", "A/run/step-2", 2);
   h_verify_ok("A/run/step-1");
   h_verify_ok("A/run/step-2");
   const uint8_t one = 1;
   h_check_bytes("A/run/step-1", "w", &one, 1);
   /* a folder made by hand records nobody: open to every uid */
   cr_assert_eq(mkdir(h_path(p, sizeof p, "shared"), 0777), 0);
-  save_steps(s, l, "sb", "shared/b", 0, 2);
-  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_OTHER, s, 4), 0, "B in a hand-made folder");
-  save_steps(s, l, "sa", "shared/a", 0, 1);
-  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "A in a hand-made folder");
+  saved_as(TH_U_THIRD, TH_G_OTHER, "sb", "shared/b", 2);
+  saved_as(TH_U_OTHER, TH_G_OTHER, "sa", "shared/a", 1);
   x_close(c);
   x_serving();
 }
@@ -390,14 +392,12 @@ Test(perms, trusted_group_members_may_save_under_another_uids_folder) {
   open_up();
   const char *flags[] = {"--socket-mode", "0666", "--trusted-group", "4242", NULL};
   x_start(flags);
+  saved_as(TH_U_OTHER, TH_G_OTHER, "t1", "team/run/step-1", 1);
+  refused_as(TH_U_THIRD, "team/run/step-2", 0, "only uid 4243 or members of trusted_group may");
+  saved_as(TH_U_THIRD, TH_G_TRUST, "t2", "team/run/step-2", 2);
+  /* but not inside a checkpoint */
   x_step s[4];
   char l[4][256];
-  save_steps(s, l, "t1", "team/run/step-1", 0, 1);
-  cr_assert_eq(x_steps_as(TH_U_OTHER, TH_G_OTHER, s, 4), 0, "the first save");
-  refused_as(TH_U_THIRD, "team/run/step-2", 0, "only uid 4243 or members of trusted_group may");
-  save_steps(s, l, "t2", "team/run/step-2", 0, 2);
-  cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_TRUST, s, 4), 0, "a member of the trusted group");
-  /* but not inside a checkpoint */
   save_steps(s, l, "t3", "team/run/step-1/x", 0, 2);
   s[0].want = "\"code\":\"conflict\"";
   cr_assert_eq(x_steps_as(TH_U_THIRD, TH_G_TRUST, s, 1), 0, "a trusted member saved inside a checkpoint");
