@@ -108,6 +108,30 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
   free(payload);
 }
 
+/* What each kind of frame may weigh from this peer now (PEERS.md, "Frame sizes"): a function of
+ * the saves that expect it from that peer, so a frame larger than its kind's is refused unread. */
+static int frame_cap(sd_peer_net *net, sd_peer *p, const char *t, size_t *header_max, size_t *payload_max,
+                     sd_error *err) {
+  (void)err;
+  sd_cluster *cl = sd_peer_net_ud(net);
+  const sd_config *cfg = cl->d->cfg;
+  if (!strcmp(t, "data")) {
+    *payload_max = SD_FWD_FRAME; /* runs (at most SD_FWD_RUNS) fit the control size */
+  } else if (!strcmp(t, "join")) {
+    /* the save's metadata, which must fit one shard's header, escaped at worst 6 to a byte */
+    uint64_t md = cfg ? cfg->max_header : 0;
+    *header_max = md < (SD_PEER_HEADER_MAX - SD_PEER_CONTROL_MAX) / 6 ? SD_PEER_CONTROL_MAX + 6 * md : SD_PEER_HEADER_MAX;
+  } else if (!strcmp(t, "manifest")) {
+    *header_max = sd_lead_manifest_cap(cl, p);
+  } else if (!strcmp(t, "done")) {
+    *header_max = sd_lead_done_cap(cl, p);
+  } else if (!strcmp(t, "assign")) {
+    size_t cap = sd_node_assign_cap(cl, p, payload_max);
+    *header_max = cap ? cap : SD_PEER_CONTROL_MAX;
+  }
+  return 0;
+}
+
 static void on_lost(sd_peer_net *net, sd_peer *p, int code, const char *why) {
   sd_cluster *cl = sd_peer_net_ud(net);
   if (cl->shutting) return;
@@ -154,7 +178,7 @@ int sd_cluster_init(sd_daemon *d, sd_error *err) {
                       .max_unauth = cfg->peer_max_unauth,
                       /* Strangers stop twice as early as local clients, so the Unix socket keeps room too. */
                       .fd_reserve = 2 * cfg->fd_reserve};
-    sd_peer_handlers h = {.on_frame = on_frame, .on_lost = on_lost};
+    sd_peer_handlers h = {.on_frame = on_frame, .on_lost = on_lost, .frame_cap = frame_cap};
     rc = sd_peer_net_init(&cl->net, d->loop, &o, &h, cl, err);
   }
   memset(token, 0, tlen);

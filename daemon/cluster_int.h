@@ -211,6 +211,9 @@ void sd_node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, 
 void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr);
 /* A connection went away: fail every save that needed it. */
 void sd_node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why);
+/* The largest assignment (header JSON; its payload into *payload_max) the leader on p may send now:
+ * a function of what this node's saves waiting for one hold; 0 when none waits. */
+size_t sd_node_assign_cap(sd_cluster *cl, const sd_peer *p, size_t *payload_max);
 
 /* cluster_base.c, shared with cluster_xfer.c: a node save's way out. */
 /* Fails the save from inside (an I/O reference is held around the call);
@@ -267,6 +270,12 @@ void sd_lead_shutdown(sd_cluster *cl);
 /* Join deadlines: a save whose nodes (or their ranks) have not all begun within its join_timeout fails. */
 void sd_lead_tick(sd_cluster *cl);
 unsigned sd_lead_active(const sd_cluster *cl);
+/* The largest done node p may send: a function of the files its assignments gave it (4 KiB when
+ * none is expected). */
+size_t sd_lead_done_cap(const sd_cluster *cl, const sd_peer *p);
+/* The largest manifest p may send: what one save may describe under this daemon's limits
+ * (max_tensors, max_slices, ...), while a save led here collects from it; else SD_PEER_CONTROL_MAX. */
+size_t sd_lead_manifest_cap(const sd_cluster *cl, const sd_peer *p);
 /* One entry per leader state (status): save, state, nnodes, joined, world_size, memory_bytes. */
 void sd_lead_status(const sd_cluster *cl, json_t *arr);
 

@@ -152,6 +152,7 @@ static void send_assign(sd_lead *L, uint32_t k) {
     snprintf(key, sizeof key, "%u", n);
     json_object_set_new(peers, key, json_pack("{s:s,s:s}", "addr", L->nodes[n].addr, "name", L->nodes[n].name));
   }
+  L->nodes[k].nfiles = json_array_size(files);
   json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o,s:o}", "t", "assign", "tmp", L->tmp, "nfiles", (json_int_t)nf,
                         "write_mode", L->mode == SD_WRITE_SHARED ? "shared" : "owner", "files", files, "writes",
                         writes, "peers", peers);

@@ -11,6 +11,7 @@ enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
 
 typedef struct {
   int joined, local, done;
+  size_t nfiles;           /* files its assignment gave it */
   int sums;                /* its manifest says it can hash what it writes */
   sd_peer *link;
   char tok[17];

@@ -589,6 +589,27 @@ void sd_node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *pay
 }
 
 /* ------------------------------------------------------------------------ *
+ * What the leader may send
+ * ------------------------------------------------------------------------ */
+size_t sd_node_assign_cap(sd_cluster *cl, const sd_peer *p, size_t *payload_max) {
+  const sd_config *cfg = cl->d->cfg;
+  size_t cap = 0;
+  *payload_max = 0;
+  for (sd_save *s = cl->d->saves; s; s = s->next) {
+    const sd_csave *cs = s->cl;
+    if (!cs || cs->link != p || cs->phase != SD_CP_OPEN) continue;
+    /* Files: those holding its slices, and at most one more per tensor it knows of (zero-size ones);
+     * an entry per kept slice; a name and address per node; a header (at most max_header) per file. */
+    size_t files = cs->nslices + s->ntensors + 16;
+    size_t need = SD_PEER_CONTROL_MAX + 512 * files + 128 * cs->nslices + 1600 * (size_t)cs->nnodes;
+    size_t headers = cfg && cfg->max_header < SD_PEER_PAYLOAD_MAX / files ? files * cfg->max_header : SD_PEER_PAYLOAD_MAX;
+    if (need > cap) cap = need;
+    if (headers > *payload_max) *payload_max = headers;
+  }
+  return cap < SD_PEER_HEADER_MAX ? cap : SD_PEER_HEADER_MAX;
+}
+
+/* ------------------------------------------------------------------------ *
  * Lost connections
  * ------------------------------------------------------------------------ */
 void sd_node_peer_lost(sd_cluster *cl, sd_peer *p, int code, const char *why) {

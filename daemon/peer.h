@@ -24,7 +24,15 @@ typedef struct {
   /* The connection is gone (or never came up). p is freed after this returns.
    * code: SHARDD_E_PEER_LOST, SHARDD_E_PERMISSION or SHARDD_E_UNSUPPORTED_PROTO. */
   void (*on_lost)(sd_peer_net *net, sd_peer *p, int code, const char *why);
+  /* The largest frame of this kind an authenticated peer may send now (header JSON and payload),
+   * from what this daemon expects of it; a larger one is refused with limit_exceeded before it is
+   * buffered. 0, or an error code with the reason in err. NULL: SD_PEER_CONTROL_MAX for every kind. */
+  int (*frame_cap)(sd_peer_net *net, sd_peer *p, const char *kind, size_t *header_max, size_t *payload_max,
+                   sd_error *err);
 } sd_peer_handlers;
+
+/* What a control frame (ping, error, and any kind a daemon does not expect) may carry. */
+#define SD_PEER_CONTROL_MAX (64u << 10)
 
 typedef struct {
   const char *listen;      /* "ADDR:PORT" or NULL: no listener */

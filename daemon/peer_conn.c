@@ -21,61 +21,10 @@ static void on_retry(uv_timer_t *t);
  * Small helpers
  * ------------------------------------------------------------------------ */
 
-void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n) {
-  char ip[INET6_ADDRSTRLEN] = "?";
-  unsigned port = 0;
-  if (sa->sa_family == AF_INET) {
-    const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;
-    uv_ip4_name(s4, ip, sizeof ip);
-    port = ntohs(s4->sin_port);
-    snprintf(out, n, "%s:%u", ip, port);
-  } else if (sa->sa_family == AF_INET6) {
-    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
-    uv_ip6_name(s6, ip, sizeof ip);
-    port = ntohs(s6->sin6_port);
-    snprintf(out, n, "[%s]:%u", ip, port);
-  } else {
-    snprintf(out, n, "?");
-  }
-}
-
-/* How logs name a connection. Until an incoming peer proves it holds the token, what it claims
- * (its name, its listener) is not believed: it is named by the socket's far end. */
-const char *sd_peer_who(const sd_peer *p) {
-  static char buf[4 * SD_ESCAPE_BUF];
-  sd_escbuf name, addr;
-  const char *remote = p->remote[0] ? p->remote : "?";
-  if (!p->outgoing && !p->ever_ready)
-    snprintf(buf, sizeof buf, "%s", remote);
-  else if (!p->outgoing)
-    snprintf(buf, sizeof buf, "'%s' at %s (from %s)", sd_esc(&name, p->name),
-             sd_esc(&addr, p->addr[0] ? p->addr : "?"), remote);
-  else if (p->name[0] && p->ever_ready)
-    snprintf(buf, sizeof buf, "'%s' at %s", sd_esc(&name, p->name), p->addr);
-  else
-    snprintf(buf, sizeof buf, "%s", p->addr);
-  return buf;
-}
-
 static void unauth_done(sd_peer *p) {
   if (!p->unauth) return;
   p->unauth = 0;
   p->net->nunauth--;
-}
-
-/* A line a stranger caused: at most one a second, with the count of those held back. */
-void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) {
-  unsigned held = 0;
-  if (!sd_log_limit_ok(&net->strangers, now_ms(net), &held)) return;
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (held)
-    sd_log_warn("%s (%u similar lines about unauthenticated peer connections suppressed)", msg, held);
-  else
-    sd_log_warn("%s", msg);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -102,6 +51,7 @@ static void peer_free(sd_peer *p) {
     f = n;
   }
   sd_frame_reader_free(&p->rd);
+  free(p->stash);
   if (p->notify && net->h.on_lost && !net->closing)
     net->h.on_lost(net, p, p->lost_code ? p->lost_code : SHARDD_E_PEER_LOST, p->lost_why);
   free(p);
@@ -317,36 +267,12 @@ static void go_ready(sd_peer *p) {
 /* ------------------------------------------------------------------------ *
  * Handshake
  * ------------------------------------------------------------------------ */
-/* What we tell a peer we connect to: where others reach our listener. A
- * wildcard bind announces the local address this connection leaves from. */
-static void announced_listen(sd_peer *p, char *out, size_t n) {
-  sd_peer_net *net = p->net;
-  out[0] = '\0';
-  if (!net->listening) return;
-  const char *h = net->listen_host;
-  if (strcmp(h, "0.0.0.0") && strcmp(h, "::") && strcmp(h, "")) {
-    snprintf(out, n, "%s", net->listen_addr);
-    return;
-  }
-  struct sockaddr_storage ss;
-  int len = sizeof ss;
-  if (uv_tcp_getsockname(&p->tcp, (struct sockaddr *)&ss, &len) != 0) return;
-  char ip[INET6_ADDRSTRLEN] = "";
-  if (ss.ss_family == AF_INET) {
-    uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-    snprintf(out, n, "%s:%u", ip, net->listen_port);
-  } else {
-    uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-    snprintf(out, n, "[%s]:%u", ip, net->listen_port);
-  }
-}
-
 static void send_hello(sd_peer *p) {
   char nonce[2 * SD_PEER_NONCE_LEN + 1], listen[SD_PEER_ADDR_MAX];
   sd_peer_hex(p->nonce, SD_PEER_NONCE_LEN, nonce);
   json_t *h = json_pack("{s:s,s:i,s:s,s:s}", "t", "hello", "v", SD_PEER_PROTO, "node", p->net->node, "nonce", nonce);
   if (p->outgoing) {
-    announced_listen(p, listen, sizeof listen);
+    sd_peer_announced_listen(p, listen, sizeof listen);
     if (listen[0]) json_object_set_new(h, "listen", json_string(listen));
   }
   send_now(p, h);
@@ -461,6 +387,14 @@ static void handshake(sd_peer *p, json_t *h) {
 /* ------------------------------------------------------------------------ *
  * Reading
  * ------------------------------------------------------------------------ */
+static int frame_cap(void *ud, const char *kind, size_t *header_max, size_t *payload_max, sd_error *err) {
+  sd_peer *p = ud;
+  *header_max = SD_PEER_CONTROL_MAX;
+  *payload_max = 0;
+  if (!strcmp(kind, "ping") || !strcmp(kind, "error") || !p->net->h.frame_cap) return 0;
+  return p->net->h.frame_cap(p->net, p, kind, header_max, payload_max, err);
+}
+
 static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
   sd_peer *p = ud;
   if (p->state == P_CLOSING) {
@@ -473,9 +407,12 @@ static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
     handshake(p, hdr);
     json_decref(hdr);
     if (p->state == P_READY) {
-      /* From now on the peer is trusted with large frames. */
+      /* From now on the peer may send what this daemon expects of it, each kind up to its size. */
       p->rd.header_max = SD_PEER_HEADER_MAX;
       p->rd.payload_max = SD_PEER_PAYLOAD_MAX;
+      p->rd.cap = frame_cap;
+      p->rd.cap_ud = p;
+      p->rd.offload = 1;
     }
     return p->state == P_CLOSING;
   }
@@ -497,7 +434,13 @@ static int on_frame(void *ud, json_t *hdr, uint8_t *payload, size_t plen) {
     free(payload);
     return 1;
   }
-  p->net->h.on_frame(p->net, p, hdr, payload, plen);
+  if (p->parsed_later) {
+    p->parsed_later = 0;
+    p->net->h.on_frame(p->net, p, json_incref(hdr), payload, plen);
+    sd_peer_free_later(p->net->loop, hdr);
+  } else {
+    p->net->h.on_frame(p->net, p, hdr, payload, plen);
+  }
   return p->state == P_CLOSING;
 }
 
@@ -516,6 +459,65 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init((char *)p->net->rbuf, READ_BUF);
 }
 
+static void feed(sd_peer *p, const uint8_t *buf, size_t n);
+
+/* A long header parsed off the loop: the bytes read past it go on, then reading resumes. */
+static void on_parsed(void *ud, int rc, const sd_error *err) {
+  sd_peer *p = ud;
+  p->parsing = 0;
+  uint8_t *rest = p->stash;
+  size_t n = p->stash_len;
+  p->stash = NULL;
+  p->stash_len = 0;
+  if (p->state == P_CLOSING) {
+    free(rest);
+    handle_gone(p);
+    return;
+  }
+  p->handles--;
+  p->last_rx = now_ms(p->net);
+  p->parsed_later = 1;
+  if (rc) {
+    sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", sd_peer_who(p), err->msg);
+  } else {
+    feed(p, NULL, 0); /* the frame may be whole already */
+    if (p->state != P_CLOSING && !p->parsing) feed(p, rest, n);
+    if (p->state != P_CLOSING && !p->parsing) sd_peer_start_reading(p);
+  }
+  free(rest);
+}
+
+static void feed(sd_peer *p, const uint8_t *buf, size_t n) {
+  sd_error err = {0};
+  size_t used = 0;
+  int rc = sd_frame_feed_some(&p->rd, buf, n, &used, on_frame, p, &err);
+  if (rc == SD_FRAME_PARSE_PENDING && p->state != P_CLOSING) {
+    /* Keep what came after the header (the loop's read buffer is shared) and read no more until it is parsed. */
+    if (n > used && !(p->stash = malloc(n - used))) {
+      sd_peer_fail(p, SHARDD_E_NO_MEMORY, "out of memory reading from %s", sd_peer_who(p));
+      return;
+    }
+    if (n > used) memcpy(p->stash, buf + used, n - used);
+    p->stash_len = n - used;
+    uv_read_stop((uv_stream_t *)&p->tcp);
+    p->parsing = 1;
+    p->handles++;
+    if (sd_peer_parse_off_loop(p->net->loop, &p->rd, on_parsed, p) != 0) {
+      sd_error e = {0};
+      on_parsed(p, sd_frame_parse_header(&p->rd, &e), &e);
+    }
+    return;
+  }
+  if (rc && rc != 1 && p->state != P_CLOSING) {
+    if (rc == SHARDD_E_LIMIT)
+      refuse(p, SHARDD_E_LIMIT, "%s", err.msg); /* refused unread: the other side hears why */
+    else if (p->state == P_READY)
+      sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", sd_peer_who(p), err.msg);
+    else
+      refuse(p, SHARDD_E_PROTOCOL, "malformed frame during the handshake: %s", err.msg);
+  }
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   sd_peer *p = s->data;
   if (n == 0) return;
@@ -527,14 +529,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
   }
   p->last_rx = now_ms(p->net);
   p->net->bytes_rx += (uint64_t)n;
-  sd_error err = {0};
-  int rc = sd_frame_feed(&p->rd, (const uint8_t *)buf->base, (size_t)n, on_frame, p, &err);
-  if (rc && rc != 1 && p->state != P_CLOSING) {
-    if (p->state == P_READY)
-      sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", sd_peer_who(p), err.msg);
-    else
-      refuse(p, SHARDD_E_PROTOCOL, "malformed frame during the handshake: %s", err.msg);
-  }
+  feed(p, (const uint8_t *)buf->base, (size_t)n);
 }
 
 void sd_peer_start_reading(sd_peer *p) {

@@ -44,6 +44,10 @@ struct sd_peer {
   int unauth;                      /* incoming, not yet authenticated: counts in net->nunauth */
   uint64_t source;                 /* its source network (source_of), for fair eviction */
   qframe *q, **qtail;              /* frames sent before the handshake ended */
+  uint8_t *stash;                  /* bytes read past a header being parsed off the loop */
+  size_t stash_len;
+  int parsing;                     /* a header is being parsed in the thread pool: reading stopped */
+  int parsed_later;                /* the frame about to be handled had such a header: freed there too */
   size_t qbytes;
 
   uv_tcp_t tcp;
@@ -93,19 +97,33 @@ struct sd_peer_net {
 
 static inline uint64_t now_ms(const sd_peer_net *net) { return uv_now(net->loop); }
 
+/* peer_names.c */
+/* How logs name a connection (a static buffer). */
+const char *sd_peer_who(const sd_peer *p);
+void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n);
+/* A line a stranger caused: at most one a second, with the count of those held back. */
+void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* What this daemon tells a peer it dials: where others reach its listener ("" without one); a
+ * wildcard bind announces the local address of p's connection. */
+void sd_peer_announced_listen(const sd_peer *p, char *out, size_t n);
+
+/* peer_parse.c */
+typedef void (*sd_peer_parsed_cb)(void *ud, int rc, const sd_error *err);
+/* Parses the header r's feed left pending (SD_FRAME_PARSE_PENDING) in the thread pool; done runs
+ * on the loop with sd_frame_parse_header's result. r must stay until then. 0, or -1 when nothing
+ * could be queued (no callback then). */
+int sd_peer_parse_off_loop(uv_loop_t *loop, sd_frame_reader *r, sd_peer_parsed_cb done, void *ud);
+/* Drops a reference to a large header in the thread pool (freeing millions of values takes a while). */
+void sd_peer_free_later(uv_loop_t *loop, json_t *h);
+
 /* peer_conn.c */
 /* Closes with a reason for on_lost (not logged); frees at once when no handle is open. */
 void sd_peer_fail(sd_peer *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* How logs name a connection (a static buffer). */
-const char *sd_peer_who(const sd_peer *p);
 /* A new connection in the net's list; NULL past the cap on outgoing and authenticated ones. */
 sd_peer *sd_peer_new_conn(sd_peer_net *net, int outgoing);
 void sd_peer_start_reading(sd_peer *p);
-void sd_peer_sockaddr_str(const struct sockaddr *sa, char *out, size_t n);
 /* Frees the net once it is closing and no handle or connection is left. */
 void sd_peer_net_maybe_free(sd_peer_net *net);
-/* A line a stranger caused: at most one a second, with the count of those held back. */
-void sd_peer_log_stranger(sd_peer_net *net, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* peer_strangers.c */
 /* The listener's connection callback. */

@@ -60,6 +60,8 @@ static void on_heartbeat(uv_timer_t *t) {
   for (sd_peer *p = net->peers, *next; p; p = next) {
     next = p->next;
     if (p->state == P_CLOSING || p->state == P_RESOLVING || p->state == P_CONNECTING) continue;
+    /* A frame of its being parsed (reading paused for it) is the latest sign of life. */
+    if (p->parsing) p->last_rx = now;
     if (judge && now - p->last_rx > net->timeout_ms) {
       if (p->unauth)
         sd_peer_log_stranger(net, "peer connection from %s: nothing heard for %.1f s (--peer-timeout); dropping it",

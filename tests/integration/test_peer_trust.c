@@ -318,7 +318,12 @@ Test(peer_trust, an_assignment_naming_a_checkpoint_as_its_folder_is_refused) {
  * ------------------------------------------------------------------------ */
 /* node0's rank 0 puts a (U8 [8]); the fake node 1 joins with rank 1 holding b and c (U8 [8] each),
  * 8-byte shards so each tensor has its own file, and returns the leader's assignment to it. */
-static json_t *join_as_node1(int fd, x_conn *rank, const char *save) {
+static json_t *join_as_node1_padded(int fd, x_conn *rank, const char *save, size_t pad);
+static json_t *join_as_node1(int fd, x_conn *rank, const char *save) { return join_as_node1_padded(fd, rank, save, 0); }
+
+/* The same, the manifest carrying a field "pad" of that many zeros (a field the leader ignores): a
+ * frame of its kind's legitimate size that takes a while to parse. */
+static json_t *join_as_node1_padded(int fd, x_conn *rank, const char *save, size_t pad) {
   char line[1024];
   snprintf(line, sizeof line, "{\"op\":\"begin\",\"save\":\"%s\",\"dir\":\"trust/%s\",\"rank\":0,\"world_size\":2,"
                               "\"nnodes\":2,\"node_rank\":0,\"leader\":\"%s\",\"max_shard_size\":8}", save, save, N[0].addr);
@@ -339,8 +344,20 @@ static json_t *join_as_node1(int fd, x_conn *rank, const char *save) {
   snprintf(line, sizeof line,
            "{\"t\":\"manifest\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":["
            "{\"name\":\"b\",\"dtype\":\"U8\",\"shape\":[8],\"slices\":[[0,1,0,8]]},"
-           "{\"name\":\"c\",\"dtype\":\"U8\",\"shape\":[8],\"slices\":[[1,1,0,8]]}],\"files\":[]}", save, tok);
-  send_frame(fd, line);
+           "{\"name\":\"c\",\"dtype\":\"U8\",\"shape\":[8],\"slices\":[[1,1,0,8]]}],\"files\":[]%s", save, tok,
+           pad ? ",\"pad\":[" : "}");
+  size_t at = strlen(line);
+  char *big = malloc(at + 2 * pad + 3);
+  cr_assert_not_null(big);
+  memcpy(big, line, at);
+  for (size_t i = 0; i < pad; i++) {
+    big[at++] = '0';
+    big[at++] = i + 1 < pad ? ',' : ']';
+  }
+  if (pad) big[at++] = '}';
+  big[at] = '\0';
+  raw_send(fd, big);
+  free(big);
   for (json_t *a; (a = raw_read(fd));) {
     if (!strcmp(jstr(a, "t"), "assign") && !strcmp(jstr(a, "save"), save)) return a;
     json_decref(a);
@@ -453,6 +470,88 @@ Test(peer_trust, one_node_cannot_fill_the_leaders_room_with_ghost_joins) {
   }
   cr_assert(found, "the real save has no leader state beside the ghost's");
   cr_assert(!log_has(0, "save 'real': refusing"), "the real save was refused");
+  x_close(rank);
+  close(fd);
+}
+
+/* ------------------------------------------------------------------------ *
+ * 6. Frames: each kind up to its legitimate size, refused unread past it;
+ * a large legitimate one parsed off the loop
+ * ------------------------------------------------------------------------ */
+/* The most a status call took until then (seconds on now_s's clock), in ms. */
+static double worst_status_ms(double until_s) {
+  double worst = 0;
+  while (now_s() < until_s) {
+    double t0 = now_s();
+    json_decref(node_status(0));
+    double ms = (now_s() - t0) * 1000;
+    if (ms > worst) worst = ms;
+  }
+  return worst;
+}
+
+Test(peer_trust, a_done_past_its_plans_size_is_refused_unread) {
+  int fd = tcp_connect(N[0].addr);
+  peer_login(fd, token_path, "fake1");
+  x_conn *rank = x_connect();
+  json_t *a = join_as_node1(fd, rank, "bigdone");
+  json_decref(a);
+  long rss0 = x_rss_kib(N[0].d.pid);
+  /* a done of 4M checksum shares claims 68 MB: only its length and kind go out first */
+  const char *head = "{\"t\":\"done\",\"save\":\"bigdone\",\"node\":1,\"tok\":\"0123456789abcdef\",\"sums\":[";
+  uint32_t claimed = 68000000;
+  uint8_t len[4] = {(uint8_t)(claimed >> 24), (uint8_t)(claimed >> 16), (uint8_t)(claimed >> 8), (uint8_t)claimed};
+  cr_assert_eq(write(fd, len, 4), 4);
+  cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+  json_t *e = raw_read(fd);
+  while (e && !strcmp(jstr(e, "t"), "ping")) {
+    json_decref(e);
+    e = raw_read(fd);
+  }
+  cr_assert_not_null(e, "no answer to a 68 MB done before its bytes came: the leader is buffering it");
+  printf("peer_trust frames: a 68 MB done: the leader answered %s %s: %s (RSS %ld KiB before, %ld after)\n",
+         jstr(e, "t"), jstr(e, "code"), jstr(e, "message"), rss0, x_rss_kib(N[0].d.pid));
+  fflush(stdout);
+  cr_assert_str_eq(jstr(e, "code"), "limit_exceeded");
+  cr_assert(strstr(jstr(e, "message"), "peer frame 'done' of 68000000 bytes is over the limit of 4224 for its kind"),
+            "%s", jstr(e, "message"));
+  json_decref(e);
+  cr_assert_null(raw_read(fd), "the connection must be closed");
+  close(fd);
+  json_t *r = x_callf(rank, "{\"op\":\"wait\",\"save\":\"bigdone\"}");
+  cr_assert_str_eq(jstr(json_object_get(r, "error"), "code"), "limit_exceeded", "%s", json_dumps(r, 0));
+  cr_assert(strstr(jstr(json_object_get(r, "error"), "message"), "node 1 (127.0.0.1:1)"), "rank 0 hears which node");
+  json_decref(r);
+  x_close(rank);
+  for (int k = 0; k < 200 && h_tmp_count() > 0; k++) sleep_ms(10);
+  h_expect_unpublished("trust/bigdone");
+}
+
+/* A manifest of 24 MB (a field of 12M zeros the leader ignores) is within its kind's size: the
+ * leader parses it in the thread pool, answers status meanwhile, and plans the save. */
+Test(peer_trust, a_large_legitimate_frame_is_parsed_off_the_loop) {
+  int fd = tcp_connect(N[0].addr);
+  peer_login(fd, token_path, "fake1");
+  x_conn *rank = x_connect();
+  double t0 = now_s();
+  json_t *a = join_as_node1_padded(fd, rank, "bigman", 12u << 20);
+  double took = now_s() - t0;
+  cr_assert_eq(json_array_size(json_object_get(a, "files")), 2, "the save was planned");
+  json_decref(a);
+  /* the same again, with status calls while it is parsed */
+  x_ok(x_callf(rank, "{\"op\":\"abort\",\"save\":\"bigman\"}"), "abort");
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    double worst = worst_status_ms(now_s() + took + 1.0);
+    printf("peer_trust frames: a 24 MB manifest (%.2f s from join to assignment): the worst status call beside it "
+           "took %.1f ms\n", took, worst);
+    fflush(stdout);
+    _exit(0);
+  }
+  a = join_as_node1_padded(fd, rank, "bigman2", 12u << 20);
+  json_decref(a);
+  cr_assert_eq(f_reap(pid, 60000), 0);
   x_close(rank);
   close(fd);
 }
