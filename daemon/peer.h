@@ -1,4 +1,4 @@
-/* The peer transport's one face: daemons over TCP (peer_conn.c, peer_strangers.c, peer_net.c): connections, the login, heartbeats, queued sends; framing and proofs in peer_frame.h and peer_auth.h. */
+/* The peer transport's one face: daemons over TCP (peer_conn.c, peer_names.c, peer_parse.c, peer_strangers.c, peer_net.c): connections, the login, heartbeats, queued sends; framing and proofs in peer_frame.h and peer_auth.h. */
 #ifndef SD_PEER_H
 #define SD_PEER_H
 

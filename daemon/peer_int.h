@@ -1,4 +1,4 @@
-/* Peer connections, shared by peer_conn.c (connections, frames, handshake), peer_strangers.c (before login) and peer_net.c (listener, timers). */
+/* Peer connections, shared by peer_conn.c (connections, frames, handshake), peer_names.c (names in logs), peer_parse.c (large headers off the loop), peer_strangers.c (before login) and peer_net.c (listener, timers). */
 #ifndef SD_PEER_INT_H
 #define SD_PEER_INT_H
 
