@@ -168,14 +168,18 @@ static int small_caps(void *ud, const char *kind, size_t *header_max, size_t *pa
   return 0;
 }
 
+static void capped(sd_frame_reader *r, int *asked) {
+  sd_frame_reader_init(r, 1 << 20, 1 << 20);
+  r->cap = small_caps;
+  r->cap_ud = asked;
+}
+
 /* A capped reader learns each frame's kind from its first bytes and refuses a frame over its
  * kind's size before buffering it; the encoder puts the kind first whatever the header's order. */
 Test(peer_frame, each_kind_is_capped_before_it_is_buffered) {
   sd_frame_reader r;
   int asked = 0;
-  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
-  r.cap = small_caps;
-  r.cap_ud = &asked;
+  capped(&r, &asked);
   size_t len = 0;
   uint8_t *buf = two_frames(&len); /* 300 bytes of data: over its kind's 100 */
   got g = {0};
@@ -188,18 +192,14 @@ Test(peer_frame, each_kind_is_capped_before_it_is_buffered) {
   sd_frame_reader_free(&r);
   free(buf);
   /* A header over its kind's size: refused with only the length and the kind read. */
-  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
-  r.cap = small_caps;
-  r.cap_ud = &asked;
+  capped(&r, &asked);
   const char big[] = "\0\0\1\0{\"t\":\"ping\",\"pad\":\"";
   cr_assert_eq(sd_frame_feed(&r, (const uint8_t *)big, sizeof big - 1, collect, &g, &err), SHARDD_E_LIMIT);
   cr_assert(strstr(err.msg, "peer frame 'ping' of 256 bytes is over the limit of 16 for its kind"), "%s", err.msg);
   cr_assert_null(r.hdr, "the header was buffered");
   sd_frame_reader_free(&r);
   /* Without its kind first: refused as malformed. */
-  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
-  r.cap = small_caps;
-  r.cap_ud = &asked;
+  capped(&r, &asked);
   const char late[] = "\0\0\0\x1c{\"save\":\"x\",\"t\":\"ping\",\"n\":1}";
   cr_assert_eq(sd_frame_feed(&r, (const uint8_t *)late, sizeof late - 1, collect, &g, &err), SHARDD_E_PROTOCOL);
   cr_assert(strstr(err.msg, "does not begin with its kind"), "%s", err.msg);
@@ -208,9 +208,7 @@ Test(peer_frame, each_kind_is_capped_before_it_is_buffered) {
   json_t *h = json_pack("{s:s,s:s,s:i}", "save", "x", "t", "ping", "n", 1);
   uint8_t *f = encode_owned(h, NULL, 0, &len);
   cr_assert_eq(memcmp(f + 4, "{\"t\":\"ping\"", 11), 0, "%.*s", (int)len - 4, f + 4);
-  sd_frame_reader_init(&r, 1 << 20, 1 << 20);
-  r.cap = small_caps;
-  r.cap_ud = &asked;
+  capped(&r, &asked);
   cr_assert_eq(sd_frame_feed(&r, f, len, collect, &g, &err), SHARDD_E_LIMIT, "28 bytes over the ping's 16");
   sd_frame_reader_free(&r);
   free(f);
