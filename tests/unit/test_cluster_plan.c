@@ -283,3 +283,55 @@ Test(cluster_plan, randomized_layouts_write_every_byte_once) {
     sd_cmanifest_free(&m);
   }
 }
+
+/* m planned over nnodes in owner mode, shards of mss bytes. */
+static void planned(const sd_cmanifest *m, uint32_t nnodes, uint64_t mss, sd_cplan *p) {
+  sd_error err = {0};
+  sd_plan_opts o = opts(mss);
+  cr_assert_eq(sd_cplan_build(m, nnodes, SD_WRITE_OWNER, &o, p, &err), 0, "%s", err.msg);
+}
+
+/* A node's done against its assignment: only its own files, each once, with the plan's bytes, and
+ * with checksums one well-formed share per file in the same order. */
+static const char *done_of(const sd_cplan *p, uint32_t k, const char *files, const char *sums, int with_sums) {
+  static char buf[512];
+  json_t *jf = json_loads(files, 0, NULL), *js = sums ? json_loads(sums, 0, NULL) : NULL;
+  uint32_t shares[8];
+  const char *bad = sd_cplan_done_mismatch(p, k, "run/s", jf, js, with_sums ? shares : NULL, buf, sizeof buf);
+  json_decref(jf);
+  json_decref(js);
+  return bad;
+}
+
+Test(cluster_plan, a_done_must_match_the_assignment_exactly) {
+  /* two nodes, a whole 256-byte tensor each, one file each */
+  sd_cmanifest m = {0};
+  rows(&m, "a", 8, 8, 0, 8, 0, 0, 0, 0);
+  rows(&m, "b", 8, 8, 0, 8, 1, 1, 0, 1);
+  sd_cplan p;
+  planned(&m, 2, 256, &p);
+  cr_assert_eq(p.plan.nfiles, 2);
+  cr_assert_eq(p.owner[1], 1, "node 1 writes file 1");
+  uint64_t n1 = sd_cplan_assigned(&p, 1, 1);
+  cr_assert_eq(n1, p.plan.files[1].file_size, "all of it, header and data");
+  cr_assert_eq(sd_cplan_assigned(&p, 1, 0), 0, "nothing of node 0's file");
+  char ok[64], twice[96], other[96], bytes[64];
+  snprintf(ok, sizeof ok, "[[1,%llu]]", (unsigned long long)n1);
+  snprintf(twice, sizeof twice, "[[1,%llu],[1,%llu]]", (unsigned long long)n1, (unsigned long long)n1);
+  snprintf(other, sizeof other, "[[0,0]]");
+  snprintf(bytes, sizeof bytes, "[[1,%llu]]", (unsigned long long)n1 - 1);
+  cr_assert_null(done_of(&p, 1, ok, NULL, 0));
+  cr_assert_null(done_of(&p, 1, ok, "[[1,\"0badcafe\"]]", 1));
+  cr_assert_str_eq(done_of(&p, 1, other, NULL, 0), "run/s/model-00001-of-00002.safetensors, which was not assigned to it");
+  cr_assert(strstr(done_of(&p, 1, twice, NULL, 0), "2 files, the plan gave it 1"));
+  cr_assert(strstr(done_of(&p, 1, bytes, NULL, 0), "bytes of run/s/model-00002-of-00002.safetensors, the plan gave it"));
+  cr_assert_str_eq(done_of(&p, 1, "[[null,0]]", NULL, 0), "a malformed file entry (0)");
+  cr_assert_str_eq(done_of(&p, 1, "[[1]]", NULL, 0), "a malformed file entry (0)");
+  cr_assert_str_eq(done_of(&p, 1, "{}", NULL, 0), "0 files, the plan gave it 1");
+  cr_assert_str_eq(done_of(&p, 1, ok, NULL, 1), "no checksum shares");
+  cr_assert_str_eq(done_of(&p, 1, ok, "[[1,\"xyz\"]]", 1), "a malformed checksum share");
+  cr_assert_str_eq(done_of(&p, 1, ok, "[[0,\"0badcafe\"]]", 1), "checksum shares for other files than it wrote");
+  cr_assert_str_eq(done_of(&p, 1, ok, "[]", 1), "checksum shares for other files than it wrote");
+  sd_cplan_free(&p);
+  sd_cmanifest_free(&m);
+}
