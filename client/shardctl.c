@@ -329,6 +329,17 @@ static void print_peers(FILE *out, const json_t *p) {
   }
 }
 
+/* Until every rank has declared its tensors the planned bytes still grow, so a percentage would
+ * mean nothing: "declaring (k of N ranks)" instead. 0 once all have (or from a daemon that does
+ * not say). */
+static int declaring(const json_t *s, char *buf, size_t n) {
+  const json_t *k = json_object_get(s, "ranks_declared");
+  if (!json_is_integer(k) || u64(s, "ranks_declared") >= u64(s, "world_size")) return 0;
+  snprintf(buf, n, "declaring (%llu of %llu ranks)", (unsigned long long)u64(s, "ranks_declared"),
+           (unsigned long long)u64(s, "world_size"));
+  return 1;
+}
+
 static void print_status_table(FILE *out, const json_t *st) {
   const json_t *saves = json_object_get(st, "saves");
   size_t n = json_array_size(saves), i;
@@ -352,7 +363,11 @@ static void print_status_table(FILE *out, const json_t *st) {
       human(u64(s, "bytes_written"), w, sizeof w);
       human(u64(s, "bytes_planned"), p, sizeof p);
       put_clean(out, str(s, "save"), wid);
-      fprintf(out, "  %-8s  %6s  %6s  %11s  %11s  %5.1f%%\n", str(s, "state"), begun, sealed, w, p, percent(s));
+      char decl[64];
+      if (declaring(s, decl, sizeof decl))
+        fprintf(out, "  %-8s  %6s  %6s  %11s  %11s  %s\n", str(s, "state"), begun, sealed, w, p, decl);
+      else
+        fprintf(out, "  %-8s  %6s  %6s  %11s  %11s  %5.1f%%\n", str(s, "state"), begun, sealed, w, p, percent(s));
     }
   }
   const json_t *t = json_object_get(st, "totals");
@@ -416,6 +431,11 @@ static void print_watch_frame(FILE *out, const json_t *st, const char *node) {
     human(u64(s, "bytes_written"), w, sizeof w);
     human(u64(s, "bytes_planned"), pl, sizeof pl);
     put_clean(out, str(s, "save"), 0);
+    char decl[64];
+    if (declaring(s, decl, sizeof decl)) {
+      fprintf(out, "  %-8s %s  %s put so far\n", str(s, "state"), decl, pl);
+      continue;
+    }
     fprintf(out, "  %-8s [%s] %5.1f%%  %s / %s  sealed %llu/%llu\n", str(s, "state"), bar, p, w, pl,
             (unsigned long long)u64(s, "ranks_sealed"), (unsigned long long)u64(s, "world_size"));
   }
@@ -603,11 +623,36 @@ static int parse_interval(const char *s, long *ms) {
   return 0;
 }
 
+/* `shardctl COMMAND --help`: that command's own entry of usage_text (its line and the indented lines
+ * under it), with the --socket option for the commands that reach the daemon. */
+static int command_help(const char *cmd) {
+  size_t n = strlen(cmd);
+  for (const char *p = strstr(usage_text, "\n  "); p; p = strstr(p + 1, "\n  ")) {
+    const char *entry = p + 3;
+    if (strncmp(entry, cmd, n) != 0 || (entry[n] != ' ' && entry[n] != '\n')) continue;
+    const char *eol = strchr(entry, '\n'), *end = eol;
+    while (!strncmp(end + 1, "     ", 5)) end = strchr(end + 1, '\n');
+    /* The synopsis, then the description, which may start on the synopsis' own line. */
+    const char *gap = strstr(entry, "  ");
+    const char *desc = gap && gap < eol ? gap + strspn(gap, " ") : NULL;
+    int offline = !strcmp(cmd, "verify") || !strcmp(cmd, "inspect");
+    printf("usage: shardctl%s %.*s\n", offline ? "" : " [--socket PATH]", (int)((desc ? gap : eol) - entry), entry);
+    if (desc) printf("%21s%.*s\n", "", (int)(eol - desc), desc);
+    if (end > eol) printf("%.*s\n", (int)(end - eol - 1), eol + 1);
+    if (!offline) {
+      const char *opt = strstr(usage_text, "  --socket PATH");
+      printf("\n%.*s\n", (int)(strstr(opt, "\n  -h") - opt), opt);
+    }
+    return 0;
+  }
+  return usage_error("unknown command '%s'", cmd);
+}
+
 int main(int argc, char **argv) {
   const char *socket = getenv("SHARDD_SOCKET");
   if (socket && !*socket) socket = NULL;
   const char *pos[3];
-  int npos = 0, opts_done = 0, as_json = 0, deep = 0;
+  int npos = 0, opts_done = 0, as_json = 0, deep = 0, help = 0;
   long count = 0, interval_ms = 500;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -615,8 +660,7 @@ int main(int argc, char **argv) {
       if (!strcmp(a, "--")) {
         opts_done = 1;
       } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-        fputs(usage_text, stdout);
-        return 0;
+        help = 1;
       } else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
         printf("shardctl %s (protocol %d)\n", SHARDD_VERSION_STRING, SHARDD_PROTO_VERSION);
         return 0;
@@ -644,6 +688,11 @@ int main(int argc, char **argv) {
     }
     if (npos == 3) return usage_error("unexpected argument '%s'", a);
     pos[npos++] = a;
+  }
+  if (help) {
+    if (npos) return command_help(pos[0]);
+    fputs(usage_text, stdout);
+    return 0;
   }
   if (npos == 0) {
     fputs(usage_text, stderr);

@@ -233,6 +233,13 @@ int sd_config_load(sd_config *c, int argc, char **argv, int *exit_code) {
   free(longopts);
   free(names);
   if (check) {
+    struct stat st;
+    /* A root that does not exist yet is made at start; one that does must take a save's steps. */
+    if (stat(c->root, &st) == 0 && sd_config_check_root(c->root, &err) != 0) {
+      fprintf(stderr, "shardd: %s\n", err.msg);
+      *exit_code = 1;
+      return 1;
+    }
     print_effective(c, stdout);
     return 1;
   }

@@ -13,6 +13,7 @@
 #include "acceptor.h"
 #include "cluster.h"
 #include "config.h"
+#include "config_check.h"
 #include "listener.h"
 #include "log.h"
 #include "metrics.h"
@@ -236,6 +237,8 @@ int main(int argc, char **argv) {
   int listen_fd = -1;
   if (activation_fd(&listen_fd, &err) != 0) goto fail;
   if (sd_config_prepare_root(&cfg, &err) != 0) goto fail;
+  /* Now, not after the ranks have copied their bytes for a first save that then cannot publish. */
+  if (sd_config_check_root(cfg.root, &err) != 0) goto fail;
   d->cfg = &cfg;
   d->loop = uv_default_loop();
   if (gethostname(d->node, sizeof d->node - 1) != 0) snprintf(d->node, sizeof d->node, "localhost");

@@ -442,6 +442,7 @@ void sd_ops_status_fill(sd_daemon *d, json_t *m, int with_metrics) {
     json_object_set_new(o, "world_size", json_integer(v->world_size));
     json_object_set_new(o, "ranks_begun", json_integer(v->nbegun));
     json_object_set_new(o, "ranks_sealed", json_integer(v->nsealed));
+    json_object_set_new(o, "ranks_declared", json_integer(v->ndeclared));
     json_object_set_new(o, "tensors", json_integer((json_int_t)v->ntensors));
     json_object_set_new(o, "files", json_integer((json_int_t)v->nfiles));
     json_object_set_new(o, "bytes_planned", json_integer((json_int_t)sd_save_bytes_planned(v)));

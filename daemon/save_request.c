@@ -108,9 +108,9 @@ static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
   if (!r->err.code && a->overwrite) return 0;
   if (!r->err.code)
     return sd_fail(err, SHARDD_E_EXISTS,
-                   "save '%s' has just committed to %.300s; its id answers so for history_window %u s after it "
-                   "ended (begin a new save with a new id, or pass overwrite)",
-                   a->save, r->dir ? r->dir : "?", window);
+                   "save '%s' (dir '%s') has just committed to %.300s: pass overwrite to save it again, or give "
+                   "this save another dir or id",
+                   a->save, a->dir, r->dir ? r->dir : "?");
   if (r->began && a->rank < r->world_size && (r->began[a->rank / 8] >> (a->rank % 8) & 1)) return 0;
   return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' failed %u s ago, before rank %u began (%s: %s)", a->save, ago,
                  a->rank, sd_err_name(r->err.code), r->err.msg);
@@ -141,9 +141,14 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
       return err->code;
     }
     if (save->ranks[a->rank].state != SD_RANK_NONE)
-      return sd_fail(err, SHARDD_E_BAD_STATE, "rank %u of save '%s' has already begun", a->rank, save->id);
+      return sd_fail(err, SHARDD_E_BAD_STATE,
+                     "rank %u of save '%s' (dir '%s') has already begun: an earlier save to that dir is still in "
+                     "flight; wait for it to end before saving there again, or save to another dir",
+                     a->rank, save->id, save->dir);
     if (save->state != SD_SAVE_OPEN)
-      return sd_fail(err, SHARDD_E_BAD_STATE, "save '%s' is ending", save->id);
+      return sd_fail(err, SHARDD_E_BAD_STATE,
+                     "save '%s' (dir '%s') is ending: wait for it to end before saving there again", save->id,
+                     save->dir);
     if (disagreement(save, a, err)) {
       sd_save_fail_err(save, err);
       return err->code;

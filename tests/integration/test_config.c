@@ -154,6 +154,31 @@ Test(config, missing_file_bad_flag_and_unknown_option) {
   cr_assert(o_exited(st, 2) && strstr(out, "Try 'shardd --help'"), "%s", out);
 }
 
+/* A root the daemon's user cannot write in is refused at start and by --check-config, naming the
+ * root, the user and the errno, before any rank could copy a byte for a save that cannot publish.
+ * As root the daemon runs as nobody (setpriv), since root itself may write anywhere. */
+Test(config, unwritable_root_is_refused_naming_root_user_and_errno) {
+  char root[PATH_MAX], sock[PATH_MAX];
+  o_path(root, sizeof root, "ro-root");
+  o_path(sock, sizeof sock, "ro.sock");
+  cr_assert_eq(mkdir(root, 0555), 0);
+  cr_assert_eq(chmod(H.base, 0755), 0); /* nobody must reach the root to be refused in it */
+  int as_root = geteuid() == 0;
+  const char *user = as_root ? "'nobody' (uid 65534)" : "uid";
+  for (int check = 0; check < 2; check++) {
+    const char *mode = check ? "--check-config" : "--log-level=info"; /* a check, or a start */
+    int st = as_root ? o_run(out, sizeof out, NULL, "/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                             shardd_bin(), "--root", root, "--socket", sock, mode, (char *)NULL)
+                     : o_run(out, sizeof out, NULL, shardd_bin(), "--root", root, "--socket", sock, mode, (char *)NULL);
+    cr_assert(o_exited(st, 1), "%s: a root nobody may write was accepted (0x%x):\n%s", mode, st, out);
+    cr_assert(strstr(out, root) && strstr(out, user) && strstr(out, "cannot create a folder there") &&
+                  strstr(out, "(EACCES)"),
+              "%s: the refusal names the root, the user and the errno:\n%s", mode, out);
+  }
+  cr_assert(!h_exists(sock), "a refused daemon left its socket");
+  cr_assert_eq(chmod(root, 0755), 0);
+}
+
 /* ------------------------------------------------------------------------ *
  * Flags override the file
  * ------------------------------------------------------------------------ */

@@ -103,7 +103,7 @@ Test(deadlines, a_begin_for_a_just_committed_id_gets_exists, ONE_NODE) {
   shardd_save_opts o = {.save = "done", .dir = "done/2", .world_size = 1};
   int rc = shardd_begin(c, &o);
   cr_assert_eq(rc, SHARDD_E_EXISTS, "repeated begin: %s: %s", shardd_err_name(rc), shardd_last_error(c));
-  cr_assert(strstr(shardd_last_error(c), "has just committed"), "%s", shardd_last_error(c));
+  cr_assert(strstr(shardd_last_error(c), "save 'done' (dir 'done/2') has just committed to"), "%s", shardd_last_error(c));
   cr_assert_eq(save_count(), 0);
   /* Asking to overwrite is a new save (the same id to the same dir every step). */
   o.overwrite = 1;

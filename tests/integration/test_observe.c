@@ -170,11 +170,11 @@ Test(observe, save_in_flight_in_status_watch_and_metrics) {
   cr_assert(o_exited(st, 0), "%s", out);
   cr_assert(strstr(out, "SAVE "), "no table header:\n%s", out);
   cr_assert(strstr(out, "DONE"), "%s", out);
-  /* id, state, ranks begun 1/2, sealed 0/2, written 0 B of 512 B put, 0% */
+  /* id, state, ranks begun 1/2, sealed 0/2, written 0 B of 512 B put; no percentage while ranks declare */
   char *row = strstr(out, "\nstep-42 ");
   cr_assert_not_null(row, "no row for step-42:\n%s", out);
   cr_assert(strstr(row, " open ") && strstr(row, " 1/2 ") && strstr(row, " 0/2 ") && strstr(row, " 0 B ") &&
-                strstr(row, " 512 B ") && strstr(row, "0.0%"),
+                strstr(row, " 512 B ") && strstr(row, "declaring (0 of 2 ranks)") && !strstr(row, "%"),
             "row: %.200s", row);
   cr_assert(strstr(out, "clients: 2, regions: 0\n"), "%s", out);
 
@@ -189,8 +189,8 @@ Test(observe, save_in_flight_in_status_watch_and_metrics) {
   st = h_shardctl(out, sizeof out, "watch", "--count", "1", (char *)NULL);
   cr_assert(o_exited(st, 0), "%s", out);
   cr_assert(strstr(out, "1 save in flight"), "%s", out);
-  cr_assert(strstr(out, "step-42  open     [..............................]   0.0%  0 B / 512 B  sealed 0/2"),
-            "no progress bar for step-42:\n%s", out);
+  cr_assert(strstr(out, "step-42  open     declaring (0 of 2 ranks)  512 B put so far"),
+            "no declaring line for step-42:\n%s", out);
   cr_assert_null(strstr(out, "\033["), "escape codes although stdout is not a terminal:\n%s", out);
   st = h_shardctl(out, sizeof out, "watch", "--count", "3", "--interval", "0.05", (char *)NULL);
   cr_assert(o_exited(st, 0), "%s", out);
@@ -258,6 +258,18 @@ Test(observe, usage_errors_and_unreachable_daemon) {
   snprintf(gone, sizeof gone, "%s/nobody-here.sock", H.base);
   st = o_run(out, sizeof out, NULL, bin, "--socket", gone, "metrics", (char *)NULL);
   cr_assert(o_exited(st, 1) && strstr(out, "connect_failed") && strstr(out, "nobody-here.sock"), "%s", out);
+  /* Every command's own --help: its synopsis and description, not the whole list. */
+  const char *cmds[] = {"verify", "inspect", "status", "watch", "metrics", "abort", "rm"};
+  for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+    char head[64];
+    snprintf(head, sizeof head, " %s", cmds[i]);
+    st = h_shardctl(out, sizeof out, cmds[i], "--help", (char *)NULL);
+    cr_assert(o_exited(st, 0) && !strncmp(out, "usage: shardctl", 15) && strstr(out, head) &&
+                  !strstr(out, "Daemon commands:") && strlen(out) > 60,
+              "shardctl %s --help:\n%s", cmds[i], out);
+  }
+  st = h_shardctl(out, sizeof out, "frob", "--help", (char *)NULL);
+  cr_assert(o_exited(st, 2) && strstr(out, "unknown command 'frob'"), "%s", out);
 }
 
 /* ------------------------------------------------------------------------ *
