@@ -14,6 +14,7 @@ from ._client import refusal
 from ._dtensor import box_views, dtensor_boxes, is_dtensor, tensor_identity
 from ._hf_convert import piece_parts
 from ._load import Checkpoint
+from ._nested import STATE_FILE, dotted, flatten, read_state, restore
 from ._tensors import dtype_name
 
 __all__ = ["load_state_dict", "IncompatibleKeys", "converted", "fill_box"]
@@ -118,10 +119,26 @@ def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
     a ShardError "bad_checksum" names the damaged file (or says the
     checkpoint records no checksums). It costs a read of every byte of every
     file on each rank that asks, not only the rank's own boxes.
+
+    A nested state dict (a whole training checkpoint, as save_state_dict
+    takes it) is filled the same way: its tensors in place, its plain values
+    (steps, param_groups) set in their dicts from shardd_state.json.
     """
     import torch
 
     dir = os.fspath(dir)
+    nested = state_dict
+    state_dict, plain = flatten(nested)
+    stored = {}
+    if plain:
+        # The plain values (steps, param_groups) of a whole training checkpoint, checked with the
+        # tensors and set once they are filled; a checkpoint without the file lacks every one.
+        where = os.path.join(dir, STATE_FILE)
+        try:
+            with open(where, "rb") as f:
+                stored = read_state(f.read(), where)
+        except FileNotFoundError:
+            pass
     held_as = converted(model, state_dict)
     with Checkpoint(dir) as ck:
         plan, missing, wrong, wanted = [], [], [], set(state_dict)
@@ -144,6 +161,9 @@ def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
             wanted.update(source for source, _ in held)
             plan.append((group[0], value, held))
         unexpected = [n for n in ck.names() if n not in wanted]
+        wanted_plain = [path for path, _ in plain]
+        missing += [dotted(p) for p in wanted_plain if p not in stored]
+        unexpected += [dotted(p) for p in stored if p not in set(wanted_plain)]
         problems = list(wrong)
         if strict and missing:
             problems.append("missing from the checkpoint: " + ", ".join(map(repr, missing)))
@@ -163,4 +183,5 @@ def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
         with torch.no_grad():
             for source, view, start, count in fills:
                 fill_box(ck, source, view, start, count)
+        restore(nested, stored, [p for p in wanted_plain if p in stored])
     return IncompatibleKeys(missing, unexpected)

@@ -5,6 +5,7 @@ refused or dropped, all before the daemon hears of the save."""
 import torch
 
 from ._client import refusal
+from ._nested import STATE_FILE, flatten, state_file
 from ._dtensor import PartialPlacementError, box_views, dtensor_boxes, is_dtensor, tensor_identity
 from ._save import save
 from ._tensors import Slice
@@ -81,7 +82,7 @@ def state_dict_tensors(state_dict, tied=None):
     return out
 
 
-def save_state_dict(state_dict, dir, tied=None, **kwargs):
+def save_state_dict(state_dict, dir, tied=None, files=None, **kwargs):
     """shardd.save(state_dict_tensors(state_dict, tied), dir, **kwargs): one call per rank per checkpoint.
 
     Every rank calls it with its own state dict (model.state_dict(), or
@@ -89,5 +90,15 @@ def save_state_dict(state_dict, dir, tied=None, **kwargs):
     boxes from its DTensors' specs. Everything is checked before the daemon
     hears of the save, so a refusal (a Partial DTensor, tied names) leaves
     nothing behind. Takes every option of shardd.save (wait=False, timeout,
-    max_shard_size, metadata, files, ...)."""
-    return save(state_dict_tensors(state_dict, tied), dir, **kwargs)
+    max_shard_size, metadata, files, ...).
+
+    A whole training checkpoint may be nested (torchtitan's {"model",
+    "optimizer", "train_state"}, get_optimizer_state_dict's form): its
+    tensors are saved under dotted names (a top-level "model" dict's under its
+    own names, as from_pretrained expects them) and its other values (steps,
+    learning rates, param_groups) into shardd_state.json in the same save."""
+    tensors, plain = flatten(state_dict)
+    if plain:
+        files = dict(files or {})
+        files[STATE_FILE] = state_file(plain)
+    return save(state_dict_tensors(tensors, tied), dir, files=files, **kwargs)

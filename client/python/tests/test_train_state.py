@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+# Whole training checkpoints through save_state_dict/load_state_dict: model, optimizer and train state nested, saved under FSDP2, resumed under FSDP2 (same loss curve, bit for bit) and under TP.
+"""Real gloo ranks train a tiny Llama with AdamW for 3 steps under FSDP2 x 2,
+save {"model": get_model_state_dict, "optimizer": get_optimizer_state_dict,
+"train_state": {"step", "losses"}} in one save, and train 3 more steps. A
+fresh FSDP2 x 2 world loads it into other weights and a fresh optimizer and
+trains the same 3 steps: the losses equal the uninterrupted run's bit for bit.
+A TP x 2 world loads it too: every model and optimizer tensor equals the
+saved one bit for bit, and the step and param_groups come back. The model's
+tensors keep their HF names, so from_pretrained of the folder gives the
+trained weights; the optimizer's are in the index and pass verify --deep.
+A plain value that is not JSON-able is refused by name before anything is sent.
+
+Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6
+or transformers. `--worker JSON` is one rank.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+try:
+    import torch
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+    import test_hf
+except (ImportError, SystemExit) as e:
+    print("torch >= 2.6 or transformers is missing (%s): skipping" % e)
+    sys.exit(77)
+
+import suite
+import shardd.torch as st
+from test_binding import Daemon
+from torch_world import WAIT, answer, init, run_world
+
+MODEL = "llama-f32"
+
+
+def train_step(m, opt, step):
+    """One step on a batch every rank and layout sees alike; the loss as exact hex."""
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, 200, (2, 8), generator=g)
+    loss = m(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.item().hex()
+
+
+def digest(sd):
+    """One hash over every tensor of a nested state dict, whole (DTensors gathered), by name."""
+    h = hashlib.sha256()
+
+    def walk(prefix, v):
+        if isinstance(v, dict):
+            for k in sorted(v, key=str):
+                walk(prefix + "." + str(k), v[k])
+        elif isinstance(v, torch.Tensor):
+            t = test_hf.full(v).detach().contiguous()
+            h.update(prefix.encode() + str(t.dtype).encode() + t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    walk("", sd)
+    return h.hexdigest()
+
+
+def whole(m, opt, step):
+    return {"model": get_model_state_dict(m), "optimizer": get_optimizer_state_dict(m, opt),
+            "train_state": {"step": step, "lr": opt.param_groups[0]["lr"]}}
+
+
+def worker(args):
+    rank, world = init()
+    layout, out = args["layout"], {}
+    seed = 1234 if args["mode"] == "save" else 99
+    m = test_hf.parallelize(test_hf.build(MODEL, seed), layout, world)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    if args["mode"] == "save":
+        out["losses"] = [train_step(m, opt, s) for s in (1, 2, 3)]
+        sd = whole(m, opt, 3)
+        st.save_state_dict(sd, args["dir"], timeout=WAIT, max_shard_size="100KB", files={"config.json": m.config.to_json_string()})
+        out["digest"], out["model_digest"] = digest(sd), digest({"model": sd["model"]})
+        out["later"] = [train_step(m, opt, s) for s in (4, 5, 6)]
+        try:
+            st.save_state_dict({"model": get_model_state_dict(m), "extra": {"when": object()}}, "refused",
+                               timeout=WAIT)
+            out["refused"] = None
+        except TypeError as e:
+            out["refused"] = str(e)
+        return out
+    sd = whole(m, opt, 0)
+    sd["train_state"]["lr"] = 0.5
+    st.load_state_dict(args["path"], sd)
+    set_model_state_dict(m, sd["model"])
+    set_optimizer_state_dict(m, opt, sd["optimizer"])
+    out["step"], out["lr"] = sd["train_state"]["step"], sd["train_state"]["lr"]
+    out["digest"] = digest(whole(m, opt, out["step"]))
+    out["later"] = [train_step(m, opt, s) for s in (4, 5, 6)]
+    return out
+
+
+class TrainState(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.stop()
+
+    def test_save_kill_resume(self):
+        env = {"SHARDD_SOCKET": self.d.socket}
+        saved = run_world(__file__, 2, {"layout": "fsdp2", "mode": "save", "dir": "run/step-3"}, env)
+        path = os.path.join(self.d.root, "run", "step-3")
+        self.assertEqual(saved[0]["digest"], saved[1]["digest"])
+        self.assertIn("'extra']['when'] is a object", saved[0]["refused"])
+        self.assertFalse(os.path.exists(os.path.join(self.d.root, "refused")))
+        # The model's weights under their own names: from_pretrained reads them (the optimizer's
+        # tensors beside them are keys it does not know, and leaves alone).
+        from transformers import AutoModelForCausalLM
+        files = os.listdir(path)
+        self.assertIn("shardd_state.json", files)
+        index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
+        self.assertIn("model.layers.0.self_attn.q_proj.weight", index["weight_map"])
+        self.assertIn("optimizer.state.model.layers.0.self_attn.q_proj.weight.exp_avg", index["weight_map"])
+        p = subprocess.run([os.environ["SHARDCTL"], "verify", "--deep", path], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        back = AutoModelForCausalLM.from_pretrained(path)
+        self.assertEqual(digest({"model": back.state_dict()}), saved[0]["model_digest"])
+        # The killed job's model at step 3, resumed from the checkpoint by a fresh world of the same
+        # layout: the same three next losses, bit for bit.
+        again = run_world(__file__, 2, {"layout": "fsdp2", "mode": "resume", "path": path}, env)
+        self.assertEqual([r["later"] for r in again], [r["later"] for r in saved])
+        self.assertEqual(again[0]["digest"], saved[0]["digest"])
+        self.assertEqual((again[0]["step"], again[0]["lr"]), (3, 1e-2))
+        # Another layout: every model and optimizer tensor as saved, and the plain values.
+        tp = run_world(__file__, 2, {"layout": "tp2", "mode": "resume", "path": path}, env)
+        self.assertEqual(tp[0]["digest"], saved[0]["digest"])
+        self.assertEqual((tp[0]["step"], tp[0]["lr"]), (3, 1e-2))
+        # Not asserted: TP reduces in another order, so its next losses may differ in the last bits.
+        print("losses 4-6: uninterrupted %s, resumed %s; TP x 2 resumed the same tensors, then %s"
+              % tuple([float.fromhex(x) for x in r[0]["later"]] for r in (saved, again, tp)))
+
+
+def main():
+    return suite.run(__name__, lambda args: answer(worker(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
