@@ -99,22 +99,17 @@ def worker(args):
     return out
 
 
+D = None
+
+
 class TrainState(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.stop()
-
     def test_save_kill_resume(self):
-        env = {"SHARDD_SOCKET": self.d.socket}
+        env = {"SHARDD_SOCKET": D.socket}
         saved = run_world(__file__, 2, {"layout": "fsdp2", "mode": "save", "dir": "run/step-3"}, env)
-        path = os.path.join(self.d.root, "run", "step-3")
+        path = os.path.join(D.root, "run", "step-3")
         self.assertEqual(saved[0]["digest"], saved[1]["digest"])
         self.assertIn("'extra']['when'] is a object", saved[0]["refused"])
-        self.assertFalse(os.path.exists(os.path.join(self.d.root, "refused")))
+        self.assertFalse(os.path.exists(os.path.join(D.root, "refused")))
         # The model's weights under their own names: from_pretrained reads them (the optimizer's
         # tensors beside them are keys it does not know, and leaves alone).
         from transformers import AutoModelForCausalLM
@@ -143,7 +138,11 @@ class TrainState(unittest.TestCase):
 
 
 def main():
-    return suite.run(__name__, lambda args: answer(worker(args)))
+    def daemons():
+        global D
+        D = Daemon()
+        return [D]
+    return suite.run(__name__, lambda args: answer(worker(args)), daemons=daemons)
 
 
 if __name__ == "__main__":
