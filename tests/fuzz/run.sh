@@ -43,7 +43,7 @@ san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fram
 cflags=(-std=gnu11 -g -O1 -Wall -Wextra -Iinclude -Iproto -Idaemon -D_GNU_SOURCE
         $(pkg-config --cflags jansson) $(pkg-config --cflags libuv) $(pkg-config --cflags libcrypto))
 libs=($(pkg-config --libs jansson) $(pkg-config --libs libcrypto) $(pkg-config --libs libisal 2>/dev/null || echo -lisal) -lm)
-daemon_srcs=(pathsafe peer_frame peer_auth)
+daemon_srcs=(pathsafe log peer_frame peer_auth)
 
 # Everything is recompiled when any source or header they include changed
 # (a stale object built against an old struct layout would fake crashes).
@@ -51,7 +51,7 @@ stamp="$out/obj/.stamp"
 objs=()
 for s in "${proto_srcs[@]}"; do objs+=("$out/obj/$s.o"); done
 for s in "${daemon_srcs[@]}"; do objs+=("$out/obj/$s.o"); done
-if [ ! -f "$stamp" ] || [ -n "$(find proto include daemon/pathsafe.c daemon/peer_frame.c daemon/peer_auth.c \
+if [ ! -f "$stamp" ] || [ -n "$(find proto include daemon/pathsafe.c daemon/log.c daemon/peer_frame.c daemon/peer_auth.c \
                                   daemon/*.h tests/fuzz/run.sh \
                                   -newer "$stamp" -type f -print -quit)" ]; then
   rm -f "$stamp"
