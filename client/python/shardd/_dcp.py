@@ -9,23 +9,27 @@ shardd save (its boxes are DCP's chunks; DCP's planner already gave each
 replicated tensor to one rank), so the checkpoint is the final HF layout
 the moment it commits, its files following the state dict's order as
 save_pretrained's do: no per-rank files, no second pass, no consolidation. DCP's planning exchanges only metadata, never tensor bytes.
-The reader describes a shardd or save_pretrained folder to DCP as one chunk
-per tensor and serves each rank's boxes through the strict reader.
+DCP's bytes items (the values that are not tensors: steps, schedulers, RNG
+states) go into one file per rank that holds any, in the same save
+(_dcp_bytes.py). The reader describes a shardd or save_pretrained folder to
+DCP as one chunk per tensor (and those bytes items) and serves each rank's
+boxes through the strict reader.
 """
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 
 import torch
 from torch.distributed.checkpoint import StorageReader as _Reader
 from torch.distributed.checkpoint import StorageWriter as _Writer
-from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, TensorProperties,
-                                                   TensorStorageMetadata)
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   TensorProperties, TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ._client import refusal
+from ._dcp_bytes import BYTES_FILE, bytes_file, read_bytes_files
 from ._load import Checkpoint, torch_dtype
 from ._save import save
 from ._hf_convert import piece_parts
@@ -59,13 +63,6 @@ class StorageWriter(_Writer):
         pass  # every rank does the same: the daemons coordinate among themselves
 
     def prepare_local_plan(self, plan):
-        # Refused here, before any rank writes: DCP carries the error to every rank.
-        stray = sorted(item.index.fqn for item in plan.items if item.type == WriteItemType.BYTE_IO)
-        if stray:
-            raise refusal("invalid_argument", "shardd writes tensors only (safetensors has no place for "
-                          "other values): %s %s not a tensor; put them in metadata= or files=, or leave "
-                          "them out of the state dict" % (", ".join(map(repr, stray)),
-                                                          "is" if len(stray) == 1 else "are"))
         # The state dict's order, seen before DCP drops replicas from all but one rank.
         order = list(dict.fromkeys(item.index.fqn for item in plan.items))
         return dataclasses.replace(plan, storage_data={"shardd_order": order})
@@ -80,15 +77,25 @@ class StorageWriter(_Writer):
         return [dataclasses.replace(plan, storage_data={"shardd_index": merged}) for plan in plans]
 
     def write_data(self, plan, planner):
-        tensors, results = {}, []
+        tensors, results, items = {}, [], {}
         for item in plan.items:
             data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                # A step, a scheduler, an RNG state: into this rank's file beside the shards.
+                items[item.index.fqn] = data.getvalue()
+                results.append(WriteResult(index=item.index, size_in_bytes=len(items[item.index.fqn]),
+                                           storage_data=None))
+                continue
             chunk, size = item.tensor_data.chunk, item.tensor_data.size
             tensors.setdefault(item.index.fqn, []).append(Slice(data, tuple(size), tuple(chunk.offsets)))
             results.append(WriteResult(index=item.index, size_in_bytes=data.numel() * data.element_size(),
                                        storage_data=None))
         # Ranks hold different names once DCP has deduplicated replicas: the coordinator's indices.
-        save(tensors, self.dir, ordered=plan.storage_data["shardd_index"], **self.options)
+        options = dict(self.options)
+        if items:
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            options["files"] = dict(options.get("files") or {}, **{BYTES_FILE % rank: bytes_file(items)})
+        save(tensors, self.dir, ordered=plan.storage_data["shardd_index"], **options)
         return _done(results)
 
     def finish(self, metadata, results):
@@ -114,6 +121,7 @@ class StorageReader(_Reader):
         self.path = os.fspath(path)
         self.model = model
         self.held_as = {}
+        self.byte_items = None  # DCP's bytes items, {fqn: bytes}, read with the metadata
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
@@ -138,6 +146,8 @@ class StorageReader(_Reader):
                 entries[name] = TensorStorageMetadata(
                     properties=TensorProperties(dtype=torch_dtype(info.dtype)), size=shape,
                     chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)])
+        self.byte_items = read_bytes_files(self.path)
+        entries.update({fqn: BytesStorageMetadata() for fqn in self.byte_items})
         return Metadata(state_dict_metadata=entries)
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
@@ -152,9 +162,11 @@ class StorageReader(_Reader):
     def read_data(self, plan, planner):
         with Checkpoint(self.path) as ck:
             for item in plan.items:
-                if item.type != LoadItemType.TENSOR:
-                    raise refusal("invalid_argument", "%s holds tensors only, not %r"
-                                  % (self.path, item.dest_index.fqn))
+                if item.type == LoadItemType.BYTE_IO:
+                    if self.byte_items is None:
+                        self.byte_items = read_bytes_files(self.path)
+                    planner.load_bytes(item, io.BytesIO(self.byte_items[item.storage_index.fqn]))
+                    continue
                 name = item.storage_index.fqn
                 start, count = tuple(item.storage_offsets), tuple(item.lengths)
                 target = planner.resolve_tensor(item).detach()

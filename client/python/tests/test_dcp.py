@@ -5,8 +5,11 @@ and dcp.async_save through shardd.torch.StorageWriter, under FSDP2 x 4 and
 TP x 2 (the TP world loads the FSDP2 checkpoint and the other way round,
 through StorageReader), and a save_pretrained folder is loaded by dcp.load
 too. Every checkpoint is read back with safetensors and compared bit for
-bit with the unsharded model; a state dict holding a non-tensor value is
-refused by name before anything is written.
+bit with the unsharded model. Each layout also saves DCP's standard
+training checkpoint ({model, optim, step, lr_scheduler, rng}: DCP's bytes
+items in files beside the shards, in the same save) with dcp.save and
+dcp.async_save, and loads it into a fresh model and optimizer: every tensor
+bit-equal, the step, the scheduler's lr and the RNG state back.
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6,
 transformers or safetensors. `--worker JSON` is one rank.
@@ -52,11 +55,44 @@ def worker(args):
         dcp.load(sd2, storage_reader=st.StorageReader(os.path.join(args["from"], name)))
         ref = test_hf._ref_tensors(args["ref"], name)
         out[name] = {k: raw(test_hf.full(v)) == raw(ref[k]) for k, v in sd2.items()}
-    try:
-        dcp.save({"w": torch.ones(2), "epoch": "three"}, storage_writer=st.StorageWriter("%s/bytes" % layout))
-        out["bytes"] = None
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
-        out["bytes"] = str(e)
+    out["whole"] = whole_training_state(layout, world)
+    return out
+
+
+def whole_training_state(layout, world):
+    """DCP's standard training checkpoint, {model, optim, step, lr_scheduler, rng}, saved with
+    dcp.save and dcp.async_save and loaded back into a fresh model and optimizer."""
+    from test_train_state import digest, train_step
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    def state(seed):
+        m = test_hf.parallelize(test_hf.build(MODEL, seed), layout, world)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return m, opt, sched
+
+    m, opt, sched = state(1234)
+    train_step(m, opt, 1)
+    sched.step()
+    torch.manual_seed(77)
+    sd = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt), "step": 1,
+          "lr_scheduler": sched.state_dict(), "rng": torch.get_rng_state()}
+    dcp.save(sd, storage_writer=st.StorageWriter("%s/whole" % layout, timeout=WAIT))
+    dcp.async_save(sd, storage_writer=st.StorageWriter("%s/whole-async" % layout, timeout=WAIT)).result()
+    out = {"saved": digest({"model": sd["model"], "optim": sd["optim"]})}
+    for suffix in ("", "-async"):
+        m2, opt2, sched2 = state(99)
+        sd2 = {"model": get_model_state_dict(m2), "optim": get_optimizer_state_dict(m2, opt2), "step": 0,
+               "lr_scheduler": sched2.state_dict(), "rng": torch.zeros_like(torch.get_rng_state())}
+        dcp.load(sd2, storage_reader=st.StorageReader(os.path.join(os.environ["SHARDD_ROOT"], layout,
+                                                                   "whole" + suffix)))
+        set_model_state_dict(m2, sd2["model"])
+        set_optimizer_state_dict(m2, opt2, sd2["optim"])
+        sched2.load_state_dict(sd2["lr_scheduler"])
+        out["loaded" + suffix] = {"digest": digest({"model": sd2["model"], "optim": sd2["optim"]}),
+                                  "step": sd2["step"], "lr": sched2.get_last_lr()[0],
+                                  "rng": torch.equal(sd2["rng"], sd["rng"])}
     return out
 
 
@@ -77,7 +113,7 @@ class DCP(unittest.TestCase):
         previous = self.ref
         for layout, world in (("fsdp4", 4), ("tp2", 2)):
             out = run_world(__file__, world, {"layout": layout, "ref": self.ref, "from": previous},
-                            {"SHARDD_SOCKET": self.d.socket})
+                            {"SHARDD_SOCKET": self.d.socket, "SHARDD_ROOT": self.d.root})
             for name in (MODEL, BF16):
                 ref = test_hf.shards(os.path.join(self.ref, name))
                 want = {k: b for t in ref.values() for k, b in t.items()}
@@ -88,8 +124,11 @@ class DCP(unittest.TestCase):
                 for rank, r in enumerate(out):
                     self.assertTrue(all(r[name].values()), (layout, name, rank, r[name]))
             for r in out:
-                self.assertIn("'epoch' is not a tensor", r["bytes"] or "")
-            self.assertFalse(os.path.exists(os.path.join(self.d.root, layout, "bytes")))
+                for suffix in ("", "-async"):
+                    self.assertEqual(r["whole"]["loaded" + suffix], {"digest": r["whole"]["saved"], "step": 1,
+                                                                     "lr": 5e-3, "rng": True}, (layout, suffix))
+            whole = os.listdir(os.path.join(self.d.root, layout, "whole"))
+            self.assertTrue(any(n.startswith("shardd_dcp_bytes.rank-") for n in whole), whole)
             print("%s: dcp.save and dcp.async_save bit-equal, dcp.load from %s bit-equal"
                   % (layout, os.path.basename(previous)))
             previous = os.path.join(self.d.root, layout)
