@@ -343,9 +343,8 @@ static void check_put_getters(const json_t *req) {
   get_bool(req, "deferred", 0, &b, &e);
 }
 
-static int op_put(const json_t *req, sd_error *err) {
-  const char *save = NULL;
-  if (get_str(req, "save", 1, &save, NULL, err) < 0) return err->code;
+/* A put's fields, of a put line or of one slice of a puts line. */
+static int put_fields(const json_t *req, sd_error *err) {
   check_put_getters(req);
   sd_req_tensor t;
   if (sd_req_tensor_parse(req, cfg_max_name, cfg_max_dims, &t, err) != 0) return err->code;
@@ -387,6 +386,34 @@ static int op_put(const json_t *req, sd_error *err) {
   return 0;
 }
 
+static int op_put(const json_t *req, sd_error *err) {
+  const char *save = NULL;
+  if (get_str(req, "save", 1, &save, NULL, err) < 0) return err->code;
+  return put_fields(req, err);
+}
+
+/* Each slice as its own put; the first refused is named by its place. */
+static int op_puts(const json_t *req, sd_error *err) {
+  const char *save = NULL;
+  const json_t *slices = NULL;
+  size_t n = 0;
+  if (get_str(req, "save", 1, &save, NULL, err) < 0 || sd_req_puts_slices(req, &slices, &n, err) != 0)
+    return err->code;
+  FUZZ_CHECK(json_is_array(slices) && n == json_array_size(slices) && n <= SD_PUTS_MAX, "puts let %zu slices through",
+             n);
+  for (size_t k = 0; k < n; k++) {
+    const json_t *slice = json_array_get(slices, k);
+    FUZZ_CHECK(json_is_object(slice), "slice %zu is not an object", k);
+    if (put_fields(slice, err) == 0) continue;
+    char want[32];
+    snprintf(want, sizeof want, "slices[%zu]: ", k);
+    sd_req_in_batch(err, k, json_string_value(json_object_get(slice, "name")));
+    FUZZ_CHECK(strncmp(err->msg, want, strlen(want)) == 0, "a refused slice not named by its place: %s", err->msg);
+    return err->code;
+  }
+  return 0;
+}
+
 static int op_file(const json_t *req, sd_error *err) {
   const char *save = NULL, *path = NULL, *data = NULL;
   size_t dlen = 0, got = 0;
@@ -418,7 +445,7 @@ static const struct {
 } ops[] = {
     {"hello", op_hello}, {"attach", op_attach},    {"detach", op_detach},      {"begin", op_begin},
     {"put", op_put},     {"file", op_file},        {"seal", op_save_only},     {"wait", op_save_only},
-    {"abort", op_save_only}, {"status", op_status},
+    {"abort", op_save_only}, {"status", op_status}, {"puts", op_puts},
 };
 
 /* sd_ops_dispatch without the daemon. */

@@ -53,6 +53,12 @@ lines = {
     "put-f4": b'{"op":"put","save":"s","name":"w","dtype":"F4","shape":[2],"region":1,"offset":0}',
     "put-ctrl-name": b'{"op":"put","save":"s","name":"a\\u0007b","dtype":"U8","shape":[1],"data":"AA=="}',
     "put-metadata-name": b'{"op":"put","save":"s","name":"__metadata__","dtype":"U8","shape":[1],"data":"AA=="}',
+    "puts-mixed": b'{"op":"puts","save":"s","slices":[{"name":"a","dtype":"F32","shape":[4],"region":1,"offset":0,"index":0},'
+                  b'{"name":"b","dtype":"BF16","shape":[2,3],"start":[1,0],"count":[1,3],"data":"gECgQMBA"},'
+                  b'{"name":"c","dtype":"U8","shape":[3],"start":[3],"count":[0],"deferred":true,"region":1,"offset":9}]}',
+    "puts-bad-slice": b'{"op":"puts","save":"s","slices":[{"name":"a","dtype":"U8","shape":[1],"data":"AA=="},'
+                      b'{"name":"__metadata__","dtype":"U8","shape":[1],"data":"AA=="},7]}',
+    "puts-not-array": b'{"op":"puts","save":"s","slices":{"name":"a"}}',
     "file-bad-path": b'{"op":"file","save":"s","path":"../x","data":""}',
     "dup-keys": b'{"op":"seal","save":"a","save":"b"}',
     "nul-escape": b'{"op":"wait","save":"a\\u0000b"}',
