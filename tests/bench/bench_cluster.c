@@ -172,10 +172,10 @@ typedef struct {
   shardd_arena *a;
 } rank_t;
 
-/* Rank r declares its boxes of every tensor it holds (empty ones too, as FSDP2 does today) in one
- * pipelined batch, its bytes in its arena, then seals. */
+/* Rank r (begun) declares its boxes of every tensor it holds (empty ones too, as FSDP2 does today)
+ * with put_many, its bytes in its arena, then seals. */
 static int rank_save(const options *o, const cm_model *m, rank_t *rk, int r, int nodes, int per_node,
-                     const shardd_save_opts *base_opts, size_t *declared, char *err, size_t en) {
+                     const char *save, size_t *declared, char *err, size_t en) {
   size_t n = m->n, k = 0;
   shardd_tensor_desc *d = malloc(n * sizeof *d);
   uint64_t *box = malloc(n * 4 * sizeof *box), *off = malloc(n * sizeof *off);
@@ -202,13 +202,9 @@ static int rank_save(const options *o, const cm_model *m, rank_t *rk, int r, int
   }
   uint8_t *p = shardd_arena_data(rk->a);
   for (uint64_t i = 0; i < at; i += 4096) p[i] = (uint8_t)(r + i / 4096); /* touched, and not all zero */
-  shardd_save_opts so = *base_opts;
-  so.rank = r;
-  so.node_rank = r / per_node;
   size_t failed = 0;
-  if ((rc = shardd_begin(rk->c, &so)) != 0 ||
-      (k && (rc = shardd_put_many(rk->c, so.save, d, off, k, rk->a, 0, &failed)) != 0) ||
-      (rc = shardd_seal(rk->c, so.save)) != 0) {
+  if ((k && (rc = shardd_put_many(rk->c, save, d, off, k, rk->a, 0, &failed)) != 0) ||
+      (rc = shardd_seal(rk->c, save)) != 0) {
     snprintf(err, en, "rank %d: %s: %s", r, shardd_err_name(rc), shardd_last_error(rk->c));
     goto out;
   }
@@ -276,14 +272,28 @@ static void run_point(const options *o, const cm_model *m, int nodes, int per_no
   shardd_save_opts so = {.save = "cluster", .dir = "deepseek-v3", .world_size = (uint32_t)world,
                          .max_shard_size = mss ? mss : 1, .nnodes = (uint32_t)nodes, .leader = leader};
   double t_first = now_real(), t_seal = 0;
+  /* Every rank begins first, as a job's ranks reach a save at about the same time (one process
+   * declaring them one after another would otherwise look like ranks that never came, past
+   * join_timeout); then they declare and seal in turn, one rank of each node after another, so
+   * no node's ranks sit silent past idle_timeout while the others are served. */
   for (int r = 0; r < world; r++) {
+    shardd_save_opts ro = so;
+    ro.rank = (uint32_t)r;
+    ro.node_rank = (uint32_t)(r / per_node);
     int rc = shardd_connect(dm[r / per_node].sock, &rk[r].c);
-    if (rc != 0 || rank_save(o, m, &rk[r], r, nodes, per_node, &so, &pt->declared, pt->err, sizeof pt->err) != 0) {
-      if (rc != 0) snprintf(pt->err, sizeof pt->err, "rank %d: connect: %s", r, shardd_last_error(NULL));
+    if (rc == 0) rc = shardd_begin(rk[r].c, &ro);
+    if (rc != 0) {
+      snprintf(pt->err, sizeof pt->err, "rank %d: %s: %s", r, shardd_err_name(rc),
+               rk[r].c ? shardd_last_error(rk[r].c) : shardd_last_error(NULL));
       goto out;
     }
-    t_seal = now_real();
   }
+  for (int j = 0; j < per_node; j++)
+    for (int k = 0; k < nodes; k++) {
+      int r = k * per_node + j;
+      if (rank_save(o, m, &rk[r], r, nodes, per_node, so.save, &pt->declared, pt->err, sizeof pt->err) != 0) goto out;
+      t_seal = now_real();
+    }
   pt->decl_s = t_seal - t_first;
   for (int r = 0; r < world; r++) {
     shardd_result res;
@@ -372,7 +382,7 @@ static void usage(FILE *f) {
           "over the ranks of a stage, the rest replicated). --fp8: F8_E4M3 linear weights with their F32\n"
           "weight_scale_inv (about 90k tensors). --layers L: the first L layers only (a small case).\n"
           "--check reads the published checkpoint back with the strict reader. Prints per N x R: the\n"
-          "ranks' declaration time (every rank, one after another, begin to seal), last seal to last\n"
+          "ranks' declaration time (every rank begun, then each declares and seals in turn), last seal to last\n"
           "assign (planning; -1 on one node, which plans alone), last seal to the last rank's committed,\n"
           "peer bytes received by the leader and sent by the busiest node and all nodes (forwarded tensor\n"
           "bytes excluded: the metadata), peak RSS (MiB) and CPU seconds of the leader and the busiest\n"
