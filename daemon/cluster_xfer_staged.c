@@ -240,7 +240,7 @@ static int collect_spans(sd_csave *cs, sd_xstaged *xs) {
     const sd_region *r = cs->slices[i].sl->region;
     if (!r) continue;
     if (SD_GROW(xs->spans, cap, xs->nspans + 1, 64)) return -1;
-    xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
+    xs->spans[xs->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin, cs->slices[i].sl->rank};
   }
   if (xs->nspans) qsort(xs->spans, xs->nspans, sizeof *xs->spans, span_cmp);
   size_t u = 0; /* one span per segment */

@@ -23,11 +23,15 @@ void sd_zero_copy_init(sd_zero_copy *d, sd_fill *f, int probe_fd, int gather) {
   d->plan = sd_fill_plan_zero_copy(f, SD_ZERO_COPY_MIN, &n);
   if (gather && mem && off) d->plan = sd_fill_plan_gather(f, d->plan, &n, mem, off, SD_ZERO_COPY_MIN, sd_test_gather_min_piece(SD_GATHER_MIN_PIECE));
   for (size_t i = 0; i < n && !d->giov; i++)
-    if (d->plan[i].gather && !(d->giov = malloc(SD_DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *d->giov))) {
+    if (d->plan[i].gather && (!(d->giov = malloc(2 * SD_DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *d->giov)) ||
+                              !(d->gbefore = malloc(SD_DIRECT_INFLIGHT * SD_GATHER_IOV * sizeof *d->gbefore)))) {
+      free(d->giov);
+      d->giov = NULL;
       free(d->plan); /* no memory for the iovecs: everything is staged */
       d->plan = NULL;
       n = 0;
     }
+  if (d->giov) d->gfirst = d->giov + SD_DIRECT_INFLIGHT * SD_GATHER_IOV;
   f->zc = d->plan;
   f->nzc = n;
 }
@@ -36,16 +40,35 @@ void sd_zero_copy_free(sd_zero_copy *d) {
   free(d->plan);
   d->plan = NULL;
   free(d->giov);
-  d->giov = NULL;
+  d->giov = d->gfirst = NULL;
+  free(d->gbefore);
+  d->gbefore = NULL;
 }
 
-sd_fill_piece *sd_zero_copy_next(sd_zero_copy *d, sd_fill *f) {
+sd_fill_piece *sd_zero_copy_next(sd_zero_copy *d, sd_fill *f, int *fresh) {
+  *fresh = 0;
   if (d->npredo) return &d->pieces[d->predo[--d->npredo]];
   if (!d->npfree) return NULL;
-  sd_fill_piece *pc = &d->pieces[d->pfree[d->npfree - 1]];
-  pc->iov = d->giov ? d->giov + (size_t)(pc - d->pieces) * SD_GATHER_IOV : NULL;
+  unsigned k = d->pfree[d->npfree - 1];
+  sd_fill_piece *pc = &d->pieces[k];
+  pc->iov = d->giov ? d->giov + (size_t)k * SD_GATHER_IOV : NULL;
   if (!sd_fill_next_zero_copy(f, SD_ZERO_COPY_PIECE, pc)) return NULL;
-  return &d->pieces[d->pfree[--d->npfree]];
+  d->npfree--;
+  *fresh = 1;
+  sd_zero_copy_first *first = &d->first[k];
+  *first = (sd_zero_copy_first){.file = pc->file, .off = pc->off, .len = pc->len, .src = pc->src, .niov = pc->niov,
+                                .before = &d->plain_before[k]};
+  if (pc->niov) {
+    struct iovec *keep = d->gfirst + (size_t)k * SD_GATHER_IOV;
+    memcpy(keep, pc->iov, (size_t)pc->niov * sizeof *keep);
+    first->iov = keep;
+    first->before = d->gbefore + (size_t)k * SD_GATHER_IOV;
+  }
+  return pc;
+}
+
+sd_zero_copy_first *sd_zero_copy_first_of(sd_zero_copy *d, const sd_fill_piece *pc) {
+  return &d->first[pc - d->pieces];
 }
 
 void sd_zero_copy_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io) {
@@ -60,6 +83,11 @@ void sd_zero_copy_io(const sd_fill *f, sd_fill_piece *pc, sd_io *io) {
   io->buf_index = sp && pc->len <= sp->len - (uint64_t)(pc->src - sp->base)
                       ? sd_pin_slot(sp->pin, sp->base, pc->src, pc->len)
                       : -1;
+}
+
+int sd_zero_copy_outcome(const sd_fill_piece *pc, int res, const sd_io *io, int can_buffer) {
+  if (res == -EINVAL && can_buffer) return io->done < pc->len ? 1 : 0;
+  return res < 0 ? res : 0;
 }
 
 int sd_zero_copy_complete(sd_zero_copy *d, sd_fill_piece *pc, int res, const sd_io *io, int can_buffer, uint64_t *wrote,

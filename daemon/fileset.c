@@ -148,37 +148,62 @@ static uint32_t chunk_share(const sd_fileset *s, const sd_chunk *c) {
   return lo < hi ? sd_crc32c_piece(c->buf + (lo - c->off), hi - lo, ff->size - hi) : 0;
 }
 
-/* The share of a zero-copy piece's first len bytes, read from the client's
- * segment on the loop. A plain piece is read once its write is done: the
- * write has mapped its pages (or its pin did), so the read takes no page
- * faults, and the disk is busy with the writes behind it meanwhile. A
- * gathered one is read before its write, which may advance its iovecs. A
- * segment the client shrank faults here as a staged copy would: guarded. */
-static int piece_share(sd_fileset *s, const sd_fill_piece *pc, uint64_t len) {
+/* A zero-copy piece goes out from the rank's own memory, which the rank can
+ * change while the ring writes it: a rank that writes into its arena after
+ * seal and before released. So its bytes are read (on the loop) before the
+ * write and again once all of it has gone out (after a resubmit, all of it
+ * again). Registers that differ mean the file may hold some of either: the
+ * set fails naming the rank, rather than record a checksum its file does not
+ * have. A change undone before the second read goes unseen. The second read
+ * gives the piece's share; its pages are mapped by then (the write mapped
+ * them, or the pin did). A segment the client shrank faults here as a staged
+ * copy would: guarded. */
+static int piece_read(sd_fileset *s, const sd_zero_copy_first *p, int after) {
   sigjmp_buf jb;
   if (sigsetjmp(jb, 1)) {
     sd_fileset_failf(s, SHARDD_E_IO, "%s%s%s: reading the bytes for offset %llu faulted (SIGBUS): a client's shared "
-                     "memory is shorter than when it was attached", FS_PATH(s, pc->file),
-                     (unsigned long long)(s->f[pc->file].base + pc->off));
+                     "memory is shorter than when it was attached", FS_PATH(s, p->file),
+                     (unsigned long long)(s->f[p->file].base + p->off));
     return -1;
   }
   sd_bus_guard = &jb;
-  uint32_t reg = 0;
-  if (pc->niov)
-    for (int i = 0; i < pc->niov; i++) reg = sd_crc32c_run(reg, pc->iov[i].iov_base, pc->iov[i].iov_len);
-  else
-    reg = sd_crc32c_run(0, pc->src, len);
+  int n = p->niov ? p->niov : 1, bad = -1;
+  uint32_t whole = 0;
+  uint64_t pos = 0, bad_pos = 0;
+  for (int i = 0; i < n; i++) {
+    const uint8_t *src = p->niov ? p->iov[i].iov_base : p->src;
+    uint64_t len = p->niov ? p->iov[i].iov_len : p->len;
+    uint32_t reg = sd_crc32c_run(0, src, len);
+    if (!after) {
+      p->before[i] = reg;
+    } else {
+      if (reg != p->before[i] && bad < 0) bad = i, bad_pos = pos;
+      whole = sd_crc32c_shift(whole, len) ^ reg;
+    }
+    pos += len;
+  }
   sd_bus_guard = NULL;
-  s->r.sums[pc->file] ^= sd_crc32c_shift(reg, s->r.files[pc->file].size - (pc->off + len));
+  if (!after) return 0;
+  if (bad >= 0) {
+    const uint8_t *src = p->niov ? p->iov[bad].iov_base : p->src;
+    const sd_shm_span *sp = sd_span_find(s->r.spans, s->r.nspans, src);
+    sd_fileset_failf(s, SHARDD_E_BAD_STATE, "save '%s': rank %u changed its memory while the daemon was writing it "
+                     "(%s%s%s at offset %llu, from offset %llu of its segment): a rank must leave its arena alone "
+                     "from seal until the save is released", s->r.tag, sp ? sp->rank : 0, FS_PATH(s, p->file),
+                     (unsigned long long)(s->f[p->file].base + p->off + bad_pos),
+                     (unsigned long long)(sp ? (uint64_t)(src - sp->base) : 0));
+    return -1;
+  }
+  s->r.sums[p->file] ^= sd_crc32c_shift(whole, s->r.files[p->file].size - (p->off + p->len));
   return 0;
 }
 
 /* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
 static int zero_copy_next(sd_fileset *s, sd_io *io) {
-  int fresh = s->zc.npredo == 0; /* a resubmitted rest was counted when it first went out */
-  sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill);
+  int fresh;
+  sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill, &fresh);
   if (!pc) return 0;
-  if (fresh && pc->niov && s->r.sums && piece_share(s, pc, pc->len) < 0) return 0;
+  if (fresh && s->r.sums && piece_read(s, sd_zero_copy_first_of(&s->zc, pc), 0) < 0) return 0;
   fs_file *ff = &s->f[pc->file];
   sd_zero_copy_io(&s->fill, pc, io);
   io->count = sd_io_count_of(ff->odirect);
@@ -280,11 +305,11 @@ static void zero_copy_complete(sd_fileset *s, const sd_io *io, int res) {
   sd_fill_piece *pc = io->req;
   fs_file *ff = &s->f[pc->file];
   uint64_t done;
-  int buffered;
-  /* what went out is hashed before its pages leave the daemon's page tables */
-  uint64_t out = res >= 0 ? pc->len : res == -EINVAL ? io->done : 0;
-  if (s->r.sums && !pc->niov && out && !s->failed) piece_share(s, pc, out);
-  res = sd_zero_copy_complete(&s->zc, pc, res, io, ff->odirect && !stopped(s), &done, &buffered);
+  int buffered, can_buffer = ff->odirect && !stopped(s);
+  /* read again once all of it went out, before its pages leave the daemon's page tables */
+  if (s->r.sums && !s->failed && sd_zero_copy_outcome(pc, res, io, can_buffer) == 0)
+    piece_read(s, sd_zero_copy_first_of(&s->zc, pc), 1);
+  res = sd_zero_copy_complete(&s->zc, pc, res, io, can_buffer, &done, &buffered);
   s->ops_left -= done;
   if (buffered) go_buffered(s, pc->file);
   if (res == 1) {

@@ -60,12 +60,12 @@ static int op_cmp(const void *a, const void *b) {
 }
 
 /* The writer reads shared memory through the region's descriptor. */
-static int add_span(sd_planned *p, const sd_region *r, size_t *cap) {
+static int add_span(sd_planned *p, const sd_region *r, uint32_t rank, size_t *cap) {
   if (p->nspans && p->spans[p->nspans - 1].base == r->base) return 0;
   for (size_t i = 0; i < p->nspans; i++)
     if (p->spans[i].base == r->base) return 0;
   if (SD_GROW(p->spans, *cap, p->nspans + 1, 8)) return SHARDD_E_NO_MEMORY;
-  p->spans[p->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin};
+  p->spans[p->nspans++] = (sd_shm_span){r->base, r->size, r->fd, r->sealed, r->pin, rank};
   return 0;
 }
 
@@ -122,7 +122,7 @@ static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd
       c.file = loc->file;
       c.src = sl->region ? sl->region->base + sl->offset : sl->data;
       c.shared = sl->region != NULL;
-      int rc = sl->region ? add_span(p, sl->region, &span_cap) : 0;
+      int rc = sl->region ? add_span(p, sl->region, sl->rank, &span_cap) : 0;
       if (!rc) rc = sd_box_runs(t->ndim, t->shape, esize, &b, loc->file_offset, add_run, &c);
       if (rc) return sd_fail(err, rc, "out of memory planning the writes of tensor '%s'", t->name);
     }

@@ -38,6 +38,7 @@ typedef struct {
   int fd;
   int sealed;              /* sd_region.sealed: it can never be shorter than len */
   int pin;                 /* sd_region.pin: registered with the ring (0: not) */
+  uint32_t rank;           /* whose segment it is, for messages */
 } sd_shm_span;
 
 /* Pure: the span of spans (n of them, sorted by base, none overlapping) that

@@ -92,7 +92,7 @@ static void interleaved_rows(unsigned threads, int with_span) {
   cr_assert_not_null(bytes);
   for (size_t i = 0; i < seg; i++) m[i] = bytes[i] = (uint8_t)(fr_rnd() | 1);
   fc_split_rows(&c, R, W, m, bytes);
-  sd_shm_span span = {m, seg, fd, 0, 0};
+  sd_shm_span span = {m, seg, fd, 0, 0, 0};
   publish_ok(&c, "rows", with_span ? &span : NULL);
   expect_trips(threads);
   cr_expect(!memcmp(m, bytes, seg), "the segment's bytes changed");
@@ -125,14 +125,14 @@ static void sealed_rows(unsigned threads, int seal) {
   fc_ckpt c;
   fc_init_even(&c, 1, seg, seg, m, 0); /* the file's bytes; the ops are replaced below */
   sd_region *reg = NULL;
-  sd_shm_span span = {m, seg, fd, 0, 0};
+  sd_shm_span span = {m, seg, fd, 0, 0, 0};
   if (seal) {
     cr_assert_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL), 0);
     sd_error err;
     cr_assert_eq(sd_region_adopt(dup(fd), &reg, &err), 0, "%s", err.msg);
     cr_assert(reg->sealed, "a tmpfs memfd with F_SEAL_SHRINK is sealed");
     cr_expect_eq(sd_region_check(reg, &err), 0);
-    span = (sd_shm_span){reg->base, reg->size, reg->fd, reg->sealed, reg->pin};
+    span = (sd_shm_span){reg->base, reg->size, reg->fd, reg->sealed, reg->pin, 0};
     cr_expect_neq(ftruncate(fd, (off_t)seg / 2), 0, "the seal refuses a shrink");
   }
   fc_split_rows(&c, R, W, span.base, m);
@@ -349,7 +349,7 @@ Test(copies, fileset_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
     fc_ckpt c;
     fc_init_even(&c, 1, len, 150000, m, SD_WOP_SHARED);
     cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
-    sd_shm_span span = {m, len, fd, 0, 0};
+    sd_shm_span span = {m, len, fd, 0, 0, 0};
     fj_outcome o = {0};
     int fds[1];
     run_fileset(&c, with_span ? &span : NULL, NULL, 0, &o, fds);

@@ -378,7 +378,7 @@ Test(staging, interleaved_rows_read_through_the_segment, .init = setup, .fini = 
   uint64_t sizes[] = {seg};
   fc_init(&c, 1, sizes, 0, NULL, 0);
   fc_split_rows(&c, R, W, m, bytes);
-  sd_shm_span span = {m, seg, fd, 0, 0};
+  sd_shm_span span = {m, seg, fd, 0, 0, 0};
   fr_outcome o = {0};
   fc_publish(&c, "rows", &o, &span);
   cr_assert_eq(o.code, 0, "%s", o.msg);
@@ -400,7 +400,7 @@ Test(staging, a_shrunken_segment_reads_short, .init = setup, .fini = fr_teardown
   fc_ckpt c;
   fc_init(&c, 1, sizes, 50000, m, SD_WOP_SHARED);
   cr_assert_eq(ftruncate(fd, (off_t)(len / 4)), 0);
-  sd_shm_span span = {m, len, fd, 0, 0};
+  sd_shm_span span = {m, len, fd, 0, 0, 0};
   fr_outcome o = {0};
   fc_publish(&c, "short", &o, &span);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
