@@ -86,6 +86,16 @@ static int attach_fd(sd_session *s, json_t *req, sd_region **r, sd_error *err) {
 
 static void unpin_region(void *writer, int pin, uint64_t len) { sd_writer_unpin(writer, pin, len); }
 
+/* The pin is in: saves planned from now on write the region as fixed buffers
+ * (those planned before go on unpinned). The reference taken for the pin
+ * kept the mapping; the region may have been detached meanwhile, and its
+ * last reference then unpins it at once. */
+static void region_pinned(void *ud, int pin) {
+  sd_region *r = ud;
+  r->pin = pin;
+  sd_region_unref(r);
+}
+
 static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   const char *name = NULL;
@@ -111,10 +121,12 @@ static json_t *op_attach(sd_session *s, json_t *req, json_t *id) {
                          .trusted_gid = s->d->cfg->trusted_gid};
   if ((by_fd ? attach_fd(s, req, &r, &err) : sd_region_open(name, &peer, &r, &err)) != 0) return fail(id, &err);
   if (r->sealed && s->d->writer && !r->pin) {
-    /* Once per attach, not per save: a trainer saves the same arena every N steps. */
-    r->pin = sd_writer_pin(s->d->writer, (uint8_t *)r->base, r->size);
+    /* Once per attach, not per save: a trainer saves the same arena every N steps. Off the loop: pinning a
+     * sparse segment allocates all of it, seconds that would stall every other client. */
     r->unpin = unpin_region;
     r->unpin_ctx = s->d->writer;
+    sd_region_ref(r);
+    if (sd_writer_pin_start(s->d->writer, (uint8_t *)r->base, r->size, region_pinned, r) != 0) sd_region_unref(r);
   }
   uint32_t rid = 0;
   if (sd_region_table_add(&s->regions, r, &rid, &err) != 0) {

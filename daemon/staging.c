@@ -219,43 +219,56 @@ static void unregister_slots(sd_staging *s, unsigned first, unsigned n) {
     io_uring_register_buffers_update_tag(s->ring, s->max + first + i, none, NULL, n - i < 64 ? n - i : 64);
 }
 
-int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len) {
-  if (!s->pin_used || len == 0 || s->reg_failed) return 0;
+int sd_staging_pin_begin(sd_staging *s, uint8_t *base, uint64_t len, sd_pin_job *j) {
+  if (!s->pin_used || len == 0 || s->reg_failed) return -1;
   unsigned n = (unsigned)((len + SD_PIN_PIECE - 1) / SD_PIN_PIECE), first = 0, run = 0;
   for (unsigned i = 0; i < SD_PIN_SLOTS && run < n; i++) {
     run = s->pin_used[i] ? 0 : run + 1;
     if (run == 1) first = i;
   }
-  if (run < n) return 0;
-  uint64_t span = sd_align_up(len); /* the mapping's whole pages */
-  if (mprotect(base, span, PROT_READ | PROT_WRITE) != 0) return 0;
+  if (run < n) return -1;
+  memset(s->pin_used + first, 1, n); /* taken now: another pin running meanwhile picks other slots */
+  *j = (sd_pin_job){.base = base, .len = len, .first = first, .n = n};
+  return 0;
+}
+
+void sd_staging_pin_register(const sd_staging *s, sd_pin_job *j) {
+  uint64_t span = sd_align_up(j->len); /* the mapping's whole pages */
+  if (mprotect(j->base, span, PROT_READ | PROT_WRITE) != 0) {
+    j->rc = -errno;
+    return;
+  }
   struct iovec iov[64];
   int rc = 0;
-  unsigned done = 0;
-  while (done < n && rc >= 0) {
+  while (j->done < j->n && rc >= 0) {
     unsigned k = 0;
-    for (; k < 64 && done + k < n; k++) {
-      uint64_t at = (uint64_t)(done + k) * SD_PIN_PIECE;
-      iov[k] = (struct iovec){base + at, (size_t)(len - at < SD_PIN_PIECE ? len - at : SD_PIN_PIECE)};
+    for (; k < 64 && j->done + k < j->n; k++) {
+      uint64_t at = (uint64_t)(j->done + k) * SD_PIN_PIECE;
+      iov[k] = (struct iovec){j->base + at, (size_t)(j->len - at < SD_PIN_PIECE ? j->len - at : SD_PIN_PIECE)};
     }
-    rc = io_uring_register_buffers_update_tag(s->ring, s->max + first + done, iov, NULL, k);
-    if (rc >= 0) done += k;
+    rc = io_uring_register_buffers_update_tag(s->ring, s->max + j->first + j->done, iov, NULL, k);
+    if (rc >= 0) j->done += k;
   }
-  mprotect(base, span, PROT_READ); /* pinned pages stay registered: nothing writes through the mapping */
-  if (rc < 0) {
-    unregister_slots(s, first, done);
-    if (!s->pin_failed)
+  mprotect(j->base, span, PROT_READ); /* pinned pages stay registered: nothing writes through the mapping */
+  j->rc = rc < 0 ? rc : 0;
+}
+
+int sd_staging_pin_end(sd_staging *s, sd_pin_job *j, int keep) {
+  if (j->rc < 0 || !keep) {
+    unregister_slots(s, j->first, j->done);
+    memset(s->pin_used + j->first, 0, j->n);
+    if (j->rc < 0 && !s->pin_failed) {
       sd_log_info("writer: cannot pin a %llu-byte client segment for fixed-buffer writes (%s; raise "
                   "LimitMEMLOCK/ulimit -l): its zero-copy writes pin their pages one write at a time",
-                  (unsigned long long)len, strerror(-rc));
-    s->pin_failed = 1;
+                  (unsigned long long)j->len, strerror(-j->rc));
+      s->pin_failed = 1;
+    }
     return 0;
   }
-  memset(s->pin_used + first, 1, n);
-  s->pinned += len;
-  sd_log_debug("writer: pinned a %llu-byte client segment in buffer slots %u..%u", (unsigned long long)len,
-               s->max + first, s->max + first + n - 1);
-  return (int)(s->max + first) + 1;
+  s->pinned += j->len;
+  sd_log_debug("writer: pinned a %llu-byte client segment in buffer slots %u..%u", (unsigned long long)j->len,
+               s->max + j->first, s->max + j->first + j->n - 1);
+  return (int)(s->max + j->first) + 1;
 }
 
 void sd_staging_unpin(sd_staging *s, int pin, uint64_t len) {

@@ -87,10 +87,22 @@ uint64_t sd_staging_bytes(const sd_staging *s);
 #define SD_PIN_SLOTS 4096u
 #define SD_PIN_PIECE (1ull << 30) /* io_uring's largest registered buffer */
 
-/* Registers the page-aligned mapping [base, base + len) of fd; returns 1 +
- * its first buffer slot (its pieces take consecutive slots), or 0 when it
- * stays unpinned (no table, no room, RLIMIT_MEMLOCK): that costs only speed. */
-int sd_staging_pin(sd_staging *s, uint8_t *base, uint64_t len);
+/* Registering the page-aligned mapping [base, base + len) pins (and, for a
+ * sparse segment, allocates) every page of it: seconds for some GiB. So it
+ * goes in three steps, the middle one on any thread while the loop goes on:
+ * begin takes consecutive buffer slots for its pieces (-1: it stays
+ * unpinned: no table, no room; that costs only speed), register pins, end
+ * (keep 0: the writer is closing) returns 1 + its first slot, or 0 when it
+ * stays unpinned (RLIMIT_MEMLOCK), its slots given back. */
+typedef struct {
+  uint8_t *base;
+  uint64_t len;
+  unsigned first, n, done; /* slots taken, and registered so far */
+  int rc;                  /* register's result: 0 or -errno */
+} sd_pin_job;
+int sd_staging_pin_begin(sd_staging *s, uint8_t *base, uint64_t len, sd_pin_job *j);
+void sd_staging_pin_register(const sd_staging *s, sd_pin_job *j);
+int sd_staging_pin_end(sd_staging *s, sd_pin_job *j, int keep);
 void sd_staging_unpin(sd_staging *s, int pin, uint64_t len);
 /* The buffer slot holding [src, src + len) of a segment pinned as `pin` at
  * base, or -1 when the range crosses a piece boundary (written unfixed). */

@@ -63,10 +63,14 @@ typedef struct {
 void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
 
 /* Registers a client's sealed segment mapped at base (len bytes) with the
- * ring, so its zero-copy writes go as fixed-buffer writes (sd_staging_pin):
- * returns its pin (0: left unpinned). Unpinning a closing writer does
+ * ring, so its zero-copy writes go as fixed-buffer writes (sd_staging_pin_*),
+ * on a worker thread: pinning faults in every page, seconds for some GiB of
+ * a sparse segment, and the loop serves everyone meanwhile. cb gets its pin
+ * on the loop (0: left unpinned), once; the mapping must stay until then.
+ * -1: it stays unpinned, no callback. Unpinning a closing writer does
  * nothing: the ring's end releases every buffer. */
-int sd_writer_pin(sd_writer *w, uint8_t *base, uint64_t len);
+typedef void (*sd_writer_pin_cb)(void *ud, int pin);
+int sd_writer_pin_start(sd_writer *w, uint8_t *base, uint64_t len, sd_writer_pin_cb cb, void *ud);
 void sd_writer_unpin(sd_writer *w, int pin, uint64_t len);
 
 /* ------------------------------------------------------------------------ *

@@ -35,6 +35,7 @@ struct sd_writer {
   struct sd_copytrip *trips; /* copy_threads of them (writer_copy.c) */
   struct sd_copytrip *idle_trips;
   unsigned ntrips, trips_busy;
+  unsigned pins_busy;      /* segments being pinned on a worker (writer_pin.c) */
   unsigned trip_batch;     /* chunks per trip */
   sd_wjob *stage_rr;       /* the job the next staging round starts with */
   /* A copy trip is back: the ring polls its jobs and fills itself again

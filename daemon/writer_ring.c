@@ -126,7 +126,7 @@ static void poll_jobs(sd_writer *w) {
     j = next;
   }
   w->polling = 0;
-  if (w->closing && !w->jobs && w->inflight == 0 && w->trips_busy == 0) finish_close(w);
+  if (w->closing && !w->jobs && w->inflight == 0 && w->trips_busy == 0 && w->pins_busy == 0) finish_close(w);
 }
 
 /* A copy trip is back: its chunks are with their jobs again, ready to go to the ring. */
