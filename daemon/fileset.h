@@ -63,8 +63,9 @@ typedef struct {
   const int *stop;         /* may be NULL; once nonzero, nothing more is staged and the set ends early */
   /* per file (NULL: no checksums): XORed with the CRC-32C share
    * (sd_checksum.h) of every data byte as it passes: staged bytes on the copy
-   * workers, zero-copy ones read from the clients' segments once written
-   * (gathered ones before). Shares count against the end of the file as given (a region's
+   * workers, zero-copy ones read from the clients' segments before their
+   * write and again once it is done: bytes that changed in between fail the
+   * set with SHARDD_E_BAD_STATE naming the rank (sd_shm_span.rank). Shares count against the end of the file as given (a region's
    * end: its owner shifts them to the real file's); heads are never
    * counted, bytes no write covers are zeros. Whole once every source has
    * been read (sd_fileset_released), and at the callback. */

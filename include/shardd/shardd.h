@@ -240,6 +240,11 @@ SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const sh
 /* A plain file (config.json, ...) written beside the shards. */
 SHARDD_EXPORT int shardd_file(shardd_client *c, const char *save, const char *path,
                               const void *data, size_t len);
+/* From seal until the save is released (shardd_wait_released) the daemon
+ * reads this rank's arena as it writes: writing into the slices put meanwhile
+ * changes what is saved. A change the daemon sees under a zero-copy write
+ * fails the save with SHARDD_E_BAD_STATE naming the rank; one in bytes it
+ * copies is not seen (proto/PROTOCOL.md, "seal"). */
 SHARDD_EXPORT int shardd_seal(shardd_client *c, const char *save);
 
 /* Streaming, so the daemon writes while the rank is still copying:
@@ -265,7 +270,8 @@ SHARDD_EXPORT int shardd_wait(shardd_client *c, const char *save, int timeout_ms
  * returned (0) instead. */
 SHARDD_EXPORT int shardd_wait_or_abort(shardd_client *c, const char *save, int timeout_ms, shardd_result *out);
 /* Blocks until the daemon says it will never read this rank's shared memory
- * for the save again (the "released" event), so the arena may be reused. */
+ * for the save again (the "released" event): only then may the arena be
+ * written again (the next step's weights, the next save). */
 SHARDD_EXPORT int shardd_wait_released(shardd_client *c, const char *save, int timeout_ms);
 SHARDD_EXPORT int shardd_abort(shardd_client *c, const char *save);
 /* Deletes the checkpoint dir (relative to the daemon's root, or absolute

@@ -9,7 +9,8 @@ one with checksums = off, take turns saving the same bytes from one process:
 
   placed   16 tensors of GIB/16 each: their bytes go to the disk straight
            from the arena (zero-copy), so the daemon reads them only to
-           hash them
+           hash them, twice: before each piece's write and after it, so a
+           rank changing its memory in between fails the save
   staged   GIB/32 KiB tensors of 32 KiB: below the zero-copy minimum, so
            every byte passes through the copy workers, which hash it there
 

@@ -429,7 +429,10 @@ class Arena:
         self._create(size)
 
     def wait_released(self, timeout=None):
-        """Blocks until the last save that read from this arena no longer needs it."""
+        """Blocks until the last save that read from this arena no longer needs it.
+
+        Write `buffer` or `array` again only after this: from seal until then the
+        daemon reads them as it writes the checkpoint."""
         if self.last_save is not None:
             self._client.wait_released(self.last_save, timeout)
             self.last_save = None

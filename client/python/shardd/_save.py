@@ -191,7 +191,11 @@ class PendingSave:
             return result
 
     def wait_released(self, timeout: Optional[float] = None) -> None:
-        """Blocks until the arena the save read from may be overwritten."""
+        """Blocks until the arena the save read from may be overwritten.
+
+        Until then the daemon reads the arena as it writes: bytes written into it
+        meanwhile change what is saved (a change seen under a zero-copy write fails
+        the save with ShardError "bad_state" naming the rank)."""
         if self._pool is None:
             self.client.wait_released(self.save_id, timeout)
             return
@@ -272,7 +276,12 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     see release_arenas; with only a client, a temporary one), put with index = position in the dict (ordered=False: natural name
     order instead, for ranks whose dicts hold different names; a {name: index}
     mapping: those indices, the same on every rank), then sealed.
-    Once save() returns (wait=False included) the arrays may change.
+    Once save() returns (wait=False included) the arrays may change: their
+    bytes were copied into the arena. The arena itself is the daemon's until
+    the save is released: a caller that writes into it (arena.array) must first
+    call PendingSave.wait_released() (a later save() with the same arena waits
+    for it); a change the daemon sees under a zero-copy write fails the save
+    with ShardError "bad_state" naming the rank.
 
     rank/world_size default to $RANK/$WORLD_SIZE, else 0/1. Under a torchrun
     environment spanning nodes (NNODES/GROUP_WORLD_SIZE > 1) the save spans
