@@ -39,7 +39,7 @@ const sd_config_key sd_config_keys[] = {
     SD_KEY_ENUM("log_syslog_prefix", log_syslog_prefix, "auto", "auto|yes|no", "yes", SD_RELOAD, 0,
                 "prefix lines with syslog priorities <N> (auto: when stderr is the systemd journal)"),
     SD_KEY_BYTES("max_line", max_line, "16777216", 1024, 1ULL << 31, SD_RELOAD,
-                 "longest request line in bytes (new connections)"),
+                 "longest request line in bytes (new connections); lines over 16 KiB are parsed off the loop"),
     SD_KEY_NUM("queue_depth", queue_depth, "64", 1, 4096, SD_FIXED, "io_uring queue depth"),
     SD_KEY_NUM("staging_mib", staging_mib, "128", 8, 65536, SD_FIXED,
                "MiB of aligned staging buffers for direct I/O, registered with io_uring (locked memory)"),

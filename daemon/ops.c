@@ -505,8 +505,9 @@ static const struct {
 
 void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {
   sd_error err = {0};
-  json_t *req = NULL;
-  if (sd_msg_parse(line, len, &req, &err) != 0) {
+  json_t *req = s->line_req; /* a long line, parsed off the loop */
+  s->line_req = NULL;
+  if (!req && sd_msg_parse(line, len, &req, &err) != 0) {
     sd_session_send(s, sd_msg_error_from(NULL, &err));
     return;
   }

@@ -13,6 +13,7 @@
 #include "sd_grow.h"
 #include "sd_msg.h"
 #include "session.h"
+#include "session_parse.h"
 
 /* A client that stops reading its replies stops being read from, so its
  * unread output cannot grow without bound; reading resumes once drained. */
@@ -151,6 +152,7 @@ static void on_closed(uv_handle_t *h) {
   for (size_t i = 0; i < s->nfds; i++)
     if (s->fds[i].fd >= 0) close(s->fds[i].fd);
   s->nfds = 0;
+  if (s->parse) sd_line_parse_orphan(s->parse);
   sd_region_table_clear(&s->regions);
   sd_linebuf_free(&s->lb);
   free(s->groups);
@@ -189,7 +191,7 @@ void sd_session_close_all(sd_daemon *d) {
 /* A half-closed peer (it sent EOF but may still read) is closed once it
  * has nothing left to hear about. */
 static void maybe_finish(sd_session *s) {
-  if (s->eof_handled && !s->closing && !s->pumping && s->pending_waits == 0) sd_session_close(s);
+  if (s->eof_handled && !s->closing && !s->pumping && !s->parse && s->pending_waits == 0) sd_session_close(s);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -378,10 +380,44 @@ static void peer_finished(sd_session *s) {
   }
 }
 
+static void pump(sd_session *s);
+
+/* The handler, and what the session does around it: the line's descriptor. */
+static void handle(sd_session *s, const char *line, size_t len) {
+  line_fd_take(s);
+  s->d->on_request(s, line, len);
+  /* A descriptor the handler did not take (a stray one) goes now. */
+  if (s->line_fd >= 0) close(s->line_fd);
+  s->line_fd = -1;
+}
+
+/* A long line is parsed: it is handled, then the lines behind it. */
+static void on_parsed(void *ud, json_t *req, const sd_error *err) {
+  sd_session *s = ud;
+  s->parse = NULL;
+  if (s->closing) {
+    sd_line_parse_drop(s->d->loop, req);
+    return;
+  }
+  if (req) {
+    s->line_req = json_incref(req); /* the handler's reference; this one is dropped off the loop after it */
+    handle(s, NULL, 0);
+    json_decref(s->line_req); /* NULL once the handler took it */
+    s->line_req = NULL;
+    sd_line_parse_drop(s->d->loop, req);
+  } else {
+    line_fd_take(s); /* its descriptor, if any, goes with it */
+    if (s->line_fd >= 0) close(s->line_fd);
+    s->line_fd = -1;
+    sd_session_send(s, sd_msg_error_from(NULL, err));
+  }
+  pump(s);
+}
+
 static void pump(sd_session *s) {
   if (s->pumping) return;
   s->pumping = 1;
-  while (!s->closing) {
+  while (!s->closing && !s->parse) {
     if (uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) + s->olen > high_water(s)) {
       s->paused = 1;
       break;
@@ -404,16 +440,14 @@ static void pump(sd_session *s) {
     }
     s->partial_since = 0;
     s->spoke = 1;
-    line_fd_take(s);
-    s->d->on_request(s, line, len);
-    /* A descriptor the handler did not take (a stray one) goes now. */
-    if (s->line_fd >= 0) close(s->line_fd);
-    s->line_fd = -1;
+    /* A long line goes to a worker; the lines behind it wait (handled in order). */
+    if (len > SD_PARSE_OFF_LOOP && (s->parse = sd_line_parse_start(s->d->loop, line, len, on_parsed, s))) break;
+    handle(s, line, len);
   }
   s->pumping = 0;
   flush(s);
   if (s->closing) return;
-  if (s->paused) {
+  if (s->paused || s->parse) {
     if (s->reading) uv_read_stop((uv_stream_t *)&s->pipe);
     s->reading = 0;
   } else if (!s->eof) {
@@ -482,8 +516,8 @@ static void on_sweep(uv_timer_t *t) {
   if (!limit) return;
   uint64_t now = uv_now(d->loop);
   for (sd_session *s = d->sessions; s; s = s->next) {
-    /* A paused client is not being read, so its line cannot finish. */
-    if (s->closing || s->paused || !s->partial_since || now - s->partial_since < limit) continue;
+    /* A paused client is not being read (nor one whose long line is being parsed), so its line cannot finish. */
+    if (s->closing || s->paused || s->parse || !s->partial_since || now - s->partial_since < limit) continue;
     sd_error err = {0};
     sd_fail(&err, SHARDD_E_LIMIT, "request line unfinished for %u s (line_timeout=%u); closing the connection",
             d->cfg->line_timeout, d->cfg->line_timeout);

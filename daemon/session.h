@@ -55,6 +55,11 @@ typedef struct sd_session {
    * takes it by setting -1; the session closes any it leaves), -1 none,
    * -2 more than one came (all closed). */
   int line_fd;
+  /* A long line is parsed off the loop (session_parse.c); meanwhile no later
+   * line is handled and nothing is read. Its request then comes to the
+   * handler here (reference handed over; the line itself NULL). */
+  struct sd_line_parse *parse;
+  json_t *line_req;
   int reading, paused, eof, eof_handled, pumping, closing;
   struct sd_session *prev, *next;
 } sd_session;

@@ -94,26 +94,35 @@ static uint64_t zero_copy_total(shardd_client *c) {
   return n;
 }
 
+/* A daemon stalling stall_ms at its first write's answer; both ranks seal
+ * (placed or not), then rank 1 scribbles until the save ends. Returns how
+ * it ended (rank 0's wait), its message in msg. */
+static int save_while_scribbling(torn_save *t, const char *save, const char *dir, int placed, const char *stall,
+                                 char *msg, size_t n) {
+  setenv("SHARDD_TEST_STALL_AT", stall, 1);
+  x_start(NULL);
+  unsetenv("SHARDD_TEST_STALL_AT");
+  begin_and_seal(t, save, dir, placed);
+  scribbler s = {.p = t->slice[1], .len = HALF};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, scribble, &s), 0);
+  shardd_result res;
+  int rc = shardd_wait(t->c[0], t->save, H_WAIT_MS, &res);
+  snprintf(msg, n, "%s", rc ? shardd_last_error(t->c[0]) : "committed");
+  atomic_store(&s.stop, 1);
+  pthread_join(th, NULL);
+  printf("torn: %s, rank 1 rewrote its slice %lu times during the save: %s\n", placed ? "zero-copy" : "staged",
+         s.passes, msg);
+  return rc;
+}
+
 /* The ranks' slices go zero-copy; the daemon stalls 1.5 s at its first write's
  * answer, so rank 1's scribbling lands between its pieces' writes and their
  * checksums. Before: committed, and `verify --deep` said bad_checksum. */
 Test(torn, a_rank_writing_under_a_zero_copy_write_fails_the_save_naming_it) {
-  setenv("SHARDD_TEST_STALL_AT", "write:1:1500", 1);
-  x_start(NULL);
-  unsetenv("SHARDD_TEST_STALL_AT");
   torn_save t;
-  begin_and_seal(&t, "torn", "torn/zc", 1);
-  scribbler s = {.p = t.slice[1], .len = HALF};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, scribble, &s), 0);
-  shardd_result res;
-  int rc = shardd_wait(t.c[0], t.save, H_WAIT_MS, &res);
   char msg[1024];
-  snprintf(msg, sizeof msg, "%s", shardd_last_error(t.c[0]));
-  atomic_store(&s.stop, 1);
-  pthread_join(th, NULL);
-  printf("torn: zero-copy, rank 1 rewrote its slice %lu times during the save: %s\n", s.passes,
-         rc ? msg : "committed");
+  int rc = save_while_scribbling(&t, "torn", "torn/zc", 1, "write:1:1500", msg, sizeof msg);
   if (rc == 0) {
     char out[8192], path[4096];
     h_shardctl(out, sizeof out, "verify", "--deep", h_path(path, sizeof path, t.dir), (char *)NULL);
@@ -129,23 +138,12 @@ Test(torn, a_rank_writing_under_a_zero_copy_write_fails_the_save_naming_it) {
 
 /* Staged copies are hashed as copied, so what is committed is what its
  * checksums describe; a rank scribbling meanwhile may leave a mixture of its
- * old and new bytes, which no check can tell from data (README, PROTOCOL.md). */
+ * old and new bytes, which no check can tell from data (docs/formats.md, PROTOCOL.md "seal"). */
 Test(torn, a_staged_save_under_a_scribbling_rank_commits_only_what_its_checksums_say) {
-  setenv("SHARDD_TEST_STALL_AT", "write:1:500", 1);
-  x_start(NULL);
-  unsetenv("SHARDD_TEST_STALL_AT");
   torn_save t;
-  begin_and_seal(&t, "staged", "torn/staged", 0);
-  scribbler s = {.p = t.slice[1], .len = HALF};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, scribble, &s), 0);
-  shardd_result res;
-  int rc = shardd_wait(t.c[0], t.save, H_WAIT_MS, &res);
-  atomic_store(&s.stop, 1);
-  pthread_join(th, NULL);
-  printf("torn: staged, rank 1 rewrote its slice %lu times during the save: %s\n", s.passes,
-         rc ? shardd_last_error(t.c[0]) : "committed");
-  cr_assert_eq(rc, 0, "a staged save failed: %s", shardd_last_error(t.c[0]));
+  char msg[1024];
+  int rc = save_while_scribbling(&t, "staged", "torn/staged", 0, "write:1:500", msg, sizeof msg);
+  cr_assert_eq(rc, 0, "a staged save failed: %s", msg);
   cr_assert_eq(zero_copy_total(t.c[0]), 0, "a slice one byte off its placement went zero-copy");
   h_check_sums(t.dir, 1);
   torn_free(&t);

@@ -1,0 +1,85 @@
+/* A long request line parsed on a worker thread, its result handed back on the loop; one a client closing meanwhile is dropped there. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sd_msg.h"
+#include "session_parse.h"
+
+struct sd_line_parse {
+  uv_work_t req;
+  char *line;
+  size_t len;
+  json_t *out;
+  sd_error err;
+  sd_line_parsed_cb cb;    /* NULL once orphaned */
+  void *ud;
+};
+
+static void parse_work(uv_work_t *req) {
+  sd_line_parse *p = req->data;
+  sd_msg_parse(p->line, p->len, &p->out, &p->err);
+  free(p->line); /* the copy can be as long as max_line: gone before the loop sees the result */
+  p->line = NULL;
+}
+
+static void parse_done(uv_work_t *req, int status) {
+  (void)status; /* never cancelled */
+  sd_line_parse *p = req->data;
+  if (p->cb) p->cb(p->ud, p->out, p->out ? NULL : &p->err);
+  else json_decref(p->out);
+  free(p);
+}
+
+sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len, sd_line_parsed_cb cb, void *ud) {
+  sd_line_parse *p = calloc(1, sizeof *p);
+  if (p) p->line = malloc(len ? len : 1);
+  if (!p || !p->line) {
+    free(p);
+    return NULL;
+  }
+  memcpy(p->line, line, len);
+  p->len = len;
+  p->cb = cb;
+  p->ud = ud;
+  p->req.data = p;
+  if (uv_queue_work(loop, &p->req, parse_work, parse_done) != 0) {
+    free(p->line);
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+void sd_line_parse_orphan(sd_line_parse *p) { p->cb = NULL; }
+
+/* ------------------------------------------------------------------------ *
+ * Dropping a large request: freeing its values costs about what parsing
+ * them did, so its last reference goes on a worker too (jansson counts
+ * references atomically, and parts a save kept, like the request's id, stay
+ * alive by their own).
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  uv_work_t req;
+  json_t *v;
+} drop_trip;
+
+static void drop_work(uv_work_t *req) {
+  drop_trip *t = req->data;
+  json_decref(t->v);
+}
+
+static void drop_done(uv_work_t *req, int status) {
+  (void)status;
+  free(req->data);
+}
+
+void sd_line_parse_drop(uv_loop_t *loop, json_t *v) {
+  drop_trip *t = v ? calloc(1, sizeof *t) : NULL;
+  if (t) {
+    t->v = v;
+    t->req.data = t;
+    if (uv_queue_work(loop, &t->req, drop_work, drop_done) == 0) return;
+    free(t);
+  }
+  json_decref(v);
+}
