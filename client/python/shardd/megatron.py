@@ -216,7 +216,7 @@ def load_hf_weights(model, path, hf_config=None, verify: bool = False) -> None:
     import torch
 
     from ._load import Checkpoint
-    from ._torch_load import _fill
+    from ._torch_load import fill_box
 
     path = os.fspath(path)
     if hf_config is None:
@@ -244,7 +244,7 @@ def load_hf_weights(model, path, hf_config=None, verify: bool = False) -> None:
             ck.verify()
         with torch.no_grad():
             for name, view, start, shape in boxes:
-                _fill(ck, name, view, start, tuple(view.shape))
+                fill_box(ck, name, view, start, tuple(view.shape))
 
 
 def _check_covered(model, boxes) -> None:
