@@ -169,6 +169,9 @@ class PendingSave:
 
     def _poll_progress(self) -> None:
         for entry in self.client.status().get("saves", []):
+            # Until every rank has declared, the planned bytes still grow: no total to report yet.
+            if entry.get("ranks_declared", 0) < entry.get("world_size", 0):
+                continue
             if entry.get("save") == self.save_id:
                 self._report(int(entry.get("bytes_written", 0)), int(entry.get("bytes_planned", 0)))
 

@@ -284,13 +284,15 @@ class LoadTest(unittest.TestCase):
             time.sleep(0.005)
         self.assertEqual(r.result(0)["tensors"], 1)
         # A save that cannot end yet (a second rank never comes), then fails.
+        half = []
         q = shardd.save({"x": np.ones(3)}, "half", rank=0, world_size=2, socket=D.socket, wait=False,
-                        progress=lambda w, t: None)
+                        progress=lambda w, t: half.append((w, t)))
         self.assertFalse(q.done())
         with self.assertRaises(TimeoutError):
             q.result(0.2)
         with self.assertRaises(TimeoutError):
             q.exception(0.1)
+        self.assertEqual(half, [], "progress while a rank has not declared: the total is not known yet")
         self.client.abort("half")
         e = q.exception(WAIT)
         self.assertIsInstance(e, shardd.ShardError)
