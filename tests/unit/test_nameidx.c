@@ -165,7 +165,7 @@ Test(nameidx, reserve_sizes_once_and_keeps_entries) {
   cr_assert_eq(ix.n, 2);
   cr_assert_eq(find(&ix, &ns, "a"), 0);
   cr_assert_eq(find(&ix, &ns, "b"), 1);
-  uint32_t *slots = ix.slots;
+  uint64_t *slots = ix.slots;
   char buf[32];
   for (int i = 0; i < 998; i++) {
     snprintf(buf, sizeof buf, "r%d", i);
@@ -356,4 +356,34 @@ Test(nameidx, named_table_keeps_order_and_finds_by_name) {
   cr_assert_null(rec_find(&o, "t.40"));
   sd_nameidx_free(&o.idx);
   free(o.recs);
+}
+
+static size_t reads;
+static const char *counted_name_at(const void *ctx, uint32_t i) {
+  reads++;
+  return name_at(ctx, i);
+}
+
+/* Each slot keeps a tag of its name's hash: growing reads no name, and a lookup reads about one. */
+Test(nameidx, names_are_read_only_where_the_hash_tags_agree) {
+  names ns = {0};
+  sd_nameidx ix = {0};
+  char buf[64];
+  reads = 0;
+  for (int i = 0; i < 5000; i++) {
+    snprintf(buf, sizeof buf, "model.layers.%d.mlp.experts.%d.down_proj.weight", i / 64, i % 64);
+    names_push(&ns, buf);
+    cr_assert_eq(sd_nameidx_insert(&ix, buf, (uint32_t)i, counted_name_at, &ns), 0);
+  }
+  cr_assert_eq(reads, 0, "inserting and growing read %zu names", reads);
+  for (int i = 0; i < 5000; i++) cr_assert_eq(sd_nameidx_find(&ix, ns.v[i], counted_name_at, &ns), (uint32_t)i);
+  cr_assert_lt(reads, 5100, "5000 hits read %zu names", reads);
+  reads = 0;
+  for (int i = 0; i < 5000; i++) {
+    snprintf(buf, sizeof buf, "model.layers.%d.mlp.experts.%d.up_proj.weight", i / 64, i % 64);
+    cr_assert_eq(sd_nameidx_find(&ix, buf, counted_name_at, &ns), SD_NAMEIDX_NONE);
+  }
+  cr_assert_lt(reads, 50, "5000 misses read %zu names", reads);
+  sd_nameidx_free(&ix);
+  names_free(&ns);
 }
