@@ -92,6 +92,7 @@ typedef struct {
   uint64_t off;
   const uint8_t *src;
   uint64_t len;
+  uint32_t before;         /* checksums on: the CRC-32C register of its bytes read before its write */
 } sd_lop;
 
 typedef struct {

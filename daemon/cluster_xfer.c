@@ -21,12 +21,15 @@ typedef struct {
   uint32_t lf;
   uint64_t len;
   sd_rbuf *rb;
+  sd_lop *op;              /* IO_LOCAL: the rank's bytes it writes */
 } cio;
 
 /* ------------------------------------------------------------------------ *
  * Writing through the ring
  * ------------------------------------------------------------------------ */
-static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb);
+static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb,
+                  sd_lop *op);
+static int local_after(sd_csave *cs, sd_lop *o);
 
 static void send_ack(sd_csave *cs, sd_rbuf *rb) {
   sd_peer *p = sd_peer_find(cs->cl->net, rb->peer_id);
@@ -98,6 +101,10 @@ static void on_io(void *ud, int res) {
       rbuf_put(cs, c->rb, 1);
       break;
     case IO_LOCAL:
+      if (cs->sums && local_after(cs, c->op) != 0) {
+        free(c);
+        return; /* the save failed, naming the rank */
+      }
       cs->ops_done++;
       cs->bytes_local += c->len;
       cl->bytes_local += c->len;
@@ -111,10 +118,12 @@ static void on_io(void *ud, int res) {
   sd_xfer_progress(cs);
 }
 
-static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb) {
+static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb,
+                  sd_lop *op) {
   cio *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
   c->cs = cs;
+  c->op = op;
   c->kind = kind;
   c->lf = lf;
   c->len = len;
@@ -235,33 +244,68 @@ static int pump_dest(sd_csave *cs, sd_cdest *d) {
   return 0;
 }
 
-/* A local piece's checksum share, read from its rank's segment on the loop
- * before its write (as fileset.c reads a zero-copy piece): a segment the
- * rank shrank faults here, guarded. -1 on a fault. */
-static int local_share(sd_csave *cs, const sd_lop *o, uint32_t *out) {
+/* A local piece's CRC-32C register, read from its rank's segment on the loop
+ * (after: into *reg; before: into o->before): a segment the rank shrank
+ * faults here, guarded. -1 on a fault. */
+static int local_read(sd_lop *o, int after, uint32_t *reg) {
   sigjmp_buf jb;
   if (sigsetjmp(jb, 1)) return -1; /* sd_bus_guard is NULL again */
   sd_bus_guard = &jb;
-  *out = sd_crc32c_piece(o->src, o->len, cs->files[o->lf].size - (o->off + o->len));
+  uint32_t r = sd_crc32c_run(0, o->src, o->len);
   sd_bus_guard = NULL;
+  if (after) *reg = r;
+  else o->before = r;
+  return 0;
+}
+
+static void local_fault(sd_csave *cs, const sd_lop *o) {
+  const sd_cfile *f = &cs->files[o->lf];
+  if (!sd_xfer_fail_if_shrunk(cs))
+    sd_node_fail_held(cs, SHARDD_E_IO, "node %u ('%s'): %s/%s: reading the bytes for offset %llu faulted (SIGBUS): "
+                      "a rank's shared memory is shorter than when it was attached", cs->node_rank, cs->cl->node,
+                      cs->save->dir, f->name, (unsigned long long)o->off);
+}
+
+/* A local piece's write is done: its bytes are read again, as fileset.c
+ * reads a zero-copy piece, and must be what they were before the write, or
+ * the rank changed its memory under it and the save fails naming the rank.
+ * Then its share counts. -1 when the save failed. */
+static int local_after(sd_csave *cs, sd_lop *o) {
+  uint32_t reg;
+  if (local_read(o, 1, &reg) != 0) {
+    local_fault(cs, o);
+    return -1;
+  }
+  if (reg != o->before) {
+    uint32_t rank = 0;
+    uint64_t at = 0;
+    for (size_t i = 0; i < cs->nslices; i++) {
+      const sd_slice *sl = cs->slices[i].sl;
+      if (sl->region && o->src >= sl->region->base && o->src < sl->region->base + sl->region->size) {
+        rank = sl->rank;
+        at = (uint64_t)(o->src - sl->region->base);
+        break;
+      }
+    }
+    sd_node_fail_held(cs, SHARDD_E_BAD_STATE, "save '%s': rank %u changed its memory while the daemon was writing it "
+                      "(%s/%s at offset %llu, from offset %llu of its segment): a rank must leave its arena alone from "
+                      "seal until the save is released", cs->save->id, rank, cs->save->dir, cs->files[o->lf].name,
+                      (unsigned long long)o->off, (unsigned long long)at);
+    return -1;
+  }
+  cs->sums[o->lf] ^= sd_crc32c_shift(reg, cs->files[o->lf].size - (o->off + o->len));
   return 0;
 }
 
 /* 1 when the save failed (and may be gone): the caller must not touch cs. */
 static int pump_local(sd_csave *cs) {
   while (cs->op_next < cs->nops && cs->io < SD_NODE_INFLIGHT) {
-    const sd_lop *o = &cs->ops[cs->op_next];
-    uint32_t share = 0;
-    if (cs->sums && local_share(cs, o, &share) != 0) {
-      const sd_cfile *f = &cs->files[o->lf];
-      if (!sd_xfer_fail_if_shrunk(cs))
-        sd_node_fail_held(cs, SHARDD_E_IO, "node %u ('%s'): %s/%s: reading the bytes for offset %llu faulted (SIGBUS): "
-                          "a rank's shared memory is shorter than when it was attached", cs->node_rank, cs->cl->node,
-                          cs->save->dir, f->name, (unsigned long long)o->off);
+    sd_lop *o = &cs->ops[cs->op_next];
+    if (cs->sums && local_read(o, 0, NULL) != 0) {
+      local_fault(cs, o);
       return 1;
     }
-    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL) != 0) return 0;
-    if (cs->sums) cs->sums[o->lf] ^= share;
+    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL, o) != 0) return 0;
     cs->op_next++;
   }
   return 0;
@@ -316,7 +360,7 @@ void sd_xfer_progress(sd_csave *cs) {
   for (size_t i = 0; i < cs->nfiles; i++) {
     sd_cfile *f = &cs->files[i];
     if (f->sync == 0 && f->done == f->hdr_len + f->data) {
-      if (submit(cs, IO_SYNC, (uint32_t)i, NULL, 0, 0, NULL) == 0) f->sync = 1;
+      if (submit(cs, IO_SYNC, (uint32_t)i, NULL, 0, 0, NULL, NULL) == 0) f->sync = 1;
     }
     if (f->sync != 2) durable = 0;
   }
@@ -380,7 +424,7 @@ void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb) {
     uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 1));
     uint64_t len = (uint64_t)json_integer_value(json_array_get(e, 2));
     uint32_t lf = (uint32_t)cs->fmap[f];
-    if (submit(cs, IO_RECV, lf, rb->data + pos, len, off, rb) != 0) {
+    if (submit(cs, IO_RECV, lf, rb->data + pos, len, off, rb, NULL) != 0) {
       rbuf_put(cs, rb, 0);
       sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory queueing received bytes", cs->save->id);
       return;
@@ -457,7 +501,7 @@ int sd_xfer_queue_headers(sd_csave *cs) {
     for (uint64_t a = 0; a < f->hdr_len;) {
       uint64_t b = a / SD_XFER_BLOCK, e = (b + 1) * SD_XFER_BLOCK;
       if (e > f->hdr_len) e = f->hdr_len;
-      if ((!f->own || !f->own[b]) && submit(cs, IO_HDR, (uint32_t)i, cs->hdrs + hoff + a, e - a, a, NULL) != 0)
+      if ((!f->own || !f->own[b]) && submit(cs, IO_HDR, (uint32_t)i, cs->hdrs + hoff + a, e - a, a, NULL, NULL) != 0)
         return -1;
       a = e;
     }

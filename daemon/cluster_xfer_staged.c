@@ -219,7 +219,7 @@ static int split_ops(sd_csave *cs, sd_xstaged *xs) {
         if (add_op(xs, (uint32_t)r, off - xs->bases[r], o.src + at, end - off)) goto oom;
       } else {
         if (SD_GROW(keep, cap, nkeep + 1, 1024)) goto oom;
-        keep[nkeep++] = (sd_lop){o.lf, off, o.src + at, end - off};
+        keep[nkeep++] = (sd_lop){o.lf, off, o.src + at, end - off, 0};
       }
       at = end - o.off;
     }
