@@ -101,6 +101,11 @@ static int described_here(const sd_csave *cs, const sd_save_tensor *t, const sd_
 
 void sd_node_sealed(sd_csave *cs) {
   sd_save *save = cs->save;
+  /* One manifest for the ranks of this node together, once every rank that began here sealed: the
+   * leader plans only after the last seal anyway, and a tensor's name, dtype and shape then travel
+   * once per node instead of once per rank (a rank that begins here later sends its own). */
+  for (uint32_t r = 0; r < save->world_size; r++)
+    if (save->ranks[r].state == SD_RANK_BEGUN) return;
   uint8_t *fresh = calloc(save->world_size, 1);
   json_t *ranks = json_array();
   if (!fresh || !ranks) {
