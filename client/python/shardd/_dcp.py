@@ -78,6 +78,7 @@ class StorageWriter(_Writer):
 
     def write_data(self, plan, planner):
         tensors, results, items = {}, [], {}
+        name = _hf_names(planner)
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
@@ -87,7 +88,7 @@ class StorageWriter(_Writer):
                                            storage_data=None))
                 continue
             chunk, size = item.tensor_data.chunk, item.tensor_data.size
-            tensors.setdefault(item.index.fqn, []).append(Slice(data, tuple(size), tuple(chunk.offsets)))
+            tensors.setdefault(name(item.index.fqn), []).append(Slice(data, tuple(size), tuple(chunk.offsets)))
             results.append(WriteResult(index=item.index, size_in_bytes=data.numel() * data.element_size(),
                                        storage_data=None))
         # Ranks hold different names once DCP has deduplicated replicas: the coordinator's indices.
@@ -95,7 +96,8 @@ class StorageWriter(_Writer):
         if items:
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
             options["files"] = dict(options.get("files") or {}, **{BYTES_FILE % rank: bytes_file(items)})
-        save(tensors, self.dir, ordered=plan.storage_data["shardd_index"], **options)
+        ordered = {name(fqn): i for fqn, i in plan.storage_data["shardd_index"].items()}
+        save(tensors, self.dir, ordered=ordered, **options)
         return _done(results)
 
     def finish(self, metadata, results):
@@ -105,6 +107,21 @@ class StorageWriter(_Writer):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, (str, os.PathLike)) and not os.path.isabs(os.fspath(checkpoint_id))
+
+
+def _hf_names(planner):
+    """fqn -> checkpoint name: a top-level "model" dict's tensors (DCP's `model.` + their own name)
+    keep their own names, as from_pretrained expects them; every other tensor keeps DCP's fqn."""
+    paths = getattr(planner, "mappings", None) or {}
+    names = {}
+    for fqn, path in paths.items():
+        if len(path) == 2 and path[0] == "model" and isinstance(path[1], str):
+            names[fqn] = path[1]
+    clash = set(names.values()) & (set(paths) - set(names))
+    if clash:
+        raise ValueError("state dict names %s both inside and outside its 'model' dict"
+                         % ", ".join(map(repr, sorted(clash)[:5])))
+    return lambda fqn: names.get(fqn, fqn)
 
 
 class StorageReader(_Reader):
@@ -146,6 +163,8 @@ class StorageReader(_Reader):
                 entries[name] = TensorStorageMetadata(
                     properties=TensorProperties(dtype=torch_dtype(info.dtype)), size=shape,
                     chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)])
+                # A {"model": ...} state dict asks for DCP's "model." + the name the writer kept.
+                entries.setdefault("model." + name, entries[name])
         self.byte_items = read_bytes_files(self.path)
         entries.update({fqn: BytesStorageMetadata() for fqn in self.byte_items})
         return Metadata(state_dict_metadata=entries)
@@ -168,6 +187,8 @@ class StorageReader(_Reader):
                     planner.load_bytes(item, io.BytesIO(self.byte_items[item.storage_index.fqn]))
                     continue
                 name = item.storage_index.fqn
+                if name not in ck and name.startswith("model.") and name[6:] in ck:
+                    name = name[6:]
                 start, count = tuple(item.storage_offsets), tuple(item.lengths)
                 target = planner.resolve_tensor(item).detach()
                 if name in self.held_as:

@@ -78,9 +78,10 @@ def whole_training_state(layout, world):
     torch.manual_seed(77)
     sd = {"model": get_model_state_dict(m), "optim": get_optimizer_state_dict(m, opt), "step": 1,
           "lr_scheduler": sched.state_dict(), "rng": torch.get_rng_state()}
-    dcp.save(sd, storage_writer=st.StorageWriter("%s/whole" % layout, timeout=WAIT))
+    dcp.save(sd, storage_writer=st.StorageWriter("%s/whole" % layout, timeout=WAIT, max_shard_size="100KB",
+                                                 files={"config.json": m.config.to_json_string()}))
     dcp.async_save(sd, storage_writer=st.StorageWriter("%s/whole-async" % layout, timeout=WAIT)).result()
-    out = {"saved": digest({"model": sd["model"], "optim": sd["optim"]})}
+    out = {"saved": digest({"model": sd["model"], "optim": sd["optim"]}), "model": digest({"model": sd["model"]})}
     for suffix in ("", "-async"):
         m2, opt2, sched2 = state(99)
         sd2 = {"model": get_model_state_dict(m2), "optim": get_optimizer_state_dict(m2, opt2), "step": 0,
@@ -127,8 +128,17 @@ class DCP(unittest.TestCase):
                 for suffix in ("", "-async"):
                     self.assertEqual(r["whole"]["loaded" + suffix], {"digest": r["whole"]["saved"], "step": 1,
                                                                      "lr": 5e-3, "rng": True}, (layout, suffix))
-            whole = os.listdir(os.path.join(self.d.root, layout, "whole"))
-            self.assertTrue(any(n.startswith("shardd_dcp_bytes.rank-") for n in whole), whole)
+            folder = os.path.join(self.d.root, layout, "whole")
+            self.assertTrue(any(n.startswith("shardd_dcp_bytes.rank-") for n in os.listdir(folder)))
+            # The model's tensors under their HF names, the optimizer's under DCP's: from_pretrained
+            # of the same folder finds the model's weights.
+            names = json.load(open(os.path.join(folder, "model.safetensors.index.json")))["weight_map"]
+            self.assertIn("model.layers.0.self_attn.q_proj.weight", names)
+            self.assertIn("optim.state.model.layers.0.self_attn.q_proj.weight.exp_avg", names)
+            from test_train_state import digest
+            from transformers import AutoModelForCausalLM
+            back = AutoModelForCausalLM.from_pretrained(folder)
+            self.assertEqual(digest({"model": back.state_dict()}), out[0]["whole"]["model"], layout)
             print("%s: dcp.save and dcp.async_save bit-equal, dcp.load from %s bit-equal"
                   % (layout, os.path.basename(previous)))
             previous = os.path.join(self.d.root, layout)
