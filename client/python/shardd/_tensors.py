@@ -1,4 +1,5 @@
 # Turns numpy arrays and torch tensors into (safetensors dtype, box, source) and copies sources into arenas.
+import operator
 import sys
 
 __all__ = ["Slice", "dtype_name", "DTYPES"]
@@ -171,11 +172,16 @@ def check_shared_memory(named_srcs):
         span = _span(src)
         if span is not None:
             spans.append(span + (name, src))
-    spans.sort(key=lambda s: (s[0], s[1]))
-    # A sweep: only spans that overlap as address ranges are compared element by element.
-    open_spans = []
+    spans.sort(key=operator.itemgetter(0, 1))
+    # A sweep: only spans that overlap as address ranges are compared element by element. While
+    # no span reaches past the next one's start (the common case) nothing is kept but that reach.
+    open_spans, device, reach = [], None, 0
     for dev, lo, hi, name, src in spans:
-        open_spans = [s for s in open_spans if s[0] == dev and s[2] > lo]
+        if dev != device or lo >= reach:
+            open_spans, device, reach = [], dev, hi
+        else:
+            open_spans = [s for s in open_spans if s[2] > lo]
+            reach = max(reach, hi)
         for other in open_spans:
             import numpy as np
 
