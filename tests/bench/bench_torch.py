@@ -130,6 +130,17 @@ def fio(args, rw, total, directory):
     return time.perf_counter() - t0
 
 
+def fio_save(args, rank, total, path, t0):
+    """The fio way: rank 0 writes `total` bytes, the others wait; (blocked, durable) since t0."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        fio(args, "write", total, path)
+    durable = time.perf_counter() - t0
+    dist.barrier()
+    return time.perf_counter() - t0, durable
+
+
 def save_way(way, ctx):
     """Runs one way on this rank; returns (blocked, durable) seconds from a common start."""
     import torch
@@ -145,11 +156,7 @@ def save_way(way, ctx):
     path = os.path.join(args["root"], dest)
     t0 = time.perf_counter()
     if way == "fio":
-        if rank == 0:
-            fio(args, "write", ctx["total"], path)
-        durable = time.perf_counter() - t0
-        dist.barrier()
-        return time.perf_counter() - t0, durable
+        return fio_save(args, rank, ctx["total"], path, t0)
     if way == "gathered":
         full = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
@@ -356,6 +363,16 @@ def worker(args):
 
 # ---- the driver ------------------------------------------------------------------------------
 
+def driver_environment(name):
+    """fio present, the build tree's daemon and library, no progress bars; prints the load."""
+    if not shutil.which("fio"):
+        raise SystemExit("%s: fio is missing (Debian: fio; scripts/deps.sh installs it)" % name)
+    os.environ.setdefault("SHARDD_BIN", os.path.join(ROOT, "build", "daemon", "shardd"))
+    os.environ.setdefault("LIBSHARDD", os.path.join(ROOT, "build", "client", "libshardd.so"))
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    print("%s: load average before: %s" % (name, open("/proc/loadavg").read().split()[:3]))
+
+
 def table(layout, out, rounds):
     """Prints one layout's table; returns {way: (durable min, blocked max-rank min)}."""
     total = out[0]["total"]
@@ -419,12 +436,7 @@ def main():
     from test_binding import Daemon
     from torch_world import run_world
 
-    if not shutil.which("fio"):
-        raise SystemExit("bench_torch: fio is missing (Debian: fio; scripts/deps.sh installs it)")
-    os.environ.setdefault("SHARDD_BIN", os.path.join(ROOT, "build", "daemon", "shardd"))
-    os.environ.setdefault("LIBSHARDD", os.path.join(ROOT, "build", "client", "libshardd.so"))
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    print("bench_torch: load average before: %s" % open("/proc/loadavg").read().split()[:3])
+    driver_environment("bench_torch")
     for layout in a.layouts.split(","):
         shutil.rmtree(a.work, ignore_errors=True)
         os.makedirs(a.work)

@@ -112,6 +112,8 @@ def check_config(gpt, hf_config) -> Family:
          "tie_word_embeddings", d.tied),
         ("position_embedding_type", gpt.position_embedding_type, "(RoPE)", "rope"),
         ("rotary_percent", float(gpt.rotary_percent), "(full RoPE)", 1.0),
+        ("rope_scaling", bool(getattr(gpt, "rotary_scaling", False)), "(plain RoPE)", False),
+        ("multi_latent_attention", bool(getattr(c, "multi_latent_attention", False)), "(GQA)", False),
         ("num_moe_experts", c.num_moe_experts or 0, "num_local_experts", d.experts),
     ]
     theta = _rope_theta(hf_config)

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from typing import Any, Dict, List, Tuple
 
 from ._client import refusal
 from ._megatron_map import Unmappable, check_config, hf_tensors, segments
-from ._tensors import Slice, dtype_name
+from ._tensors import Slice
 
 __all__ = ["save_hf_weights", "load_hf_weights", "hf_boxes"]
 
@@ -89,30 +90,46 @@ def _primary(st) -> bool:
     return all(int(r) == 0 for r in (rid if isinstance(rid, (tuple, list)) else (rid,)))
 
 
-def _boxes_of(st, hf_config, expected) -> List[HFBox]:
-    """The HF boxes of one ShardedTensor's local tensor, each checked to lie inside its HF tensor."""
+# Grouped-GEMM experts (GroupedMLP) give one tensor per layer under these keys, with the expert
+# as its first real axis; SequentialMLP gives one per expert, the expert prepended. Same rows.
+_GROUPED = ("decoder.layers.mlp.experts.experts.linear_fc1.weight",
+            "decoder.layers.mlp.experts.experts.linear_fc2.weight")
+
+
+def _pieces(st):
+    """[(key, prepend offsets, global shape, offset, local tensor)] of one ShardedTensor (after its
+    prepended axes), a grouped-GEMM experts tensor cut into its experts."""
     p = int(st.prepend_axis_num)
-    shape, offset = tuple(st.global_shape[p:]), tuple(st.global_offset[p:])
+    shape, offset = tuple(int(x) for x in st.global_shape[p:]), tuple(int(x) for x in st.global_offset[p:])
     local = st.data
-    if len(local.shape) != len(shape) or any(int(o) + c > g for o, c, g in zip(offset, local.shape, shape)):
+    if len(local.shape) != len(shape) or any(o + c > g for o, c, g in zip(offset, local.shape, shape)):
         raise Unmappable("%s: the local tensor's shape %s does not fit its global shape %s"
                          % (st.key, list(local.shape), list(st.global_shape)))
     prepend = tuple(int(o) for o in st.global_offset[:p])
-    if not shape:
-        raise Unmappable("%s is a scalar, which no HF tensor of this family is" % st.key)
-    lo, n = int(offset[0]), int(local.shape[0])
+    if st.key in _GROUPED and p == 1 and len(shape) == 3:
+        return [(st.key, prepend + (offset[0] + i,), shape[1:], offset[1:], local[i])
+                for i in range(local.shape[0])]
+    return [(st.key, prepend, shape, offset, local)]
+
+
+def _boxes_of(st, hf_config, expected) -> List[HFBox]:
+    """The HF boxes of one ShardedTensor's local tensor, each checked to lie inside its HF tensor."""
     out: List[HFBox] = []
-    for name, src, rows, dst in segments(st.key, prepend, shape, hf_config):
-        hf_shape = expected.get(name)
-        if hf_shape is None or tuple(hf_shape[1:]) != tuple(shape[1:]) or dst + rows > hf_shape[0]:
-            raise Unmappable("Megatron parameter %r (global shape %s) maps to %s rows [%d, %d), but "
-                             "hf_config gives %s" % (st.key, list(st.global_shape), name, dst, dst + rows,
-                                                     "no such tensor" if hf_shape is None
-                                                     else "shape %s" % list(hf_shape)))
-        a, b = max(lo, src), min(lo + n, src + rows)
-        if a < b:
-            start = (dst + a - src,) + tuple(int(o) for o in offset[1:])
-            out.append((name, local[a - lo:b - lo], start, tuple(hf_shape)))
+    for key, prepend, shape, offset, local in _pieces(st):
+        if not shape:
+            raise Unmappable("%s is a scalar, which no HF tensor of this family is" % key)
+        lo, n = offset[0], int(local.shape[0])
+        for name, src, rows, dst in segments(key, prepend, shape, hf_config):
+            hf_shape = expected.get(name)
+            if hf_shape is None or tuple(hf_shape[1:]) != tuple(shape[1:]) or dst + rows > hf_shape[0]:
+                raise Unmappable("Megatron parameter %r (global shape %s) maps to %s rows [%d, %d), but "
+                                 "hf_config gives %s" % (st.key, list(st.global_shape), name, dst, dst + rows,
+                                                         "no such tensor" if hf_shape is None
+                                                         else "shape %s" % list(hf_shape)))
+            a, b = max(lo, src), min(lo + n, src + rows)
+            if a < b:
+                start = (dst + a - src,) + offset[1:]
+                out.append((name, local[a - lo:b - lo], start, tuple(hf_shape)))
     return out
 
 
@@ -132,6 +149,11 @@ def hf_boxes(model, hf_config, replicas: bool = False) -> Tuple[Dict[str, Tuple[
             if replicas or _primary(st):
                 boxes.extend(mine)
     return expected, boxes
+
+
+def _kind(name: str) -> str:
+    """An HF name with its layer and expert numbers left out."""
+    return re.sub(r"\.\d+\.", ".#.", name)
 
 
 def _rank_world(options):
@@ -184,18 +206,23 @@ def save_hf_weights(model, path, hf_config=None, show_progress: bool = False, st
         expected, boxes = hf_boxes(model, hf_config)
     except Unmappable as e:
         raise refusal("invalid_argument", str(e)) from None
-    dtype = _chunks(model)[0].config.params_dtype
     tensors: Dict[str, List[Slice]] = {name: [] for name in expected}
+    # A rank declares a tensor it holds none of in the dtype its own tensors of that kind have
+    # (the same module in another layer or expert), else params_dtype; a wrong guess there
+    # fails the save as a mismatch naming the tensor, never writes it wrong.
+    kinds: Dict[str, Any] = {}
     for name, view, start, shape in boxes:
-        if view.dtype != dtype:
-            raise refusal("invalid_argument", "%s is %s but the model's params_dtype is %s"
-                          % (name, view.dtype, dtype))
         tensors[name].append(Slice(view, shape, start))
+        if kinds.setdefault(_kind(name), view.dtype) != view.dtype:
+            raise refusal("invalid_argument", "%s is %s but other tensors of its kind are %s"
+                          % (name, view.dtype, kinds[_kind(name)]))
+    dtype = _chunks(model)[0].config.params_dtype
     for name, shape in expected.items():
         if not tensors[name]:  # declared, so that a tensor nobody holds fails as a gap
             import torch
 
-            tensors[name].append(Slice(torch.empty((0,) + shape[1:], dtype=dtype), shape, (0,) * len(shape)))
+            empty = torch.empty((0,) + shape[1:], dtype=kinds.get(_kind(name), dtype))
+            tensors[name].append(Slice(empty, shape, (0,) * len(shape)))
     files = _config_files(hf_config, dtype)
     files.update(options.pop("files", None) or {})
     order = {name: i for i, name in enumerate(expected)}
@@ -216,7 +243,7 @@ def load_hf_weights(model, path, hf_config=None, verify: bool = False) -> None:
     import torch
 
     from ._load import Checkpoint
-    from ._torch_load import fill_box
+    from ._torch_load import _check, fill_box
 
     path = os.fspath(path)
     if hf_config is None:
@@ -229,14 +256,9 @@ def load_hf_weights(model, path, hf_config=None, verify: bool = False) -> None:
         raise refusal("invalid_argument", str(e)) from None
     _check_covered(model, boxes)
     with Checkpoint(path) as ck:
-        wrong = []
-        for name, view, start, shape in boxes:
-            if name not in ck:
-                wrong.append("%r is missing" % name)
-            elif ck.info(name).shape != shape:
-                wrong.append("%r has shape %s, not %s" % (name, list(ck.info(name).shape), list(shape)))
-            elif ck.info(name).dtype != dtype_name(view.dtype):
-                wrong.append("%r is %s, not %s" % (name, ck.info(name).dtype, dtype_name(view.dtype)))
+        wrong = ["%r is missing" % name if name not in ck else _check(ck, name, shape, view.dtype)
+                 for name, view, start, shape in boxes]
+        wrong = [w for w in wrong if w]
         if wrong:
             raise refusal("mismatch", "%s does not fit the model (nothing was filled): %s"
                           % (path, "; ".join(sorted(set(wrong)))))

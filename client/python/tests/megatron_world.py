@@ -5,8 +5,9 @@ The shims below make a forward pass run on CPU; they are the tests' own
 and never the library's: the model-parallel RNG tracker forks nothing (no
 dropout here), torch.cuda.current_device is the CPU, moe_utils' TE GEMM is
 off, the attention mask is given, and pipeline stages pass activations by
-hand-written send/recv instead of Megatron's schedules, and Tensor.cuda
-leaves a tensor where it is.
+hand-written send/recv instead of Megatron's schedules, Tensor.cuda
+leaves a tensor where it is, and GroupedMLP's grouped GEMM is a loop of
+matmuls.
 
 reference() is the slow way Megatron-Bridge takes: every parameter's full
 tensor gathered (all_gather_object of every rank's primary shards), mapped
@@ -24,8 +25,10 @@ import torch.nn.functional as F
 warnings.filterwarnings("ignore")
 
 VOCAB, PADDED = 250, 256     # Megatron pads the vocab; HF keeps 250
-HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN, LAYERS = 64, 8, 4, 8, 96, 4
-EXPERTS, TOPK, EXPERT_FFN = 4, 2, 48
+HIDDEN = 64
+# The tests' sizes; the benchmark passes larger ones.
+DIMS = dict(vocab=VOCAB, padded=PADDED, hidden=HIDDEN, heads=8, groups=4, head_dim=8, ffn=96, layers=4,
+            experts=4, topk=2, expert_ffn=48)
 TOKENS = torch.tensor([[3, 17, 101, 249, 0, 42, 7, 188], [200, 5, 5, 63, 120, 9, 248, 1]])
 
 
@@ -53,39 +56,52 @@ def shims():
     rng._CUDA_RNG_STATE_TRACKER = CPUTracker()
     rng._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     torch.cuda.current_device = lambda: torch.device("cpu")
+    # GroupedMLP's grouped GEMM (a CUDA package) as one matmul per expert.
+    import types
+
+    import megatron.core.transformer.moe.grouped_gemm_util as gg
+
+    def gmm(a, b, batch_sizes, trans_b=False):
+        rows = torch.split(a, [int(n) for n in batch_sizes])
+        return torch.cat([x @ (w.t() if trans_b else w) for x, w in zip(rows, b)])
+
+    gg.ops = types.SimpleNamespace(gmm=gmm)
+    gg.grouped_gemm = types.SimpleNamespace(ops=gg.ops)
     # The tied output layer of the last stage is moved to the GPU before its all-reduce.
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     moe_utils.te_general_gemm = None
 
 
-def hf_config(family):
+def hf_config(family, d=DIMS):
     from transformers import LlamaConfig, MixtralConfig, Qwen2Config
 
-    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                  num_key_value_heads=GROUPS, head_dim=HEAD_DIM, rms_norm_eps=1e-5, max_position_embeddings=64,
-                  rope_theta=10000.0, tie_word_embeddings=family.endswith("tied"))
+    common = dict(vocab_size=d["vocab"], hidden_size=d["hidden"], num_hidden_layers=d["layers"],
+                  num_attention_heads=d["heads"], num_key_value_heads=d["groups"], head_dim=d["head_dim"],
+                  rms_norm_eps=1e-5, max_position_embeddings=64, rope_theta=10000.0,
+                  tie_word_embeddings=family.endswith("tied"))
     if family.startswith("llama"):
-        return LlamaConfig(intermediate_size=FFN, **common)
+        return LlamaConfig(intermediate_size=d["ffn"], **common)
     if family.startswith("qwen2"):
-        return Qwen2Config(intermediate_size=FFN, **common)
+        return Qwen2Config(intermediate_size=d["ffn"], **common)
     if family.startswith("mixtral"):
-        return MixtralConfig(intermediate_size=EXPERT_FFN, num_local_experts=EXPERTS, num_experts_per_tok=TOPK,
-                             router_jitter_noise=0.0, **common)
+        return MixtralConfig(intermediate_size=d["expert_ffn"], num_local_experts=d["experts"],
+                             num_experts_per_tok=d["topk"], router_jitter_noise=0.0, **common)
     raise ValueError(family)
 
 
-def layout(tp=1, pp=1, ep=1, vpp=None):
+def layout(tp=1, pp=1, ep=1, vpp=None, grouped=False):
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  virtual_pipeline_model_parallel_size=vpp, expert_model_parallel_size=ep)
-    return dict(tp=tp, pp=pp, ep=ep, vpp=vpp)
+    return dict(tp=tp, pp=pp, ep=ep, vpp=vpp, grouped=grouped)
 
 
-def build(family, lay, seed):
-    """The model chunks (one, or vpp of them) of `family` in the current layout, initialised from seed."""
+def build(family, lay, seed, d=DIMS, init=True):
+    """The model chunks (one, or vpp of them) of `family` in the current layout, initialised from
+    seed (init=False: left as allocated, for the benchmark's bytes)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -93,8 +109,8 @@ def build(family, lay, seed):
 
     moe = family.startswith("mixtral")
     cfg = TransformerConfig(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, num_query_groups=GROUPS,
-        kv_channels=HEAD_DIM, ffn_hidden_size=FFN, normalization="RMSNorm", layernorm_epsilon=1e-5,
+        num_layers=d["layers"], hidden_size=d["hidden"], num_attention_heads=d["heads"],
+        num_query_groups=d["groups"], kv_channels=d["head_dim"], ffn_hidden_size=d["ffn"], normalization="RMSNorm", layernorm_epsilon=1e-5,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         add_qkv_bias=family.startswith("qwen2"), hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, bias_activation_fusion=False, masked_softmax_fusion=False,
@@ -102,25 +118,33 @@ def build(family, lay, seed):
         pipeline_dtype=torch.float32, tensor_model_parallel_size=lay["tp"],
         pipeline_model_parallel_size=lay["pp"], virtual_pipeline_model_parallel_size=lay["vpp"],
         expert_model_parallel_size=lay["ep"], sequence_parallel=False,
-        num_moe_experts=EXPERTS if moe else None, moe_router_topk=TOPK if moe else 2,
-        moe_ffn_hidden_size=EXPERT_FFN if moe else None, moe_token_dispatcher_type="allgather",
-        moe_router_load_balancing_type="none", init_method_std=0.05)
-    spec = get_gpt_layer_local_spec(num_experts=EXPERTS if moe else None, normalization="RMSNorm")
+        num_moe_experts=d["experts"] if moe else None, moe_router_topk=d["topk"] if moe else 2,
+        moe_ffn_hidden_size=d["expert_ffn"] if moe else None, moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=lay["grouped"],
+        moe_router_load_balancing_type="none", init_method_std=0.05, perform_initialization=init,
+        params_dtype=d.get("dtype", torch.float32))
+    spec = get_gpt_layer_local_spec(num_experts=d["experts"] if moe else None, moe_grouped_gemm=lay["grouped"],
+                                    normalization="RMSNorm")
     torch.manual_seed(seed)
     chunks = []
     for v in range(lay["vpp"] or 1):
         vp = v if lay["vpp"] else None
         chunks.append(GPTModel(
-            config=cfg, transformer_layer_spec=spec, vocab_size=PADDED, max_sequence_length=64,
+            config=cfg, transformer_layer_spec=spec, vocab_size=d["padded"], max_sequence_length=64,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
             share_embeddings_and_output_weights=family.endswith("tied"), position_embedding_type="rope",
             rotary_base=10000, parallel_output=False, vp_stage=vp))
+    # GroupedMLP's forward asserts a bf16 run; its loop of matmuls here computes in f32 all the same.
+    cfg.bf16 = lay["grouped"]
     with torch.no_grad():  # norms start at 1: make them count
         for c in chunks:
             c.eval()  # MoE with TP and no sequence parallelism runs only outside training
+            c.to(dtype=d.get("dtype", torch.float32))  # every parameter, as Float16Module casts them
             for name, p in c.named_parameters():
-                if name.endswith("layernorm.weight"):
+                if not init:
+                    p.uniform_(-1, 1)
+                elif name.endswith("layernorm.weight"):
                     p.add_(torch.randn(p.shape) * 0.1)
     return chunks
 
@@ -142,7 +166,7 @@ def forward(chunks):
                     continue
                 first, last = stage == 0 and v == 0, stage == pp - 1 and v == len(chunks) - 1
                 if not first:
-                    x = torch.empty(s, b, HIDDEN)
+                    x = torch.empty(s, b, chunk.config.hidden_size)
                     dist.recv(x, ps.get_pipeline_model_parallel_prev_rank())
                     chunk.set_input_tensor(x)
                 y = chunk(input_ids=TOKENS, position_ids=pos, attention_mask=mask)
@@ -153,8 +177,9 @@ def forward(chunks):
     return out
 
 
-def _full_tensors(chunks):
-    """{(key, prepend offsets): full Megatron tensor} on rank 0, None elsewhere."""
+def full_tensors(chunks, everyone=False):
+    """{(key, prepend offsets): full Megatron tensor} on rank 0 (every rank with everyone=True),
+    None elsewhere."""
     from shardd.megatron import _chunks, _primary, _sharded_tensors
 
     mine = []
@@ -166,7 +191,7 @@ def _full_tensors(chunks):
                              tuple(st.global_offset[p:]), st.data.detach().clone()))
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    if dist.get_rank():
+    if dist.get_rank() and not everyone:
         return None
     full = {}
     for part in every:
@@ -176,12 +201,12 @@ def _full_tensors(chunks):
     return full
 
 
-def _hf_names(full, cfg):
+def hf_names(full, cfg):
     """The gathered tensors as HF tensors, whole-tensor ops only."""
     moe = cfg.model_type == "mixtral"
+    heads, groups, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     out = {}
     for (key, prepend), t in full.items():
-        assert not torch.isnan(t).any(), key
         if key == "embedding.word_embeddings.weight":
             out["model.embed_tokens.weight"] = t[:cfg.vocab_size]
             continue
@@ -199,8 +224,8 @@ def _hf_names(full, cfg):
             out[p + "post_attention_layernorm.weight"] = t
         elif rest.startswith("self_attention.linear_qkv."):
             kind = rest.rsplit(".", 1)[1]
-            per = HEADS // GROUPS
-            g = t.reshape(GROUPS, per + 2, HEAD_DIM, *t.shape[1:])
+            per = heads // groups
+            g = t.reshape(groups, per + 2, head_dim, *t.shape[1:])
             out[p + "self_attn.q_proj." + kind] = g[:, :per].reshape(-1, *t.shape[1:])
             out[p + "self_attn.k_proj." + kind] = g[:, per].reshape(-1, *t.shape[1:])
             out[p + "self_attn.v_proj." + kind] = g[:, per + 1].reshape(-1, *t.shape[1:])
@@ -213,11 +238,13 @@ def _hf_names(full, cfg):
         elif moe and rest == "mlp.router.weight":
             out[p + "block_sparse_moe.gate.weight"] = t
         elif moe and rest.startswith("mlp.experts.experts."):
-            e = p + "block_sparse_moe.experts.%d." % prepend[1]
-            if rest.endswith("linear_fc1.weight"):
-                out[e + "w1.weight"], out[e + "w3.weight"] = t.chunk(2)
-            else:
-                out[e + "w2.weight"] = t
+            # SequentialMLP: one tensor per expert; GroupedMLP: the layer's experts stacked.
+            for expert, w in [(prepend[1], t)] if len(prepend) == 2 else enumerate(t):
+                e = p + "block_sparse_moe.experts.%d." % expert
+                if rest.endswith("linear_fc1.weight"):
+                    out[e + "w1.weight"], out[e + "w3.weight"] = w.chunk(2)
+                else:
+                    out[e + "w2.weight"] = w
         else:
             raise AssertionError("the reference has no HF name for %s" % key)
     return {k: v.contiguous() for k, v in out.items()}
@@ -227,6 +254,8 @@ def reference(chunks, cfg, path):
     """Gather, map, write with safetensors (rank 0): the slow way, to compare bytes with."""
     from safetensors.torch import save_file
 
-    full = _full_tensors(chunks)
+    full = full_tensors(chunks)
     if full is not None:
-        save_file(_hf_names(full, cfg), path)
+        for (key, _), t in full.items():
+            assert not torch.isnan(t).any(), "no rank holds all of %s" % key
+        save_file(hf_names(full, cfg), path)

@@ -4,7 +4,8 @@
 rank, tied and untied; Qwen2 with q/k/v biases; Mixtral MoE), built on 4
 gloo CPU ranks with a padded vocab (256 rows for HF's 250), are saved with
 shardd.megatron.save_hf_weights through a real daemon under TP=2, TPxPP=2x2,
-PPxVPP=2x2, TPxEP=2x2 and EP=4. For each checkpoint:
+PPxVPP=2x2, TPxEP=2x2, EP=4 and EP=2 with grouped-GEMM experts (GroupedMLP,
+its CUDA kernel replaced by matmuls in the test). For each checkpoint:
   - transformers' from_pretrained gives logits equal to the Megatron
     forward's on the same tokens within 1e-5 (f32);
   - every tensor's bytes equal those of the slow reference (gather every
@@ -46,7 +47,7 @@ from torch_world import WAIT, answer, init, run_world
 import megatron_world as mw
 
 TP2, TPPP, VPP = dict(tp=2), dict(tp=2, pp=2), dict(pp=2, vpp=2)
-TPEP, EP4 = dict(tp=2, ep=2), dict(ep=4)
+TPEP, EP4, EP2_GROUPED = dict(tp=2, ep=2), dict(ep=4), dict(ep=2, grouped=True)
 # (case, family, layout saved from, layout loaded into)
 CASES = [
     ("llama-tied", "llama-tied", TP2, TPPP),
@@ -54,6 +55,7 @@ CASES = [
     ("qwen2", "qwen2", VPP, TP2),
     ("mixtral-tpep", "mixtral", TPEP, EP4),
     ("mixtral-ep4", "mixtral", EP4, TPPP),
+    ("mixtral-grouped", "mixtral", EP2_GROUPED, TPEP),
 ]
 # SHARDD_MEGATRON_CASES=a,b runs only those (while working on one).
 if os.environ.get("SHARDD_MEGATRON_CASES"):
@@ -101,11 +103,15 @@ def refusals(args):
             said[what] = None
         except shardd.ShardError as e:
             said[what] = [e.name, e.message]
-    # The first case's folder: a model of another family, and one whose lm_head it lacks.
+    # The first case's folder: a model of another family, and one whose lm_head it lacks; then
+    # grouped-GEMM experts, whose sharded tensors are copies (transposed) of weight1/weight2.
     tied = os.path.join(args["root"], CASES[0][0])
-    for what, cfg in (("load-family", qwen), ("load-missing", mw.hf_config("llama"))):
+    for what, model, cfg in (("load-family", lambda: chunks, qwen),
+                             ("load-missing", lambda: chunks, mw.hf_config("llama")),
+                             ("load-grouped", lambda: mw.build("mixtral", mw.layout(ep=2, grouped=True), 3),
+                              mw.hf_config("mixtral"))):
         try:
-            sm.load_hf_weights(chunks, tied, hf_config=cfg)
+            sm.load_hf_weights(model(), tied, hf_config=cfg)
             said[what] = None
         except shardd.ShardError as e:
             said[what] = [e.name, e.message]
@@ -175,6 +181,7 @@ class Megatron(unittest.TestCase):
         self.assertIn("add_qkv_bias", said["load-family"][1])
         self.assertEqual(said["load-missing"][0], "mismatch")
         self.assertIn("'lm_head.weight' is missing", said["load-missing"][1])
+        self.assertIn("experts.weight1", said["load-grouped"][1])
         for what in ("groups", "bias", "family"):
             self.assertFalse(os.path.exists(os.path.join(self.d.root, "refused-" + what)))
         with shardd.Client(self.d.socket) as c:
