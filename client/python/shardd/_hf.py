@@ -80,24 +80,31 @@ def saved_names(model, state_dict) -> List[Tuple[str, str]]:
     return [(name, piece.key) for name, piece in saved_pieces(model, state_dict)]
 
 
-def _saved_value(state_dict, piece: Piece):
-    """What this rank hands over for one saved tensor: the value itself when it is the whole
-    held tensor, else the Slices of the piece its local boxes hold (one empty Slice if none)."""
+def _saved_values(state_dict, pieces) -> Dict[str, Any]:
+    """{saved name: what this rank hands over}: the value itself where a piece is the whole held
+    tensor, else the Slices of the piece its local boxes hold (one empty Slice if none). Each
+    held tensor's local boxes are worked out once, however many experts it holds."""
     from ._dtensor import dtensor_boxes, is_dtensor
     from ._tensors import Slice
 
-    value = state_dict[piece.key]
-    if piece.is_whole(value.shape):
-        return value
-    if is_dtensor(value):
-        local, boxes, primary = dtensor_boxes(piece.key, value)
-    else:
-        local, boxes, primary = value, [((0,) * value.dim(), tuple(value.shape), (0,) * value.dim())], True
-    shape = piece.shape
-    parts = piece_parts(piece, local, boxes) if primary else []
-    if not parts:
-        return Slice(local.new_empty((0,) + shape[1:]), shape, (0,) * len(shape))
-    return [Slice(view, shape, start) for view, start, _ in parts]
+    held: Dict[str, Any] = {}
+    out = {}
+    for name, piece in pieces:
+        value = state_dict[piece.key]
+        if piece.is_whole(value.shape):
+            out[name] = value
+            continue
+        if piece.key not in held:
+            if is_dtensor(value):
+                held[piece.key] = dtensor_boxes(piece.key, value)
+            else:
+                held[piece.key] = (value, [((0,) * value.dim(), tuple(value.shape), (0,) * value.dim())], True)
+        local, boxes, primary = held[piece.key]
+        shape = piece.shape
+        parts = piece_parts(piece, local, boxes) if primary else []
+        out[name] = ([Slice(view, shape, start) for view, start, _ in parts] if parts
+                     else Slice(local.new_empty((0,) + shape[1:]), shape, (0,) * len(shape)))
+    return out
 
 
 def config_files(model) -> Dict[str, bytes]:
@@ -143,7 +150,7 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
                                   "own save_pretrained only")
     if state_dict is None:
         state_dict = model.state_dict()
-    tensors = {saved: _saved_value(state_dict, piece) for saved, piece in saved_pieces(model, state_dict)}
+    tensors = _saved_values(state_dict, saved_pieces(model, state_dict))
     all_files = config_files(model)
     all_files.update(files or {})
     return save_state_dict(tensors, dir, max_shard_size=max_shard_size, files=all_files, **kwargs)

@@ -190,15 +190,18 @@ def refuse_local_experts(model, state_dict) -> None:
 def _to_saved(piece: Piece, held_view):
     """held_view (a box of the held tensor, all its dims) as a view in the saved tensor's dims."""
     x = held_view
-    mapped = [d for d in piece.dims if d is not None]
+    dims = piece.dims
     for d in range(x.dim() - 1, -1, -1):
-        if d not in mapped:
+        if d not in dims:
             x = x.select(d, 0)
-    order = sorted(mapped)
-    x = x.permute([order.index(d) for d in mapped])
-    for i, d in enumerate(piece.dims):
-        if d is None:
-            x = x.unsqueeze(i)
+    mapped = [d for d in dims if d is not None]
+    if any(a > b for a, b in zip(mapped, mapped[1:])):  # a transpose: rare, so looked for first
+        order = sorted(mapped)
+        x = x.permute([order.index(d) for d in mapped])
+    if len(mapped) != len(dims):
+        for i, d in enumerate(dims):
+            if d is None:
+                x = x.unsqueeze(i)
     return x
 
 
@@ -208,12 +211,17 @@ def piece_parts(piece: Piece, local, boxes):
     start) of the held tensor, as _dtensor.dtensor_boxes gives them."""
     out = []
     for gstart, gcount, lstart in boxes:
-        lo = [max(a, b) for a, b in zip(piece.start, gstart)]
-        hi = [min(a + n, b + m) for a, n, b, m in zip(piece.start, piece.count, gstart, gcount)]
-        if any(h <= l for l, h in zip(lo, hi)):
-            continue
-        view = local[tuple(slice(o + l - g, o + h - g) for o, l, h, g in zip(lstart, lo, hi, gstart))]
-        start = tuple(0 if d is None else lo[d] - piece.start[d] for d in piece.dims)
-        count = tuple(1 if d is None else hi[d] - lo[d] for d in piece.dims)
-        out.append((_to_saved(piece, view), start, count))
+        index, lo, hi = [], [], []
+        for a, n, b, m, o in zip(piece.start, piece.count, gstart, gcount, lstart):
+            low, high = max(a, b), min(a + n, b + m)
+            if high <= low:
+                break
+            lo.append(low)
+            hi.append(high)
+            index.append(slice(o + low - b, o + high - b))
+        else:
+            view = _to_saved(piece, local[tuple(index)])
+            start = tuple(0 if d is None else lo[d] - piece.start[d] for d in piece.dims)
+            count = tuple(1 if d is None else hi[d] - lo[d] for d in piece.dims)
+            out.append((view, start, count))
     return out
