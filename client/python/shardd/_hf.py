@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from typing import Any, Dict, List, Tuple
 
 from ._hf_convert import Piece, piece_parts, refuse_local_experts, reverted_pieces
@@ -21,6 +22,9 @@ from ._torch_state import save_state_dict
 from ._unwrap import unwrap_model
 
 __all__ = ["save_pretrained", "saved_names", "saved_pieces"]
+
+# {model: (signature, saved_pieces' answer)}: the last answer for each live model.
+_PIECES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _owner(model, name: str):
@@ -69,10 +73,21 @@ def saved_pieces(model, state_dict) -> List[Tuple[str, Piece]]:
     stand_in = _stand_ins(model, state_dict)
     for key in getattr(model, "_keys_to_ignore_on_save", None) or ():
         stand_in.pop(key, None)
+    # A trainer saves the same model again and again: the answer depends only on the names, which
+    # are one tensor, the shapes and dtypes, and the conversions the model records.
+    groups: Dict[int, int] = {}
+    signature = (id(getattr(model, "_weight_conversions", None)),) + tuple(
+        (key, groups.setdefault(id(t), len(groups)), tuple(getattr(state_dict[key], "shape", ())),
+         str(getattr(state_dict[key], "dtype", ""))) for key, t in stand_in.items())
+    cached = _PIECES.get(model)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
     kept = modeling_utils.remove_tied_weights_from_state_dict(dict(stand_in), model)
     shapes = {key: (tuple(state_dict[key].shape), state_dict[key].dtype) for key in kept
               if hasattr(state_dict[key], "shape") and hasattr(state_dict[key], "dtype")}
-    return reverted_pieces(model, kept, shapes)
+    pieces = reverted_pieces(model, kept, shapes)
+    _PIECES[model] = (signature, pieces)
+    return pieces
 
 
 def saved_names(model, state_dict) -> List[Tuple[str, str]]:
