@@ -49,6 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
+import bench_moe  # noqa: E402
 from bench_proc import drop_caches, proc_figures  # noqa: E402
 
 # shardd first: DCP's HF writer takes its file map.
@@ -77,8 +78,8 @@ def build_model(args, layout):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from shardd._dtensor import dtensor_boxes, is_dtensor
-
+    if bench_moe.is_moe(layout):
+        return fill(bench_moe.build_model(args, layout))
     cfg = LlamaConfig(vocab_size=args["vocab"], hidden_size=args["hidden"], intermediate_size=args["inter"],
                       num_hidden_layers=args["layers"], num_attention_heads=16, num_key_value_heads=16,
                       tie_word_embeddings=False)
@@ -101,8 +102,18 @@ def build_model(args, layout):
             fully_shard(layer, mesh=mesh)
         fully_shard(m, mesh=mesh)
     m.to_empty(device="cpu")
+    return fill(m)
+
+
+def fill(m):
+    """Each rank's own shards, and the buffers (DeepSeek-V3's e_score_correction_bias), seeded by
+    tensor and box so that replicas agree."""
+    import torch
+
+    from shardd._dtensor import dtensor_boxes, is_dtensor
+
     with torch.no_grad():
-        for name, p in m.named_parameters():
+        for name, p in list(m.named_parameters()) + list(m.named_buffers()):
             if is_dtensor(p):
                 local, boxes, _ = dtensor_boxes(name, p)
                 start = boxes[0][0]
@@ -161,7 +172,10 @@ def save_way(way, ctx):
         full = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
             os.makedirs(path)
-            save_torch_state_dict(full, path, max_shard_size=args["shard"])
+            if ctx["moe"]:
+                bench_moe.save_like_transformers(bench_moe.saved_tensors(m, full), path, args["shard"])
+            else:
+                save_torch_state_dict(full, path, max_shard_size=args["shard"])
             os.sync()
         durable = time.perf_counter() - t0
         del full
@@ -232,16 +246,19 @@ def load_way(way, ctx):
                     if f.endswith(".safetensors"):
                         full.update(load_file(os.path.join(path, f)))
             seconds = time.perf_counter() - t0
-            equal = all(torch.equal(full[k], v) for k, v in ctx["gathered_ref"].items())
+            ref = ctx["gathered_ref"] if way == "from_pretrained" else ctx["saved_ref"]
+            equal = all(torch.equal(full[k], v) for k, v in ref.items())
             dist.barrier()
             return seconds, equal
     else:
         target = ctx["fresh"]
         sd = get_model_state_dict(target)
         if way == "dcp-hf-read":
-            dcp.load(sd, storage_reader=HuggingFaceStorageReader(path))
+            # DCP has no conversion: an MoE model reads DCP-HF's own folder (fused names).
+            fused = path.replace("shardd-", "dcp-hf-") if ctx["moe"] else path
+            dcp.load(sd, storage_reader=HuggingFaceStorageReader(fused))
         else:
-            st.load_state_dict(path, target.state_dict())
+            st.load_state_dict(path, target.state_dict(), model=target)
         seconds = time.perf_counter() - t0
         want = local_tensors(m)
         got = local_tensors(target)
@@ -275,17 +292,28 @@ def hf_files(path):
     return weight_map, crcs
 
 
-def compare_outputs(root, r):
-    """Every HF-layout way of round r holds shardd's file map and tensors; '' or what differs."""
-    want_map, want = hf_files(os.path.join(root, "shardd-%d" % r))
+def compare_outputs(root, r, moe=False):
+    """Every HF-layout way of round r holds shardd's file map and tensors; '' or what differs.
+    For an MoE model the per-expert ways are held to shardd's tensors (huggingface_hub files
+    transformers' per-expert views of one storage together, so the gathered file map differs)
+    and DCP's fused ones to dcp-shardd's."""
+    if not moe:
+        return _compare(root, r, "shardd", HF_LAYOUT, HF_LAYOUT)
+    return "; ".join(filter(None, (_compare(root, r, "shardd", ("gathered", "shardd-async"), ("shardd-async",)),
+                                   _compare(root, r, "dcp-shardd", ("dcp-hf", "dcp-shardd-async"),
+                                            ("dcp-shardd-async",)))))
+
+
+def _compare(root, r, base, ways, same_map):
+    want_map, want = hf_files(os.path.join(root, "%s-%d" % (base, r)))
     want_tensors = {k: c for t in want.values() for k, c in t.items()}
     problems = []
-    for way in HF_LAYOUT:
+    for way in ways:
         got_map, got = hf_files(os.path.join(root, "%s-%d" % (way, r)))
         tensors = {k: c for t in got.values() for k, c in t.items()}
         if tensors != want_tensors:
             problems.append("%s: tensors differ" % way)
-        elif got_map != want_map:
+        elif way in same_map and got_map != want_map:
             problems.append("%s: file map differs" % way)
     return "; ".join(problems)
 
@@ -307,6 +335,8 @@ def worker(args):
            "fio_dir": os.path.join(args["root"], "fio-read")}
     gathered = get_model_state_dict(m, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     ctx["gathered_ref"] = gathered if rank == 0 else None
+    ctx["saved_ref"] = bench_moe.saved_tensors(m, dict(gathered)) if rank == 0 else None
+    ctx["moe"] = bench_moe.is_moe(layout)
     del gathered
     out = {"own": own, "total": total, "rounds": [], "checks": []}
     if rank == 0:
@@ -332,7 +362,7 @@ def worker(args):
                 f.update(daemon_cpu=d1[0] - daemon0[0], daemon_rss=d1[1], daemon_wrote=d1[2] - daemon0[2],
                          daemon_anon=d1[3])
             figures[way] = f
-            if way == "shardd":
+            if way == "shardd" and not ctx["moe"]:
                 # DCP's HF writer is told shardd's file map, as torchtitan passes the index it loaded.
                 holder = [None]
                 if rank == 0:
@@ -349,7 +379,7 @@ def worker(args):
             seconds, equal = load_way(way, ctx)
             figures[way] = {"blocked": seconds, "durable": seconds, "equal": equal, "dropped": dropped}
         if r == 0 and rank == 0:
-            out["checks"].append(compare_outputs(args["root"], r))
+            out["checks"].append(compare_outputs(args["root"], r, ctx["moe"]))
         dist.barrier()
         if rank == 0:
             for way in SAVES:
@@ -357,7 +387,6 @@ def worker(args):
                     shutil.rmtree(os.path.join(args["root"], "%s-%d" % (way, r)), ignore_errors=True)
         dist.barrier()
         out["rounds"].append(figures)
-    client.close()
     return out
 
 
@@ -425,6 +454,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=5504)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--moe-hidden", type=int, help="hidden size of the MoE layouts (bench_moe.py)")
+    ap.add_argument("--moe-inter", type=int, help="each expert's intermediate size (bench_moe.py)")
     ap.add_argument("--shard", default="300MB", help="max_shard_size of every HF way")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "bench-torch"))
     a = ap.parse_args()
@@ -443,7 +474,7 @@ def main():
         d = Daemon(root=os.path.join(a.work, "root"))
         try:
             args = {"root": d.root, "rounds": a.rounds, "layers": a.layers, "hidden": a.hidden,
-                    "inter": a.inter, "vocab": a.vocab, "shard": a.shard, "layout": layout,
+                    "inter": a.inter, "vocab": a.vocab, "moe_hidden": a.moe_hidden, "moe_inter": a.moe_inter, "shard": a.shard, "layout": layout,
                     "daemon": d.proc.pid}
             t0 = time.perf_counter()
             out = run_world(os.path.abspath(__file__), 4, args,
@@ -454,8 +485,9 @@ def main():
             d.stop()
         checks = out[0]["checks"][0]
         table(layout, out, a.rounds)
-        print("outputs: %s; %.0f s in all" % ("every HF way holds shardd's file map and tensors bit for bit"
-                                               if not checks else "DIFFER: " + checks, wall))
+        same = ("the per-expert ways hold shardd's tensors, DCP's fused ways dcp-shardd's, bit for bit"
+                if bench_moe.is_moe(layout) else "every HF way holds shardd's file map and tensors bit for bit")
+        print("outputs: %s; %.0f s in all" % (same if not checks else "DIFFER: " + checks, wall))
         if checks:
             return 1
     shutil.rmtree(a.work, ignore_errors=True)
