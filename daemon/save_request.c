@@ -112,8 +112,8 @@ static int late_begin(sd_daemon *d, const sd_begin_args *a, sd_error *err) {
                    "this save another dir or id",
                    a->save, a->dir, r->dir ? r->dir : "?");
   if (r->began && a->rank < r->world_size && (r->began[a->rank / 8] >> (a->rank % 8) & 1)) return 0;
-  return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' failed %u s ago, before rank %u began (%s: %s)", a->save, ago,
-                 a->rank, sd_err_name(r->err.code), r->err.msg);
+  return sd_fail(err, SHARDD_E_SAVE_FAILED, "save '%s' (dir '%s') failed %u s ago, before rank %u began (%s: %s)",
+                 a->save, a->dir, ago, a->rank, sd_err_name(r->err.code), r->err.msg);
 }
 
 int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_error *err) {
@@ -133,7 +133,8 @@ int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_e
                      (unsigned)save->owner_uid, (unsigned)j->uid);
     int mine = d->save_owner->rank_of(j->owner, save);
     if (mine >= 0)
-      return sd_fail(err, SHARDD_E_BAD_STATE, "this connection already is rank %d of save '%s'", mine, save->id);
+      return sd_fail(err, SHARDD_E_BAD_STATE, "this connection already is rank %d of save '%s' (dir '%s')", mine,
+                     save->id, save->dir);
     if (save->world_size != a->world_size) {
       sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives world_size %u, earlier ranks gave %u",
               save->id, a->rank, a->world_size, save->world_size);

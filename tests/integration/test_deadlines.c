@@ -79,8 +79,9 @@ Test(deadlines, a_late_begin_after_a_failure_gets_save_failed_with_the_cause, ON
   shardd_save_opts o = {.save = "late", .dir = "late/1", .rank = 1, .world_size = 2};
   int rc = shardd_begin(c, &o);
   cr_assert_eq(rc, SHARDD_E_SAVE_FAILED, "late begin: %s: %s", shardd_err_name(rc), shardd_last_error(c));
-  cr_assert(strstr(shardd_last_error(c), "timeout") && strstr(shardd_last_error(c), "rank 1 of 2 never began"),
-            "the original cause is not named: %s", shardd_last_error(c));
+  cr_assert(strstr(shardd_last_error(c), "timeout") && strstr(shardd_last_error(c), "rank 1 of 2 never began") &&
+                strstr(shardd_last_error(c), "save 'late' (dir 'late/1') failed"),
+            "the original cause, or the save's dir, is not named: %s", shardd_last_error(c));
   cr_assert_eq(save_count(), 0, "the late begin started a save");
   /* Rank 0 had begun the failed attempt: it is retrying, and a new save starts. */
   o.rank = 0;
