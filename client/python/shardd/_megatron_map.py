@@ -35,13 +35,16 @@ class Family:
     """One HF model family: its architecture, whether q/k/v carry biases, and its MoE names.
 
     moe: None for a dense MLP; else (router name, expert prefix, (gate, up, down) names,
-    the config field holding the expert FFN size).
+    the config field holding the expert FFN size). shared: None, or (the shared expert's
+    prefix, its sigmoid gate's name, the config field holding its FFN size).
     """
 
-    def __init__(self, architecture: str, qkv_bias: bool, moe: Optional[Tuple[str, str, Tuple[str, str, str], str]] = None):
+    def __init__(self, architecture: str, qkv_bias: bool, moe: Optional[Tuple[str, str, Tuple[str, str, str], str]] = None,
+                 shared: Optional[Tuple[str, str, str]] = None):
         self.architecture = architecture
         self.qkv_bias = qkv_bias
         self.moe = moe
+        self.shared = shared
 
 
 FAMILIES: Dict[str, Family] = {
@@ -50,6 +53,10 @@ FAMILIES: Dict[str, Family] = {
     "mixtral": Family("MixtralForCausalLM", qkv_bias=False,
                       moe=("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"),
                            "intermediate_size")),
+    "qwen2_moe": Family("Qwen2MoeForCausalLM", qkv_bias=True,
+                        moe=("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj"),
+                             "moe_intermediate_size"),
+                        shared=("mlp.shared_expert", "mlp.shared_expert_gate", "shared_expert_intermediate_size")),
 }
 
 
@@ -65,7 +72,7 @@ class Dims:
     """The sizes the mapping needs, read from the HF config."""
 
     def __init__(self, hf_config):
-        c = hf_config
+        c, fam = hf_config, family_of(hf_config)
         self.hidden = int(c.hidden_size)
         self.layers = int(c.num_hidden_layers)
         self.heads = int(c.num_attention_heads)
@@ -73,8 +80,9 @@ class Dims:
         self.head_dim = int(getattr(c, "head_dim", None) or self.hidden // self.heads)
         self.vocab = int(c.vocab_size)
         self.tied = bool(getattr(c, "tie_word_embeddings", False))
-        self.ffn = int(c.intermediate_size)
-        self.experts = int(getattr(c, "num_local_experts", 0) or 0)
+        self.ffn = int(getattr(c, fam.moe[3]) if fam.moe else c.intermediate_size)
+        self.experts = int(getattr(c, "num_local_experts", None) or getattr(c, "num_experts", None) or 0)
+        self.shared = int(getattr(c, fam.shared[2])) if fam.shared else None
 
 
 def _rope_theta(hf_config):
@@ -114,7 +122,7 @@ def check_config(gpt, hf_config) -> Family:
         ("rotary_percent", float(gpt.rotary_percent), "(full RoPE)", 1.0),
         ("rope_scaling", bool(getattr(gpt, "rotary_scaling", False)), "(plain RoPE)", False),
         ("multi_latent_attention", bool(getattr(c, "multi_latent_attention", False)), "(GQA)", False),
-        ("num_moe_experts", c.num_moe_experts or 0, "num_local_experts", d.experts),
+        ("num_moe_experts", c.num_moe_experts or 0, "num_local_experts / num_experts", d.experts),
     ]
     theta = _rope_theta(hf_config)
     if theta is not None:
@@ -122,12 +130,24 @@ def check_config(gpt, hf_config) -> Family:
     if moe:
         pairs += [("moe_ffn_hidden_size", c.moe_ffn_hidden_size, fam.moe[3], d.ffn),
                   ("moe_router_topk", c.moe_router_topk, "num_experts_per_tok", int(hf_config.num_experts_per_tok)),
-                  ("moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size, "(no shared experts)", None),
+                  ("moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size,
+                   fam.shared[2] if fam.shared else "(no shared experts)", d.shared),
+                  ("moe_shared_expert_gate", bool(c.moe_shared_expert_gate), "(a sigmoid-gated shared expert)",
+                   bool(fam.shared)),
+                  # Mixtral renormalises its top-k softmax (Megatron: top-k, then softmax); Qwen2-MoE
+                  # without norm_topk_prob keeps the full softmax's values (Megatron: pre-softmax).
+                  ("moe_router_pre_softmax", bool(c.moe_router_pre_softmax), "norm_topk_prob",
+                   not bool(getattr(hf_config, "norm_topk_prob", True))),
+                  ("moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor, "(no scaling)", None),
                   ("moe_router_enable_expert_bias", bool(c.moe_router_enable_expert_bias), "(no expert bias)", False),
                   ("moe_router_score_function", c.moe_router_score_function, "(softmax router)", "softmax"),
                   ("moe_layer_freq", c.moe_layer_freq, "(every layer MoE)", 1)]
     else:
         pairs.append(("ffn_hidden_size", c.ffn_hidden_size, "intermediate_size", d.ffn))
+    for field, plain in (("decoder_sparse_step", 1), ("mlp_only_layers", []), ("use_sliding_window", False)):
+        if getattr(hf_config, field, plain) not in (plain, None):
+            raise Unmappable("hf_config.%s is %r: the Megatron model has no such layout (%r)"
+                             % (field, getattr(hf_config, field), plain))
     for m_name, m_value, h_name, h_value in pairs:
         if m_value != h_value:
             raise Unmappable("the Megatron model's %s is %r but hf_config's %s gives %r"
@@ -157,6 +177,12 @@ def hf_tensors(hf_config) -> Dict[str, Tuple[int, ...]]:
                 e_p = "%s%s.%d." % (p, experts, e)
                 for name, shape in ((gate, (d.ffn, h)), (down, (h, d.ffn)), (up, (d.ffn, h))):
                     out[e_p + name + ".weight"] = shape
+            if fam.shared:
+                shared, gate = fam.shared[:2]
+                for name, shape in (("gate_proj", (d.shared, h)), ("up_proj", (d.shared, h)),
+                                    ("down_proj", (h, d.shared))):
+                    out[p + "%s.%s.weight" % (shared, name)] = shape
+                out[p + gate + ".weight"] = (1, h)
         else:
             for name, shape in (("gate_proj", (d.ffn, h)), ("up_proj", (d.ffn, h)), ("down_proj", (h, d.ffn))):
                 out[p + "mlp.%s.weight" % name] = shape
@@ -236,6 +262,14 @@ def segments(key: str, prepend: Sequence[int], shape: Sequence[int], hf_config) 
             return _gated(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", rows, d.ffn, key)
         if rest == "mlp.router.weight" and fam.moe:
             return [(p + fam.moe[0] + ".weight", 0, rows, 0)]
+        if rest.startswith("mlp.shared_experts.") and fam.shared:
+            shared, gate = fam.shared[:2]
+            if rest == "mlp.shared_experts.linear_fc1.weight":
+                return _gated(p + shared + ".gate_proj.weight", p + shared + ".up_proj.weight", rows, d.shared, key)
+            if rest == "mlp.shared_experts.linear_fc2.weight":
+                return [(p + shared + ".down_proj.weight", 0, rows, 0)]
+            if rest == "mlp.shared_experts.gate_weight":
+                return [(p + gate + ".weight", 0, rows, 0)]
     if len(prepend) == 2 and fam.moe:
         _, experts, (gate, up, down), _ = fam.moe
         e_p = "%s%s.%d." % (p, experts, prepend[1])

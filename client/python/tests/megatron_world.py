@@ -28,7 +28,7 @@ VOCAB, PADDED = 250, 256     # Megatron pads the vocab; HF keeps 250
 HIDDEN = 64
 # The tests' sizes; the benchmark passes larger ones.
 DIMS = dict(vocab=VOCAB, padded=PADDED, hidden=HIDDEN, heads=8, groups=4, head_dim=8, ffn=96, layers=4,
-            experts=4, topk=2, expert_ffn=48)
+            experts=4, topk=2, expert_ffn=48, shared_ffn=64)
 TOKENS = torch.tensor([[3, 17, 101, 249, 0, 42, 7, 188], [200, 5, 5, 63, 120, 9, 248, 1]])
 
 
@@ -73,7 +73,7 @@ def shims():
 
 
 def hf_config(family, d=DIMS):
-    from transformers import LlamaConfig, MixtralConfig, Qwen2Config
+    from transformers import LlamaConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig
 
     common = dict(vocab_size=d["vocab"], hidden_size=d["hidden"], num_hidden_layers=d["layers"],
                   num_attention_heads=d["heads"], num_key_value_heads=d["groups"], head_dim=d["head_dim"],
@@ -81,6 +81,10 @@ def hf_config(family, d=DIMS):
                   tie_word_embeddings=family.endswith("tied"))
     if family.startswith("llama"):
         return LlamaConfig(intermediate_size=d["ffn"], **common)
+    if family.startswith("qwen2_moe"):
+        return Qwen2MoeConfig(intermediate_size=d["ffn"], moe_intermediate_size=d["expert_ffn"],
+                              shared_expert_intermediate_size=d["shared_ffn"], num_experts=d["experts"],
+                              num_experts_per_tok=d["topk"], norm_topk_prob=False, **common)
     if family.startswith("qwen2"):
         return Qwen2Config(intermediate_size=d["ffn"], **common)
     if family.startswith("mixtral"):
@@ -107,7 +111,8 @@ def build(family, lay, seed, d=DIMS, init=True):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    moe = family.startswith("mixtral")
+    moe = family.startswith(("mixtral", "qwen2_moe"))
+    shared = family.startswith("qwen2_moe")
     cfg = TransformerConfig(
         num_layers=d["layers"], hidden_size=d["hidden"], num_attention_heads=d["heads"],
         num_query_groups=d["groups"], kv_channels=d["head_dim"], ffn_hidden_size=d["ffn"], normalization="RMSNorm", layernorm_epsilon=1e-5,
@@ -120,7 +125,8 @@ def build(family, lay, seed, d=DIMS, init=True):
         expert_model_parallel_size=lay["ep"], sequence_parallel=False,
         num_moe_experts=d["experts"] if moe else None, moe_router_topk=d["topk"] if moe else 2,
         moe_ffn_hidden_size=d["expert_ffn"] if moe else None, moe_token_dispatcher_type="allgather",
-        moe_grouped_gemm=lay["grouped"],
+        moe_grouped_gemm=lay["grouped"], moe_router_pre_softmax=shared,
+        moe_shared_expert_intermediate_size=d["shared_ffn"] if shared else None, moe_shared_expert_gate=shared,
         moe_router_load_balancing_type="none", init_method_std=0.05, perform_initialization=init,
         params_dtype=d.get("dtype", torch.float32))
     spec = get_gpt_layer_local_spec(num_experts=d["experts"] if moe else None, moe_grouped_gemm=lay["grouped"],
@@ -203,7 +209,7 @@ def full_tensors(chunks, everyone=False):
 
 def hf_names(full, cfg):
     """The gathered tensors as HF tensors, whole-tensor ops only."""
-    moe = cfg.model_type == "mixtral"
+    moe, qwen = cfg.model_type in ("mixtral", "qwen2_moe"), cfg.model_type == "qwen2_moe"
     heads, groups, head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     out = {}
     for (key, prepend), t in full.items():
@@ -235,16 +241,24 @@ def hf_names(full, cfg):
             out[p + "mlp.gate_proj.weight"], out[p + "mlp.up_proj.weight"] = t.chunk(2)
         elif rest == "mlp.linear_fc2.weight":
             out[p + "mlp.down_proj.weight"] = t
-        elif moe and rest == "mlp.router.weight":
-            out[p + "block_sparse_moe.gate.weight"] = t
+        elif rest == "mlp.router.weight":
+            out[p + ("mlp.gate.weight" if qwen else "block_sparse_moe.gate.weight")] = t
+        elif rest.startswith("mlp.shared_experts."):
+            if rest.endswith("gate_weight"):
+                out[p + "mlp.shared_expert_gate.weight"] = t
+            elif rest.endswith("linear_fc1.weight"):
+                out[p + "mlp.shared_expert.gate_proj.weight"], out[p + "mlp.shared_expert.up_proj.weight"] = t.chunk(2)
+            else:
+                out[p + "mlp.shared_expert.down_proj.weight"] = t
         elif moe and rest.startswith("mlp.experts.experts."):
             # SequentialMLP: one tensor per expert; GroupedMLP: the layer's experts stacked.
             for expert, w in [(prepend[1], t)] if len(prepend) == 2 else enumerate(t):
-                e = p + "block_sparse_moe.experts.%d." % expert
+                e = p + ("mlp" if qwen else "block_sparse_moe") + ".experts.%d." % expert
+                gate, up, down = ("gate_proj", "up_proj", "down_proj") if qwen else ("w1", "w3", "w2")
                 if rest.endswith("linear_fc1.weight"):
-                    out[e + "w1.weight"], out[e + "w3.weight"] = w.chunk(2)
+                    out[e + gate + ".weight"], out[e + up + ".weight"] = w.chunk(2)
                 else:
-                    out[e + "w2.weight"] = w
+                    out[e + down + ".weight"] = w
         else:
             raise AssertionError("the reference has no HF name for %s" % key)
     return {k: v.contiguous() for k, v in out.items()}

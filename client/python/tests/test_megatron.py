@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # shardd.megatron on real Megatron-core models: gloo ranks save HF checkpoints from their shards and load them into other layouts, judged by transformers.
 """Tiny Megatron-core GPT models (Llama-style GQA with 2 query groups per TP
-rank, tied and untied; Qwen2 with q/k/v biases; Mixtral MoE), built on 4
-gloo CPU ranks with a padded vocab (256 rows for HF's 250), are saved with
+rank, tied and untied; Qwen2 with q/k/v biases; Mixtral MoE; Qwen2-MoE with
+a gated shared expert), built on 4 gloo CPU ranks with a padded vocab (256
+rows for HF's 250), are saved with
 shardd.megatron.save_hf_weights through a real daemon under TP=2, TPxPP=2x2,
 PPxVPP=2x2, TPxEP=2x2, EP=4 and EP=2 with grouped-GEMM experts (GroupedMLP,
 its CUDA kernel replaced by matmuls in the test). For each checkpoint:
@@ -56,6 +57,7 @@ CASES = [
     ("mixtral-tpep", "mixtral", TPEP, EP4),
     ("mixtral-ep4", "mixtral", EP4, TPPP),
     ("mixtral-grouped", "mixtral", EP2_GROUPED, TPEP),
+    ("qwen2-moe", "qwen2_moe", TPEP, dict(pp=2, ep=2)),
 ]
 # SHARDD_MEGATRON_CASES=a,b runs only those (while working on one).
 if os.environ.get("SHARDD_MEGATRON_CASES"):
