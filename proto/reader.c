@@ -8,10 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "sd_checksum.h"
+#include "sd_grow.h"
+#include "sd_jscan.h"
 #include "sd_layout.h"
+#include "sd_nameidx.h"
 #include "sd_reader.h"
 
 /* Names inside messages are cut and cleaned so a hostile name cannot drown
@@ -36,14 +37,21 @@ static void fmt_type(char *buf, size_t sz, sd_dtype dt, uint32_t ndim, const uin
   if (n < sz) snprintf(buf + n, sz - n, "]");
 }
 
-/* A JSON integer that fits in uint64_t; jansson already refuses integers
- * beyond long long, and reals (2.0, 1e3) are not integers in the format. */
-static int json_u64(const json_t *v, uint64_t *out) {
-  if (!json_is_integer(v)) return -1;
-  json_int_t i = json_integer_value(v);
-  if (i < 0) return -1;
-  *out = (uint64_t)i;
+/* The number at c as a uint64_t: -1 for a real, a negative integer or anything but a number. */
+static int scan_u64(sd_jcur *c, uint64_t *out) {
+  char k = sd_jcur_peek(c);
+  if (!(k == '-' || (k >= '0' && k <= '9'))) {
+    sd_jcur_skip(c);
+    return -1;
+  }
+  int64_t v = 0;
+  if (!sd_jcur_number(c, &v) || v < 0) return -1;
+  *out = (uint64_t)v;
   return 0;
+}
+
+static int dup_key(const char *label, size_t at, sd_error *err) {
+  return sd_fail(err, SHARDD_E_FORMAT, "%s: header is not valid JSON at byte %zu: duplicate object key", label, at);
 }
 
 /* Length prefix rules, shared by the pure parser and the file reader so the
@@ -87,84 +95,151 @@ void sd_st_header_free(sd_st_header *h) {
  * Header entries
  * ------------------------------------------------------------------------ */
 
-static int parse_metadata(const char *label, json_t *obj, sd_st_header *h, sd_error *err) {
-  if (!json_is_object(obj))
+static const char *meta_key(const void *ctx, uint32_t i) { return ((const sd_st_header *)ctx)->meta[i].key; }
+static const char *tensor_name(const void *ctx, uint32_t i) { return ((const sd_st_header *)ctx)->tensors[i].name; }
+
+static int parse_metadata(const char *label, sd_jcur *c, sd_st_header *h, sd_error *err) {
+  if (sd_jcur_peek(c) != '{')
     return sd_fail(err, SHARDD_E_FORMAT, "%s: __metadata__ is not an object of strings", label);
-  size_t n = json_object_size(obj);
-  h->meta = calloc(n ? n : 1, sizeof *h->meta);
-  if (!h->meta) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-  const char *k;
-  json_t *v;
-  json_object_foreach(obj, k, v) {
-    if (!json_is_string(v)) {
-      char kb[SD_MSGNAME_MAX];
-      return sd_fail(err, SHARDD_E_FORMAT, "%s: __metadata__ '%s' is not a string", label,
-                     SHOW(kb, k));
+  sd_nameidx seen;
+  sd_nameidx_init(&seen);
+  size_t cap = 0;
+  int rc = 0;
+  sd_jcur_enter(c);
+  while (!rc && sd_jcur_more(c)) {
+    size_t at = sd_jcur_at(c);
+    char *k = sd_jcur_key(c);
+    if (!k) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+      break;
     }
-    sd_st_meta *m = &h->meta[h->nmeta];
-    m->key = strdup(k);
-    m->value = strdup(json_string_value(v));
-    h->nmeta++;
-    if (!m->key || !m->value) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+    if (sd_nameidx_find(&seen, k, meta_key, h) != SD_NAMEIDX_NONE) {
+      free(k);
+      rc = dup_key(label, at, err);
+      break;
+    }
+    if (sd_jcur_peek(c) != '"') {
+      char kb[SD_MSGNAME_MAX];
+      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: __metadata__ '%s' is not a string", label, SHOW(kb, k));
+      free(k);
+      break;
+    }
+    char *v = malloc(sd_jcur_strmax(c) + 1);
+    if (!v || SD_GROW(h->meta, cap, h->nmeta + 1, 8) ||
+        sd_nameidx_insert(&seen, k, (uint32_t)h->nmeta, meta_key, h) != 0) {
+      free(k);
+      free(v);
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+      break;
+    }
+    sd_jcur_string(c, v);
+    h->meta[h->nmeta++] = (sd_st_meta){k, v};
+  }
+  sd_nameidx_free(&seen);
+  return rc;
+}
+
+/* A tensor's three fields, found in any order, each once; anything else is refused. */
+typedef struct {
+  sd_jcur dtype, shape, offsets;
+  int has_dtype, has_shape, has_offsets;
+} tensor_fields;
+
+static int scan_fields(const char *label, const char *name, sd_jcur *c, tensor_fields *f, sd_error *err) {
+  memset(f, 0, sizeof *f);
+  sd_jcur_enter(c);
+  while (sd_jcur_more(c)) {
+    size_t at = sd_jcur_at(c);
+    char *k = sd_jcur_key(c);
+    if (!k) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+    int *has = !strcmp(k, "dtype") ? &f->has_dtype : !strcmp(k, "shape") ? &f->has_shape
+             : !strcmp(k, "data_offsets") ? &f->has_offsets : NULL;
+    sd_jcur *at_value = has == &f->has_dtype ? &f->dtype : has == &f->has_shape ? &f->shape : &f->offsets;
+    if (!has) {
+      char kb[SD_MSGNAME_MAX];
+      int rc = sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': unexpected field '%s'", label, name, SHOW(kb, k));
+      free(k);
+      return rc;
+    }
+    free(k);
+    if (*has) return dup_key(label, at, err);
+    *has = 1;
+    sd_jcur_peek(c);
+    *at_value = *c;
+    sd_jcur_skip(c);
   }
   return 0;
 }
 
-static int parse_tensor(const char *label, const char *raw, json_t *obj, sd_st_tensor *t,
-                        sd_error *err) {
+static int parse_tensor(const char *label, const char *raw, sd_jcur *c, sd_st_tensor *t, sd_error *err) {
   char name[SD_MSGNAME_MAX], kb[SD_MSGNAME_MAX];
   SHOW(name, raw);
-  if (!json_is_object(obj))
+  if (sd_jcur_peek(c) != '{')
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s' is not an object", label, name);
-  const char *k;
-  json_t *v;
-  json_object_foreach(obj, k, v) {
-    if (strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets"))
-      return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': unexpected field '%s'", label, name,
-                     SHOW(kb, k));
-  }
-  json_t *jd = json_object_get(obj, "dtype");
-  json_t *js = json_object_get(obj, "shape");
-  json_t *jo = json_object_get(obj, "data_offsets");
-  const char *missing = !jd ? "dtype" : !js ? "shape" : !jo ? "data_offsets" : NULL;
+  tensor_fields f;
+  int rc = scan_fields(label, name, c, &f, err);
+  if (rc) return rc;
+  const char *missing = !f.has_dtype ? "dtype" : !f.has_shape ? "shape" : !f.has_offsets ? "data_offsets" : NULL;
   if (missing)
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': missing '%s'", label, name, missing);
 
-  if (!json_is_string(jd))
+  if (sd_jcur_peek(&f.dtype) != '"')
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': dtype is not a string", label, name);
+  char dt[32], *dtl = sd_jcur_strmax(&f.dtype) < sizeof dt ? dt : malloc(sd_jcur_strmax(&f.dtype) + 1);
+  if (!dtl) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+  sd_jcur_string(&f.dtype, dtl);
   sd_error sub;
   sd_error_clear(&sub);
-  if (sd_dtype_parse(json_string_value(jd), &t->dtype, &sub) != 0)
-    return sub.msg[0] ? sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': %s", label, name, sub.msg)
-                      : sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': unknown dtype '%s'", label,
-                                name, SHOW(kb, json_string_value(jd)));
+  if (sd_dtype_parse(dtl, &t->dtype, &sub) != 0) {
+    rc = sub.msg[0] ? sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': %s", label, name, sub.msg)
+                    : sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': unknown dtype '%s'", label, name, SHOW(kb, dtl));
+    if (dtl != dt) free(dtl);
+    return rc;
+  }
+  if (dtl != dt) free(dtl);
 
-  if (!json_is_array(js))
+  if (sd_jcur_peek(&f.shape) != '[')
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': shape is not an array", label, name);
-  if (json_array_size(js) > SD_MAX_DIMS)
+  size_t ndim = 0;
+  sd_jcur count = f.shape;
+  sd_jcur_enter(&count);
+  while (sd_jcur_more(&count)) {
+    sd_jcur_skip(&count);
+    ndim++;
+  }
+  if (ndim > SD_MAX_DIMS)
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': shape has %zu dimensions, over %d",
-                   label, name, json_array_size(js), SD_MAX_DIMS);
-  t->ndim = (uint32_t)json_array_size(js);
-  for (uint32_t i = 0; i < t->ndim; i++) {
-    if (json_u64(json_array_get(js, i), &t->shape[i]) != 0)
+                   label, name, ndim, SD_MAX_DIMS);
+  t->ndim = (uint32_t)ndim;
+  sd_jcur_enter(&f.shape);
+  for (uint32_t i = 0; sd_jcur_more(&f.shape); i++) {
+    if (scan_u64(&f.shape, &t->shape[i]) != 0)
       return sd_fail(err, SHARDD_E_FORMAT,
                      "%s: tensor '%s': shape[%" PRIu32 "] is not a non-negative integer", label,
                      name, i);
   }
+  /* The type as messages show it, made only for one: a million tensors must not each print it. */
   char ty[SD_MAX_DIMS * 21 + 32];
-  fmt_type(ty, sizeof ty, t->dtype, t->ndim, t->shape);
-  if (sd_tensor_numel(raw, t->ndim, t->shape, &t->numel, &sub) != 0)
+  if (sd_tensor_numel(raw, t->ndim, t->shape, &t->numel, &sub) != 0) {
+    fmt_type(ty, sizeof ty, t->dtype, t->ndim, t->shape);
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': %s element count overflows", label,
                    name, ty);
+  }
   unsigned esz = sd_dtype_size(t->dtype);
-  if (t->numel > UINT64_MAX / esz)
+  if (t->numel > UINT64_MAX / esz) {
+    fmt_type(ty, sizeof ty, t->dtype, t->ndim, t->shape);
     return sd_fail(err, SHARDD_E_FORMAT, "%s: tensor '%s': %s byte size overflows 64 bits",
                    label, name, ty);
+  }
   uint64_t nbytes = t->numel * esz;
 
-  if (!json_is_array(jo) || json_array_size(jo) != 2 ||
-      json_u64(json_array_get(jo, 0), &t->begin) != 0 ||
-      json_u64(json_array_get(jo, 1), &t->end) != 0)
+  int n = 0, ok = sd_jcur_peek(&f.offsets) == '[';
+  if (ok) {
+    sd_jcur_enter(&f.offsets);
+    for (; sd_jcur_more(&f.offsets); n++)
+      if (n >= 2 || scan_u64(&f.offsets, n ? &t->end : &t->begin) != 0) ok = 0;
+  }
+  if (!ok || n != 2)
     return sd_fail(err, SHARDD_E_FORMAT,
                    "%s: tensor '%s': data_offsets is not [begin, end] of non-negative integers",
                    label, name);
@@ -172,11 +247,13 @@ static int parse_tensor(const char *label, const char *raw, json_t *obj, sd_st_t
     return sd_fail(err, SHARDD_E_FORMAT,
                    "%s: tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] end before begin",
                    label, name, t->begin, t->end);
-  if (t->end - t->begin != nbytes)
+  if (t->end - t->begin != nbytes) {
+    fmt_type(ty, sizeof ty, t->dtype, t->ndim, t->shape);
     return sd_fail(err, SHARDD_E_FORMAT,
                    "%s: tensor '%s': data_offsets [%" PRIu64 ",%" PRIu64 "] but %s needs %" PRIu64
                    " bytes",
                    label, name, t->begin, t->end, ty, nbytes);
+  }
   return 0;
 }
 
@@ -238,45 +315,65 @@ static int parse_json(const char *label, const char *js, uint64_t hl, sd_st_head
                       sd_error *err) {
   if (hl == 0 || js[0] != '{')
     return sd_fail(err, SHARDD_E_FORMAT, "%s: header does not start with '{'", label);
-  json_error_t je;
-  /* jansson validates UTF-8 and, with this flag, refuses a key seen twice in
-   * any object; NUL bytes stay refused because JSON_ALLOW_NUL is not set. */
-  json_t *root = json_loadb(js, (size_t)hl, JSON_REJECT_DUPLICATES, &je);
-  if (!root)
-    return sd_fail(err, SHARDD_E_FORMAT, "%s: header is not valid JSON at byte %d: %s%s", label,
-                   je.position, je.text,
-                   json_error_code(&je) == json_error_invalid_utf8 ? " (invalid UTF-8)" : "");
-  int rc = 0;
-  if (!json_is_object(root)) {
-    rc = sd_fail(err, SHARDD_E_FORMAT, "%s: header is not a JSON object", label);
-    goto out;
+  /* Checked whole first, as jansson did, then walked in place: no tree, so
+   * the cost is the header's bytes and one sd_st_tensor (and name) a tensor. */
+  size_t at;
+  const char *why;
+  int utf8;
+  if (sd_json_check(js, (size_t)hl, &at, &why, &utf8) != 0)
+    return sd_fail(err, SHARDD_E_FORMAT, "%s: header is not valid JSON at byte %zu: %s%s", label, at, why,
+                   utf8 ? " (invalid UTF-8)" : "");
+  sd_jcur c;
+  sd_jcur_init(&c, js, (size_t)hl);
+  size_t n = 0;
+  sd_jcur count = c;
+  sd_jcur_enter(&count);
+  while (sd_jcur_more(&count)) {
+    sd_jcur_skip(&count); /* the key */
+    sd_jcur_peek(&count);
+    count.p++;            /* its ':' */
+    sd_jcur_skip(&count);
+    n++;
   }
-  json_t *meta = json_object_get(root, "__metadata__");
-  size_t n = json_object_size(root) - (meta ? 1 : 0);
   h->tensors = calloc(n ? n : 1, sizeof *h->tensors);
-  if (!h->tensors) {
-    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-    goto out;
-  }
-  if (meta && (rc = parse_metadata(label, meta, h, err)) != 0) goto out;
-  const char *k;
-  json_t *v;
-  json_object_foreach(root, k, v) {
-    if (v == meta) continue;
-    sd_st_tensor *t = &h->tensors[h->ntensors];
-    if ((rc = parse_tensor(label, k, v, t, err)) != 0) goto out;
-    if (!(t->name = strdup(k))) {
+  if (!h->tensors) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+  sd_nameidx names;
+  sd_nameidx_init(&names);
+  int rc = sd_nameidx_reserve(&names, n, tensor_name, h) ? sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label) : 0;
+  int seen_meta = 0;
+  sd_jcur_enter(&c);
+  while (!rc && sd_jcur_more(&c)) {
+    size_t kat = sd_jcur_at(&c);
+    char *k = sd_jcur_key(&c);
+    if (!k) {
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-      goto out;
+      break;
     }
+    if (!strcmp(k, "__metadata__")) {
+      free(k);
+      rc = seen_meta++ ? dup_key(label, kat, err) : parse_metadata(label, &c, h, err);
+      continue;
+    }
+    if (sd_nameidx_find(&names, k, tensor_name, h) != SD_NAMEIDX_NONE) {
+      free(k);
+      rc = dup_key(label, kat, err);
+      break;
+    }
+    sd_st_tensor *t = &h->tensors[h->ntensors];
+    rc = parse_tensor(label, k, &c, t, err);
+    if (rc || sd_nameidx_insert(&names, k, (uint32_t)h->ntensors, tensor_name, h) != 0) {
+      free(k);
+      if (!rc) rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+      break;
+    }
+    t->name = k;
     h->ntensors++;
     h->total_parameters += t->numel;
   }
+  sd_nameidx_free(&names);
+  if (rc) return rc;
   if (h->ntensors) qsort(h->tensors, h->ntensors, sizeof *h->tensors, cmp_offsets);
-  rc = check_layout(label, h, err);
-out:
-  json_decref(root);
-  return rc;
+  return check_layout(label, h, err);
 }
 
 int sd_st_parse(const char *label, const void *buf, size_t len, uint64_t file_size,

@@ -453,3 +453,65 @@ Test(reader, hostile_names_stay_readable_in_messages) {
   cr_assert_null(strchr(err.msg, '\n'));
   free(js);
 }
+
+/* ------------------------------------------------------------------------ *
+ * Scale: a header near the format's 100 MB limit is checked in one pass, in
+ * memory linear in its tensors (README: the header's bytes, then at most
+ * 256 bytes a tensor), never a JSON tree's worth
+ * ------------------------------------------------------------------------ */
+#include <sys/resource.h>
+#include <time.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SCALE_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SCALE_SANITIZED 1
+#endif
+#endif
+
+static long maxrss_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+Test(reader, a_hundred_megabyte_header_of_zero_size_tensors, .timeout = 120) {
+#ifdef SCALE_SANITIZED
+  const size_t n = 100000; /* the bound is not the sanitizer's to keep */
+#else
+  const size_t n = 1650000;
+#endif
+  const size_t entry = 60; /* ,"t0000000":{"dtype":"F32","shape":[0],"data_offsets":[0,0]} */
+  size_t cap = 64 + n * entry, k = 8;
+  unsigned char *b = malloc(cap);
+  cr_assert_not_null(b);
+  k += (size_t)snprintf((char *)b + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\"}");
+  for (size_t i = 0; i < n; i++)
+    k += (size_t)snprintf((char *)b + k, cap - k, ",\"t%07zu\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}", i);
+  b[k++] = '}';
+  while ((k - 8) % 8) b[k++] = ' ';
+  uint64_t hl = k - 8;
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hl >> (8 * i));
+  cr_assert_leq(hl, 100000000u, "the test's header is over the format's limit");
+  memset(b + k, 0, cap - k); /* the pages the parse will not touch, counted before it starts */
+  long before = maxrss_kib();
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  sd_st_header h;
+  sd_error err;
+  int rc = sd_st_parse("big.safetensors", b, k, k, &h, &err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  long grew = maxrss_kib() - before;
+  cr_assert_eq(rc, 0, "%s", err.msg);
+  cr_assert_eq(h.ntensors, n);
+  cr_assert_eq(h.nmeta, 1);
+  printf("a %llu-byte header of %zu tensors: %.2f s, %ld MiB more resident (%.0f bytes a tensor)\n",
+         (unsigned long long)hl, n, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
+         grew / 1024, (double)grew * 1024 / (double)n);
+#ifndef SCALE_SANITIZED
+  cr_assert_leq((double)grew * 1024, 256.0 * (double)n, "%ld KiB for %zu tensors: over 256 bytes a tensor", grew, n);
+#endif
+  sd_st_header_free(&h);
+  free(b);
+}
