@@ -236,8 +236,11 @@ static int parse_tensor(const char *label, const char *raw, sd_jcur *c, sd_st_te
   int n = 0, ok = sd_jcur_peek(&f.offsets) == '[';
   if (ok) {
     sd_jcur_enter(&f.offsets);
-    for (; sd_jcur_more(&f.offsets); n++)
-      if (n >= 2 || scan_u64(&f.offsets, n ? &t->end : &t->begin) != 0) ok = 0;
+    for (; sd_jcur_more(&f.offsets); n++) {
+      uint64_t v = 0;
+      if (scan_u64(&f.offsets, &v) != 0 || n >= 2) ok = 0; /* read either way: the walk goes on past it */
+      else *(n ? &t->end : &t->begin) = v;
+    }
   }
   if (!ok || n != 2)
     return sd_fail(err, SHARDD_E_FORMAT,
