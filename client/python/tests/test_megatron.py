@@ -136,8 +136,12 @@ class Megatron(unittest.TestCase):
     def setUpClass(cls):
         cls.scratch = tempfile.mkdtemp(prefix="shardd-megatron-")
         cls.d = Daemon()
-        cls.out = run_world(__file__, 4, {"root": cls.d.root, "scratch": cls.scratch},
-                            {"SHARDD_SOCKET": cls.d.socket}, timeout=12 * WAIT)[0]
+        try:
+            cls.out = run_world(__file__, 4, {"root": cls.d.root, "scratch": cls.scratch},
+                                {"SHARDD_SOCKET": cls.d.socket}, timeout=12 * WAIT)[0]
+        except BaseException:
+            cls.tearDownClass()  # unittest skips it when setUpClass fails: no daemon left behind
+            raise
 
     @classmethod
     def tearDownClass(cls):
