@@ -10,9 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "sd_checksum.h"
+#include "sd_jscan.h"
+#include "sd_nameidx.h"
 #include "sd_layout.h"
 #include "sd_grow.h"
 #include "sd_reader.h"
@@ -67,157 +67,243 @@ void sd_st_index_free(sd_st_index *ix) {
   memset(ix, 0, sizeof *ix);
 }
 
-static int index_metadata(const char *label, json_t *meta, sd_st_index *ix, sd_error *err) {
-  if (!json_is_object(meta))
+static int dup_key(const char *label, size_t at, sd_error *err) {
+  return sd_fail(err, SHARDD_E_FORMAT, "%s: not valid JSON at byte %zu: duplicate object key", label, at);
+}
+
+/* An object's members whose keys are in `keys` (each once: a second is a duplicate key) are
+ * left at their values in `at`, found[i] set; the others are walked past, or refused when
+ * `others` names what they are ("top-level key"). */
+static int pick_members(const char *label, sd_jcur *c, const char *const *keys, size_t nkeys, sd_jcur *at,
+                        int *found, const char *others, sd_error *err) {
+  sd_jcur_enter(c);
+  while (sd_jcur_more(c)) {
+    size_t kat = sd_jcur_at(c);
+    char *k = sd_jcur_key(c);
+    if (!k) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+    size_t i = 0;
+    while (i < nkeys && strcmp(k, keys[i])) i++;
+    if (i == nkeys && others) {
+      char kb[SD_MSGNAME_MAX];
+      int rc = sd_fail(err, SHARDD_E_FORMAT, "%s: unexpected %s '%s'", label, others, SHOW(kb, k));
+      free(k);
+      return rc;
+    }
+    free(k);
+    if (i < nkeys && found[i]++) return dup_key(label, kat, err);
+    if (i < nkeys) {
+      sd_jcur_peek(c);
+      at[i] = *c;
+    }
+    sd_jcur_skip(c);
+  }
+  return 0;
+}
+
+/* A non-negative integer at c: 0, or -1 when it is anything else. */
+static int index_u64(sd_jcur *c, uint64_t *out) {
+  char k = sd_jcur_peek(c);
+  int64_t v = 0;
+  if (!(k == '-' || (k >= '0' && k <= '9')) || !sd_jcur_number(c, &v) || v < 0) return -1;
+  *out = (uint64_t)v;
+  return 0;
+}
+
+enum { M_TOTAL, M_PARAMS, M_SUMS, M_N };
+
+static int index_metadata(const char *label, sd_jcur *meta, sd_st_index *ix, sd_jcur *sums, int *has_sums,
+                          sd_error *err) {
+  if (sd_jcur_peek(meta) != '{')
     return sd_fail(err, SHARDD_E_FORMAT, "%s: metadata is not an object", label);
-  json_t *ts = json_object_get(meta, "total_size");
-  if (!ts) return sd_fail(err, SHARDD_E_FORMAT, "%s: metadata.total_size is missing", label);
-  if (!json_is_integer(ts) || json_integer_value(ts) < 0)
+  static const char *const keys[M_N] = {"total_size", "total_parameters", SD_CHECKSUM_KEY};
+  sd_jcur at[M_N];
+  int found[M_N] = {0};
+  int rc = pick_members(label, meta, keys, M_N, at, found, NULL, err);
+  if (rc) return rc;
+  if (!found[M_TOTAL]) return sd_fail(err, SHARDD_E_FORMAT, "%s: metadata.total_size is missing", label);
+  if (index_u64(&at[M_TOTAL], &ix->total_size) != 0)
     return sd_fail(err, SHARDD_E_FORMAT,
                    "%s: metadata.total_size is not a non-negative integer", label);
-  ix->total_size = (uint64_t)json_integer_value(ts);
-  json_t *tp = json_object_get(meta, "total_parameters");
-  if (tp) {
-    if (!json_is_integer(tp) || json_integer_value(tp) < 0)
+  if (found[M_PARAMS]) {
+    if (index_u64(&at[M_PARAMS], &ix->total_parameters) != 0)
       return sd_fail(err, SHARDD_E_FORMAT,
                      "%s: metadata.total_parameters is not a non-negative integer", label);
     ix->has_total_parameters = 1;
-    ix->total_parameters = (uint64_t)json_integer_value(tp);
   }
+  *has_sums = found[M_SUMS];
+  if (found[M_SUMS]) *sums = at[M_SUMS];
   return 0;
 }
 
-static int index_weight_map(const char *label, json_t *wm, sd_st_index *ix, sd_error *err) {
-  if (!json_is_object(wm))
-    return sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map is not an object", label);
-  size_t n = json_object_size(wm);
-  if (n == 0) return sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map is empty", label);
-  ix->entries = calloc(n, sizeof *ix->entries);
-  char **files = calloc(n, sizeof *files); /* borrowed from the JSON until deduplicated */
-  if (!ix->entries || !files) {
-    free(files);
-    return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-  }
-  const char *k;
-  json_t *v;
-  size_t i = 0;
-  char kb[SD_MSGNAME_MAX], fb[SD_MSGNAME_MAX];
-  json_object_foreach(wm, k, v) {
-    const char *f = json_string_value(v);
-    if (!f) {
-      free(files);
-      return sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map: tensor '%s' -> not a string", label,
-                     SHOW(kb, k));
-    }
-    if (!ends_with(f, ST_SUFFIX) || strchr(f, '/') || strlen(f) == strlen(ST_SUFFIX)) {
-      free(files);
-      return sd_fail(err, SHARDD_E_FORMAT,
-                     "%s: weight_map: tensor '%s' -> '%s' is not a plain *.safetensors file name",
-                     label, SHOW(kb, k), SHOW(fb, f));
-    }
-    files[i++] = (char *)f;
-  }
-  qsort(files, n, sizeof *files, cmp_str);
-  size_t nf = 0;
-  for (i = 0; i < n; i++)
-    if (nf == 0 || strcmp(files[nf - 1], files[i]) != 0) files[nf++] = files[i];
+static const char *entry_name(const void *ctx, uint32_t i) { return ((const sd_st_index *)ctx)->entries[i].tensor; }
+static const char *file_name(const void *ctx, uint32_t i) { return ((char *const *)ctx)[i]; }
+
+static int cmp_file_at(const void *a, const void *b, void *files) {
+  return strcmp(((char **)files)[*(const uint32_t *)a], ((char **)files)[*(const uint32_t *)b]);
+}
+
+/* The files in first-seen order sorted into ix->files; the entries' indices follow. */
+static int sort_files(const char *label, sd_st_index *ix, char **seen, size_t nf, sd_error *err) {
+  uint32_t *order = malloc(nf * sizeof *order), *where = malloc(nf * sizeof *where);
   ix->files = calloc(nf, sizeof *ix->files);
-  if (!ix->files) {
-    free(files);
+  if (!order || !where || !ix->files) {
+    free(order);
+    free(where);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
   }
-  for (i = 0; i < nf; i++) {
-    if (!(ix->files[i] = strdup(files[i]))) {
-      ix->nfiles = i;
-      free(files);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-    }
+  for (uint32_t i = 0; i < nf; i++) order[i] = i;
+  qsort_r(order, nf, sizeof *order, cmp_file_at, seen);
+  for (uint32_t i = 0; i < nf; i++) {
+    ix->files[i] = seen[order[i]];
+    where[order[i]] = i;
   }
   ix->nfiles = nf;
-  free(files);
-  json_object_foreach(wm, k, v) {
-    sd_st_index_entry *e = &ix->entries[ix->nentries];
-    e->file = (uint32_t)find_name(ix->files, ix->nfiles, json_string_value(v));
-    if (!(e->tensor = strdup(k)))
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-    ix->nentries++;
-  }
-  qsort(ix->entries, ix->nentries, sizeof *ix->entries, cmp_entry);
+  for (size_t i = 0; i < ix->nentries; i++) ix->entries[i].file = where[ix->entries[i].file];
+  free(order);
+  free(where);
   return 0;
 }
 
-/* metadata's checksums, read once the weight_map has named the files: the
- * daemon records every file's or none, so a file left out, a name the
- * weight_map does not know, or a value that is not 8 hex digits is damage
- * (or an edit), not something to skip. */
-static int index_checksums(const char *label, json_t *meta, sd_st_index *ix, sd_error *err) {
-  json_t *sums = json_object_get(meta, SD_CHECKSUM_KEY);
-  if (!sums) return 0;
-  if (!json_is_object(sums))
+static int index_weight_map(const char *label, sd_jcur *wm, sd_st_index *ix, sd_error *err) {
+  if (sd_jcur_peek(wm) != '{')
+    return sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map is not an object", label);
+  sd_nameidx tensors, files;
+  sd_nameidx_init(&tensors);
+  sd_nameidx_init(&files);
+  char **seen = NULL; /* distinct file names, in first-seen order */
+  size_t nseen = 0, seen_cap = 0, ecap = 0;
+  char kb[SD_MSGNAME_MAX], fb[SD_MSGNAME_MAX];
+  int rc = 0;
+  sd_jcur_enter(wm);
+  while (!rc && sd_jcur_more(wm)) {
+    size_t kat = sd_jcur_at(wm);
+    char *k = sd_jcur_key(wm);
+    char *f = NULL;
+    if (!k || SD_GROW(ix->entries, ecap, ix->nentries + 1, 64)) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+    } else if (sd_nameidx_find(&tensors, k, entry_name, ix) != SD_NAMEIDX_NONE) {
+      rc = dup_key(label, kat, err);
+    } else if (sd_jcur_peek(wm) != '"') {
+      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map: tensor '%s' -> not a string", label, SHOW(kb, k));
+    } else if (!(f = malloc(sd_jcur_strmax(wm) + 1))) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+    } else if ((sd_jcur_string(wm, f), !ends_with(f, ST_SUFFIX) || strchr(f, '/') || strlen(f) == strlen(ST_SUFFIX))) {
+      rc = sd_fail(err, SHARDD_E_FORMAT,
+                   "%s: weight_map: tensor '%s' -> '%s' is not a plain *.safetensors file name", label,
+                   SHOW(kb, k), SHOW(fb, f));
+    }
+    if (rc) {
+      free(k);
+      free(f);
+      break;
+    }
+    uint32_t fi = sd_nameidx_find(&files, f, file_name, seen);
+    if (fi == SD_NAMEIDX_NONE) {
+      if (SD_GROW(seen, seen_cap, nseen + 1, 16) || sd_nameidx_insert(&files, f, (uint32_t)nseen, file_name, seen)) {
+        free(k);
+        free(f);
+        rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+        break;
+      }
+      fi = (uint32_t)nseen;
+      seen[nseen++] = f;
+    } else {
+      free(f);
+    }
+    ix->entries[ix->nentries] = (sd_st_index_entry){k, fi};
+    if (sd_nameidx_insert(&tensors, k, (uint32_t)ix->nentries, entry_name, ix) != 0) {
+      free(k);
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+      break;
+    }
+    ix->nentries++;
+  }
+  sd_nameidx_free(&tensors);
+  sd_nameidx_free(&files);
+  if (!rc && ix->nentries == 0) rc = sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map is empty", label);
+  if (!rc) rc = sort_files(label, ix, seen, nseen, err);
+  if (rc) free_names(seen, nseen);
+  else free(seen);
+  if (!rc) qsort(ix->entries, ix->nentries, sizeof *ix->entries, cmp_entry);
+  return rc;
+}
+
+/* metadata's checksums, read once the weight_map has named the files, in
+ * one pass: the daemon records every file's or none, so a name the
+ * weight_map does not know (refused at the first), a file left out, or a
+ * value that is not 8 hex digits is damage (or an edit), not something to skip. */
+static int index_checksums(const char *label, sd_jcur *sums, sd_st_index *ix, sd_error *err) {
+  if (sd_jcur_peek(sums) != '{')
     return sd_fail(err, SHARDD_E_FORMAT,
                    "%s: metadata." SD_CHECKSUM_KEY " is not an object of file names", label);
   ix->crcs = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *ix->crcs);
-  if (!ix->crcs) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
-  const char *k;
-  json_t *v;
+  uint8_t *got = calloc(ix->nfiles ? ix->nfiles : 1, 1);
+  if (!ix->crcs || !got) {
+    free(got);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+  }
   char kb[SD_MSGNAME_MAX], vb[SD_MSGNAME_MAX];
-  json_object_foreach(sums, k, v) {
+  int rc = 0;
+  size_t ngot = 0;
+  sd_jcur_enter(sums);
+  while (!rc && sd_jcur_more(sums)) {
+    size_t kat = sd_jcur_at(sums);
+    char *k = sd_jcur_key(sums);
+    if (!k) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+      break;
+    }
     ssize_t f = find_name(ix->files, ix->nfiles, k);
+    char hex[SD_CHECKSUM_HEX + 2] = "";
+    int is_str = sd_jcur_peek(sums) == '"', fits = is_str && sd_jcur_strmax(sums) < sizeof hex;
+    if (fits) sd_jcur_string(sums, hex);
+    else sd_jcur_skip(sums);
     if (f < 0)
-      return sd_fail(err, SHARDD_E_FORMAT,
-                     "%s: metadata." SD_CHECKSUM_KEY " names %s, which the weight_map does not",
-                     label, SHOW(kb, k));
-    const char *hex = json_string_value(v);
-    if (!hex || sd_crc32c_parse(hex, &ix->crcs[f]) != 0)
-      return sd_fail(err, SHARDD_E_FORMAT,
-                     "%s: metadata." SD_CHECKSUM_KEY ": %s -> %s%s%s is not %d hex digits", label,
-                     SHOW(kb, k), hex ? "'" : "", hex ? SHOW(vb, hex) : "a non-string",
-                     hex ? "'" : "", SD_CHECKSUM_HEX);
+      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: metadata." SD_CHECKSUM_KEY " names %s, which the weight_map does not",
+                   label, SHOW(kb, k));
+    else if (got[f])
+      rc = dup_key(label, kat, err);
+    else if (!fits || sd_crc32c_parse(hex, &ix->crcs[f]) != 0)
+      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: metadata." SD_CHECKSUM_KEY ": %s -> %s%s%s is not %d hex digits",
+                   label, SHOW(kb, k), is_str ? "'" : "", is_str ? (fits ? SHOW(vb, hex) : "(a longer string)")
+                   : "a non-string", is_str ? "'" : "", SD_CHECKSUM_HEX);
+    if (!rc) {
+      got[f] = 1;
+      ngot++;
+    }
+    free(k);
   }
-  if (json_object_size(sums) != ix->nfiles) {
-    for (size_t i = 0; i < ix->nfiles; i++)
-      if (!json_object_get(sums, ix->files[i]))
-        return sd_fail(err, SHARDD_E_FORMAT,
-                       "%s: metadata." SD_CHECKSUM_KEY " records no checksum for %s", label,
-                       SHOW(kb, ix->files[i]));
-  }
-  return 0;
+  for (size_t i = 0; !rc && ngot != ix->nfiles && i < ix->nfiles; i++)
+    if (!got[i])
+      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: metadata." SD_CHECKSUM_KEY " records no checksum for %s", label,
+                   SHOW(kb, ix->files[i]));
+  free(got);
+  return rc;
 }
+
+enum { T_META, T_WM, T_N };
 
 int sd_st_index_parse(const char *label, const char *json, size_t len, sd_st_index *ix,
                       sd_error *err) {
   memset(ix, 0, sizeof *ix);
-  json_error_t je;
-  json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
-  if (!root)
-    return sd_fail(err, SHARDD_E_FORMAT, "%s: not valid JSON at byte %d: %s%s", label,
-                   je.position, je.text,
-                   json_error_code(&je) == json_error_invalid_utf8 ? " (invalid UTF-8)" : "");
-  int rc = 0;
-  if (!json_is_object(root)) {
-    rc = sd_fail(err, SHARDD_E_FORMAT, "%s: not a JSON object", label);
-    goto out;
-  }
-  const char *k;
-  json_t *v;
-  char kb[SD_MSGNAME_MAX];
-  json_object_foreach(root, k, v) {
-    if (strcmp(k, "metadata") && strcmp(k, "weight_map")) {
-      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: unexpected top-level key '%s'", label, SHOW(kb, k));
-      goto out;
-    }
-  }
-  json_t *meta = json_object_get(root, "metadata");
-  json_t *wm = json_object_get(root, "weight_map");
-  if (!meta || !wm) {
-    rc = sd_fail(err, SHARDD_E_FORMAT, "%s: missing '%s'", label, !meta ? "metadata" : "weight_map");
-    goto out;
-  }
-  if ((rc = index_metadata(label, meta, ix, err)) != 0) goto out;
-  if ((rc = index_weight_map(label, wm, ix, err)) != 0) goto out;
-  rc = index_checksums(label, meta, ix, err);
-out:
-  json_decref(root);
+  size_t at;
+  const char *why;
+  int utf8;
+  if (sd_json_check(json, len, &at, &why, &utf8) != 0)
+    return sd_fail(err, SHARDD_E_FORMAT, "%s: not valid JSON at byte %zu: %s%s", label, at, why,
+                   utf8 ? " (invalid UTF-8)" : "");
+  sd_jcur c;
+  sd_jcur_init(&c, json, len);
+  if (sd_jcur_peek(&c) != '{') return sd_fail(err, SHARDD_E_FORMAT, "%s: not a JSON object", label);
+  static const char *const keys[T_N] = {"metadata", "weight_map"};
+  sd_jcur top[T_N], sums;
+  int found[T_N] = {0}, has_sums = 0;
+  int rc = pick_members(label, &c, keys, T_N, top, found, "top-level key", err);
+  if (!rc && (!found[T_META] || !found[T_WM]))
+    rc = sd_fail(err, SHARDD_E_FORMAT, "%s: missing '%s'", label, !found[T_META] ? "metadata" : "weight_map");
+  if (!rc) rc = index_metadata(label, &top[T_META], ix, &sums, &has_sums, err);
+  if (!rc) rc = index_weight_map(label, &top[T_WM], ix, err);
+  if (!rc && has_sums) rc = index_checksums(label, &sums, ix, err);
   if (rc) sd_st_index_free(ix);
   return rc;
 }

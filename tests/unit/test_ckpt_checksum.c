@@ -320,3 +320,41 @@ Test(cksum, data_past_the_read_buffer) {
   cr_assert_eq(verify_all(&c, &err), SHARDD_E_CHECKSUM, "%s", err.msg);
   sd_ckpt_free(&c);
 }
+
+/* ------------------------------------------------------------------------ *
+ * The checksum map is checked against the weight_map in one pass: 2,000,000
+ * names the weight_map does not know are refused at the first, in memory
+ * that does not grow with them (no JSON tree of the index)
+ * ------------------------------------------------------------------------ */
+#include <sys/resource.h>
+
+static long rss_peak_kib(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+Test(cksum, two_million_bogus_checksum_entries_are_refused_in_one_pass, .timeout = 120) {
+  const size_t n = 2000000;
+  size_t cap = 256 + n * 40, k = 0;
+  char *js = malloc(cap);
+  cr_assert_not_null(js);
+  k += (size_t)snprintf(js + k, cap - k, "{\"metadata\":{\"total_size\":1,\"" SD_CHECKSUM_KEY "\":{");
+  for (size_t i = 0; i < n; i++)
+    k += (size_t)snprintf(js + k, cap - k, "%s\"bogus-%07zu.safetensors\":\"00000000\"", i ? "," : "", i);
+  k += (size_t)snprintf(js + k, cap - k, "}},\"weight_map\":{\"w\":\"model.safetensors\"}}");
+  cr_assert_lt(k, cap);
+  long before = rss_peak_kib();
+  sd_st_index ix;
+  sd_error err;
+  int rc = sd_st_index_parse("model.safetensors.index.json", js, k, &ix, &err);
+  long grew = rss_peak_kib() - before;
+  cr_assert_eq(rc, SHARDD_E_FORMAT);
+  cr_assert_str_eq(err.msg, "model.safetensors.index.json: metadata." SD_CHECKSUM_KEY
+                            " names bogus-0000000.safetensors, which the weight_map does not");
+  printf("an index of %zu bytes with %zu bogus checksum entries: refused with %ld KiB more resident\n", k, n, grew);
+#if !defined(__SANITIZE_ADDRESS__)
+  cr_assert_lt(grew, 16 * 1024, "%ld KiB to refuse it", grew);
+#endif
+  free(js);
+}
