@@ -5,7 +5,8 @@
 The commands run in a stand-in for a fresh clone after scripts/demo: a folder whose build/,
 .venv/ and client/ are this build tree, the project's venv and this source tree's client/. They
 name /tmp/ckpt and /tmp/shardd.sock, and torchrun's default port; as root they run in namespaces
-of their own (a private /tmp, a network with only loopback), so that several runs of the suite
+of their own (a private /tmp, into which a tree that lives under /tmp is bound back, and a
+network with only loopback), so that several runs of the suite
 never meet there. Without root those two paths are the only
 text changed (into a private folder), and the test says so.
 
@@ -93,6 +94,7 @@ class Quickstart(unittest.TestCase):
             self.assertTrue(found, "README's '%s' has no sh block" % title)
             commands += found
         clone = tempfile.mkdtemp(prefix="quickstart-", dir=BUILD)
+        cleanups = []
         try:
             os.symlink(BUILD, os.path.join(clone, "build"))
             os.symlink(VENV, os.path.join(clone, ".venv"))
@@ -101,8 +103,16 @@ class Quickstart(unittest.TestCase):
             if os.geteuid() == 0 and shutil.which("unshare"):
                 # A private /tmp (tmpfs) for the commands only: their /tmp/ckpt is nobody else's.
                 # Its own network too: torchrun's default port 29500 is nobody else's either.
+                # A tree that lives under /tmp (a clone made there) is bound back into the new one.
+                tops = sorted({os.path.realpath(d).split("/")[2] for d in (SOURCE, BUILD, VENV, sys.executable)
+                               if os.path.realpath(d).startswith("/tmp/")})
+                hold = tempfile.mkdtemp(prefix="quickstart-tmp-", dir="/dev/shm" if os.path.isdir("/dev/shm") else BUILD)
+                cleanups.append(lambda: os.rmdir(hold))
+                rebind = "".join(' && mkdir -p "/tmp/%s" && mount --bind "%s/%s" "/tmp/%s"' % (t, hold, t, t)
+                                 for t in tops)
                 argv = ["unshare", "--mount", "--net", "--propagation", "private", "sh", "-c",
-                        'ip link set lo up && mount -t tmpfs tmpfs /tmp && exec "$@"', "-"] + argv
+                        'ip link set lo up && mount --bind /tmp "%s" && mount -t tmpfs tmpfs /tmp%s && exec "$@"'
+                        % (hold, rebind), "-"] + argv
             else:
                 private = os.path.join(clone, "tmp")
                 os.mkdir(private)
@@ -117,6 +127,8 @@ class Quickstart(unittest.TestCase):
             self.assertRegex(p.stdout, r"ok: .*run1/step-6")
         finally:
             shutil.rmtree(clone, ignore_errors=True)
+            for cleanup in cleanups:
+                cleanup()
 
     def test_docs_links_and_length(self):
         text = open(README).read()
