@@ -358,3 +358,75 @@ Test(cksum, two_million_bogus_checksum_entries_are_refused_in_one_pass, .timeout
 #endif
   free(js);
 }
+
+/* ------------------------------------------------------------------------ *
+ * A file that grows while the deep check reads it is reported: another
+ * thread appends 4 KiB as soon as inotify says the check has begun reading
+ * ------------------------------------------------------------------------ */
+#include <poll.h>
+#include <pthread.h>
+#include <sys/inotify.h>
+#include <time.h>
+
+typedef struct {
+  int inotify_fd; /* non-blocking */
+  char path[256];
+  int confirmed;  /* the check read the file again after the append: its last fstat comes later still */
+} grower;
+
+static int next_event(int fd, int ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  char ev[4096];
+  return poll(&p, 1, ms) == 1 && read(fd, ev, sizeof ev) > 0;
+}
+
+static void *grow_on_first_read(void *arg) {
+  grower *g = arg;
+  char ev[4096];
+  if (!next_event(g->inotify_fd, 30000)) return NULL;
+  int fd = open(g->path, O_WRONLY | O_APPEND);
+  static const char more[4096];
+  int ok = fd >= 0 && write(fd, more, sizeof more) == (ssize_t)sizeof more;
+  if (fd >= 0) close(fd);
+  while (read(g->inotify_fd, ev, sizeof ev) > 0) {} /* reads from before the append */
+  g->confirmed = ok && next_event(g->inotify_fd, 2000);
+  return NULL;
+}
+
+Test(cksum, a_file_grown_during_the_deep_check_is_reported, .timeout = 120) {
+  const size_t data = 64u << 20; /* eight of the check's reads: the append lands while it reads */
+  char js[128];
+  int jl = snprintf(js, sizeof js, "{\"w\":{\"dtype\":\"U8\",\"shape\":[%zu],\"data_offsets\":[0,%zu]}}", data, data);
+  while (jl % 8) js[jl++] = ' ';
+  unsigned char *b = calloc(1, 8 + (size_t)jl + data);
+  cr_assert_not_null(b);
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)jl >> (8 * i));
+  memcpy(b + 8, js, (size_t)jl);
+  int reported = 0;
+  /* a scheduler may hold the appender past the check's last read: then the try proves nothing and is made again */
+  for (int attempt = 0; attempt < 5 && !reported; attempt++) {
+    put("model.safetensors", b, 8 + (size_t)jl + data);
+    grower g = {.confirmed = 0};
+    path_of(g.path, sizeof g.path, "model.safetensors");
+    sd_ckpt c;
+    sd_error err;
+    cr_assert_eq(sd_ckpt_read_single(g.path, &c, &err), 0, "%s", err.msg);
+    int fd = open(g.path, O_RDONLY);
+    g.inotify_fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    cr_assert_geq(inotify_add_watch(g.inotify_fd, g.path, IN_ACCESS), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, grow_on_first_read, &g), 0);
+    uint32_t got = 0;
+    int rc = sd_ckpt_file_verify(&c, 0, fd, &got, &err);
+    pthread_join(th, NULL);
+    close(g.inotify_fd);
+    close(fd);
+    sd_ckpt_free(&c);
+    if (!g.confirmed) continue;
+    cr_assert_eq(rc, SHARDD_E_FORMAT, "a file grown during the check was reported %s (%s)", sd_err_name(rc), err.msg);
+    cr_assert_not_null(strstr(err.msg, "model.safetensors: grown:"), "%s", err.msg);
+    reported = 1;
+  }
+  cr_assert(reported, "the append never landed while the check ran");
+  free(b);
+}
