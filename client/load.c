@@ -1,4 +1,6 @@
-/* Reading checkpoints back: the strict reader's checks, then only the bytes of the boxes asked for, by pread. */
+/* Reading checkpoints back: the strict reader's checks, then only the bytes of the boxes asked for, by pread.
+ * No shard stays open between calls: a checkpoint of any number of files loads within the
+ * descriptor limit, and each read opens its file again and proves it is the file that was checked. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -15,13 +17,18 @@
 
 typedef struct {
   const sd_st_tensor *t;
-  uint32_t file;            /* index into sd_ckpt.files and fds */
+  uint32_t file;            /* index into sd_ckpt.files and ids */
 } entry;
+
+typedef struct {
+  dev_t dev;
+  ino_t ino;
+} file_id;
 
 struct shardd_ckpt {
   sd_ckpt ck;
-  int *fds;                 /* one per file, opened while checked, so a later swap cannot feed us */
-  size_t n;
+  int dirfd;                /* the folder the names were checked in, held so a rename or chdir cannot redirect them */
+  file_id *ids;             /* each file as it was when checked: a file swapped in under its name later is refused */
   entry *by_name;           /* sorted by name (strcmp) */
 };
 
@@ -35,15 +42,34 @@ static int cmp_entry(const void *a, const void *b) {
 
 /* The header was checked against a file of this size; a file replaced or
  * truncated since then is refused rather than read past its checks. */
-static int open_checked(int dirfd, const sd_ckpt_file *f, int *fd, sd_error *err) {
+static int open_checked(int dirfd, const sd_ckpt_file *f, struct stat *st, sd_error *err) {
+  char nb[SD_MSGNAME_MAX];
+  int fd = sd_open_regular(dirfd, f->name, SHOW(nb, f->name), st, err);
+  if (fd < 0) return -1;
+  if ((uint64_t)st->st_size != f->h.file_size) {
+    close(fd);
+    sd_fail(err, SHARDD_E_FORMAT, "%s: changed while it was being checked", SHOW(nb, f->name));
+    return -1;
+  }
+  return fd;
+}
+
+/* File i again, for one read or one deep check, the caller closes it: refused unless it is still
+ * the very file (device and inode) whose header was checked. A size changed since is left to the
+ * read (too short) and the deep check (truncated or grown), which name it. */
+static int open_again(const shardd_ckpt *c, size_t i, sd_error *err) {
+  const sd_ckpt_file *f = &c->ck.files[i];
   char nb[SD_MSGNAME_MAX];
   struct stat st;
-  *fd = sd_open_regular(dirfd, f->name, SHOW(nb, f->name), &st, err);
-  if (*fd < 0) return err->code;
-  if ((uint64_t)st.st_size != f->h.file_size)
-    return sd_fail(err, SHARDD_E_FORMAT, "%s: changed while it was being checked",
-                   SHOW(nb, f->name));
-  return 0;
+  int fd = sd_open_regular(c->dirfd, f->name, SHOW(nb, f->name), &st, err);
+  if (fd < 0) return -1;
+  if (st.st_dev != c->ids[i].dev || st.st_ino != c->ids[i].ino) {
+    close(fd);
+    sd_fail(err, SHARDD_E_FORMAT, "%s: replaced by another file since the checkpoint was opened",
+            SHOW(nb, f->name));
+    return -1;
+  }
+  return fd;
 }
 
 static int open_files(shardd_ckpt *c, const char *path, int is_dir, sd_error *err) {
@@ -60,18 +86,20 @@ static int open_files(shardd_ckpt *c, const char *path, int is_dir, sd_error *er
     }
   }
   free(parent);
-  if (dirfd < 0 && dirfd != AT_FDCWD)
-    return sd_fail(err, SHARDD_E_IO, "cannot open the folder: %s", strerror(errno));
-  int rc = 0;
-  c->fds = malloc(c->ck.nfiles * sizeof *c->fds);
-  if (!c->fds) rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
-  for (size_t i = 0; !rc && i < c->ck.nfiles; i++) {
-    rc = open_checked(dirfd, &c->ck.files[i], &c->fds[i], err);
-    if (c->fds[i] >= 0) c->n = i + 1;
-    else c->n = i;
+  if (dirfd == AT_FDCWD) dirfd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the folder: %s", strerror(errno));
+  c->dirfd = dirfd;
+  c->ids = malloc((c->ck.nfiles ? c->ck.nfiles : 1) * sizeof *c->ids);
+  if (!c->ids) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
+  /* One open at a time: each file's identity is taken, then it is closed again. */
+  for (size_t i = 0; i < c->ck.nfiles; i++) {
+    struct stat st;
+    int fd = open_checked(dirfd, &c->ck.files[i], &st, err);
+    if (fd < 0) return err->code;
+    c->ids[i] = (file_id){.dev = st.st_dev, .ino = st.st_ino};
+    close(fd);
   }
-  if (dirfd >= 0) close(dirfd);
-  return rc;
+  return 0;
 }
 
 static int index_names(shardd_ckpt *c, sd_error *err) {
@@ -91,6 +119,7 @@ SHARDD_EXPORT int shardd_ckpt_open(const char *path, shardd_ckpt **out) {
     return sd_client_connect_fail(SHARDD_E_INVALID_ARGUMENT, "path is empty");
   shardd_ckpt *c = calloc(1, sizeof *c);
   if (!c) return sd_client_connect_fail(SHARDD_E_NO_MEMORY, "out of memory");
+  c->dirfd = -1;
   sd_error err;
   sd_error_clear(&err);
   struct stat st;
@@ -113,8 +142,8 @@ SHARDD_EXPORT int shardd_ckpt_open(const char *path, shardd_ckpt **out) {
 
 SHARDD_EXPORT void shardd_ckpt_close(shardd_ckpt *c) {
   if (!c) return;
-  for (size_t i = 0; i < c->n; i++) close(c->fds[i]);
-  free(c->fds);
+  if (c->dirfd >= 0) close(c->dirfd);
+  free(c->ids);
   free(c->by_name);
   sd_ckpt_free(&c->ck);
   free(c);
@@ -207,16 +236,28 @@ SHARDD_EXPORT int shardd_ckpt_read(const shardd_ckpt *c, const char *name, const
                                   SHOW(nb, name));
   if (need == 0) return 0;
   const sd_ckpt_file *f = &c->ck.files[e->file];
-  read_ctx r = {.fd = c->fds[e->file], .buf = buf, .file = f->name};
-  return sd_box_runs(t->ndim, t->shape, sd_dtype_size(t->dtype), &box, f->h.data_start + t->begin,
-                     read_run, &r);
+  read_ctx r = {.fd = open_again(c, e->file, &err), .buf = buf, .file = f->name};
+  if (r.fd < 0) return fail_err(&err);
+  int rc = sd_box_runs(t->ndim, t->shape, sd_dtype_size(t->dtype), &box, f->h.data_start + t->begin,
+                       read_run, &r);
+  close(r.fd);
+  return rc;
+}
+
+static int open_for_verify(void *ud, size_t i, sd_error *err) { return open_again(ud, i, err); }
+
+static void close_after_verify(void *ud, size_t i, int fd) {
+  (void)ud, (void)i;
+  close(fd);
 }
 
 SHARDD_EXPORT int shardd_ckpt_verify(const shardd_ckpt *c) {
   if (!c) return sd_client_connect_fail(SHARDD_E_INVALID_ARGUMENT, "checkpoint is NULL");
   sd_error err;
   sd_error_clear(&err);
-  /* The fds opened when the headers were checked: the bytes compared are the bytes later reads get. */
-  if (sd_ckpt_verify(&c->ck, c->fds, &err) != 0) return fail_err(&err);
+  /* Each file proven to be the one whose header was checked, as reads do: the bytes compared are
+   * the bytes later reads get. */
+  sd_ckpt_fds each = {.open = open_for_verify, .close = close_after_verify, .ud = (void *)c};
+  if (sd_ckpt_verify_each(&c->ck, &each, &err) != 0) return fail_err(&err);
   return 0;
 }

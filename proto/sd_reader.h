@@ -129,6 +129,14 @@ int sd_ckpt_file_verify(const sd_ckpt *c, size_t i, int fd, uint32_t *got, sd_er
  * byte: nothing could be compared. One that records some files' but not
  * others' cannot be parsed (the index records every file or none). */
 int sd_ckpt_verify(const sd_ckpt *c, const int *fds, sd_error *err);
+/* The same check, for a reader that keeps no file open between reads: open(ud, i, err) gives file
+ * i's descriptor (or -1 with err set), and close(ud, i, fd) is called once that file is checked. */
+typedef struct {
+  int (*open)(void *ud, size_t i, sd_error *err);
+  void (*close)(void *ud, size_t i, int fd);
+  void *ud;
+} sd_ckpt_fds;
+int sd_ckpt_verify_each(const sd_ckpt *c, const sd_ckpt_fds *fds, sd_error *err);
 
 /* ------------------------------------------------------------------------ *
  * The index, parsed and cross-checked purely (sd_ckpt_read uses these).

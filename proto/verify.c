@@ -76,7 +76,19 @@ int sd_ckpt_file_verify(const sd_ckpt *c, size_t i, int fd, uint32_t *got, sd_er
   return 0;
 }
 
+static int fd_of_array(void *ud, size_t i, sd_error *err) {
+  (void)err;
+  return ((const int *)ud)[i];
+}
+
+static void keep_open(void *ud, size_t i, int fd) { (void)ud, (void)i, (void)fd; }
+
 int sd_ckpt_verify(const sd_ckpt *c, const int *fds, sd_error *err) {
+  sd_ckpt_fds each = {.open = fd_of_array, .close = keep_open, .ud = (void *)fds};
+  return sd_ckpt_verify_each(c, &each, err);
+}
+
+int sd_ckpt_verify_each(const sd_ckpt *c, const sd_ckpt_fds *fds, sd_error *err) {
   size_t with = 0;
   for (size_t i = 0; i < c->nfiles; i++) with += c->files[i].has_crc != 0;
   if (with == 0) {
@@ -88,7 +100,10 @@ int sd_ckpt_verify(const sd_ckpt *c, const int *fds, sd_error *err) {
   }
   for (size_t i = 0; i < c->nfiles; i++) {
     uint32_t got;
-    int rc = sd_ckpt_file_verify(c, i, fds[i], &got, err);
+    int fd = fds->open(fds->ud, i, err);
+    if (fd < 0) return err->code;
+    int rc = sd_ckpt_file_verify(c, i, fd, &got, err);
+    fds->close(fds->ud, i, fd);
     if (rc) return rc;
   }
   return 0;

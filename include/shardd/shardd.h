@@ -298,6 +298,11 @@ SHARDD_EXPORT void shardd_free(void *p);
  * box asked for, with pread, one call per contiguous run. Those checks read
  * headers only; shardd_ckpt_verify reads every data byte once and compares
  * each file's CRC-32C with the one shardd recorded when it wrote it.
+ * No shard stays open between calls (one folder descriptor is held), so a
+ * checkpoint of any number of files opens within the descriptor limit: each
+ * read and each file's deep check opens the file again and refuses, with
+ * SHARDD_E_FORMAT naming it, a file that is no longer the one (device and
+ * inode) whose header was checked.
  * Failures leave their message in shardd_last_error(NULL) (per thread); an
  * open checkpoint may be read from several threads at once.
  * ------------------------------------------------------------------------ */
@@ -326,8 +331,8 @@ SHARDD_EXPORT int shardd_ckpt_find(const shardd_ckpt *c, const char *name, size_
 SHARDD_EXPORT int shardd_ckpt_read(const shardd_ckpt *c, const char *name, const uint64_t *start,
                                    const uint64_t *count, void *buf, size_t len);
 /* The deep check: reads every byte of every file's data section once, in
- * order, through the files opened at shardd_ckpt_open (a file swapped in
- * since is not the one read), and compares its CRC-32C with the one the
+ * order, of the files checked at shardd_ckpt_open (a file swapped in since
+ * is refused, not read), and compares its CRC-32C with the one the
  * index records (a single file: its __metadata__). A difference is
  * SHARDD_E_CHECKSUM naming the file and both values; a file that shrank or
  * grew since it was checked, SHARDD_E_FORMAT naming it; a checkpoint that

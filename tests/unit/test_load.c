@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -308,20 +309,25 @@ Test(load, bad_reads_refused_naming_the_tensor) {
 }
 
 /* ------------------------------------------------------------------------ *
- * The deep check through the library's own descriptors
+ * The deep check of the files the library checked
  * ------------------------------------------------------------------------ */
 
-Test(load, verify_compares_the_recorded_checksum_through_the_open_files) {
-  cr_assert_eq(mkdir(ckdir, 0755), 0);
-  /* 100 zero bytes of data and their CRC-32C in __metadata__. */
+/* name: tensor w, 100 zero bytes of data, and their CRC-32C in __metadata__; json and hex get
+ * the header and the recorded value. */
+static void write_checksummed(const char *name, char json[256], char hex[SD_CHECKSUM_HEX + 1]) {
   unsigned char zeros[100] = {0};
-  char json[256], hex[SD_CHECKSUM_HEX + 1];
   sd_crc32c_hex(sd_crc32c(0, zeros, sizeof zeros), hex);
-  snprintf(json, sizeof json,
+  snprintf(json, 256,
            "{\"__metadata__\":{\"" SD_CHECKSUM_KEY "\":\"%s\"},\"w\":{\"dtype\":\"U8\",\"shape\":[100],"
            "\"data_offsets\":[0,100]}}",
            hex);
-  write_st("model.safetensors", json, sizeof zeros);
+  write_st(name, json, sizeof zeros);
+}
+
+Test(load, verify_compares_the_recorded_checksum_of_the_checked_files) {
+  cr_assert_eq(mkdir(ckdir, 0755), 0);
+  char json[256], hex[SD_CHECKSUM_HEX + 1];
+  write_checksummed("model.safetensors", json, hex);
   shardd_ckpt *c = open_ok(ckdir);
   cr_assert_eq(shardd_ckpt_verify(c), 0, "%s", shardd_last_error(NULL));
   /* Changed in place after the open: the same file, so the change is seen. */
@@ -355,5 +361,64 @@ Test(load, verify_without_recorded_checksums_is_an_error) {
   cr_assert(strstr(shardd_last_error(NULL),
                    "model.safetensors.index.json records no checksums (written without them, or not by shardd)"),
             "%s", shardd_last_error(NULL));
+  shardd_ckpt_close(c);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Files opened on demand: any number of shards within the descriptor limit
+ * ------------------------------------------------------------------------ */
+
+#define MANY_FILES 3000
+
+Test(load, thousands_of_files_load_under_a_low_descriptor_limit) {
+  sd_tensor *t = calloc(MANY_FILES, sizeof *t);
+  char(*names)[16] = calloc(MANY_FILES, sizeof *names);
+  for (size_t i = 0; i < MANY_FILES; i++) {
+    snprintf(names[i], sizeof names[i], "t%05zu", i);
+    t[i] = (sd_tensor){.name = names[i], .dtype = SD_DT_U8, .ndim = 1, .shape = {3 + i % 5}, .index = (uint32_t)i};
+  }
+  size_t nfiles = 0;
+  write_ckpt(t, MANY_FILES, 4, &nfiles); /* a shard per tensor */
+  cr_assert_eq(nfiles, MANY_FILES);
+  /* Far fewer descriptors than files: the reader held one per shard and failed with EMFILE. */
+  struct rlimit rl;
+  cr_assert_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  rl.rlim_cur = 256;
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  shardd_ckpt *c = open_ok(ckdir);
+  cr_assert_eq(shardd_ckpt_count(c), (size_t)MANY_FILES);
+  unsigned char buf[8];
+  for (size_t i = 0; i < MANY_FILES; i++) {
+    size_t n = 3 + i % 5;
+    cr_assert_eq(shardd_ckpt_read(c, names[i], NULL, NULL, buf, n), 0, "%s", shardd_last_error(NULL));
+    for (size_t k = 0; k < n; k++) cr_assert_eq(buf[k], pattern(i, k), "%s byte %zu", names[i], k);
+  }
+  /* The deep check opens them one at a time too (this writer records no checksums: refused as such). */
+  cr_assert_eq(shardd_ckpt_verify(c), SHARDD_E_CHECKSUM, "%s", shardd_last_error(NULL));
+  shardd_ckpt_close(c);
+  free(names);
+  free(t);
+}
+
+Test(load, a_file_swapped_in_after_the_open_is_refused_by_reads_and_verify) {
+  cr_assert_eq(mkdir(ckdir, 0755), 0);
+  char json[256], hex[SD_CHECKSUM_HEX + 1];
+  write_checksummed("model.safetensors", json, hex);
+  shardd_ckpt *c = open_ok(ckdir);
+  unsigned char buf[100];
+  cr_assert_eq(shardd_ckpt_read(c, "w", NULL, NULL, buf, sizeof buf), 0, "%s", shardd_last_error(NULL));
+  cr_assert_eq(shardd_ckpt_verify(c), 0, "%s", shardd_last_error(NULL));
+  /* The same bytes under the same name, but another file: not the one whose header was checked. */
+  write_checksummed("other", json, hex);
+  char from[256], to[256];
+  path_of(from, sizeof from, "other");
+  path_of(to, sizeof to, "model.safetensors");
+  cr_assert_eq(rename(from, to), 0);
+  cr_assert_eq(shardd_ckpt_read(c, "w", NULL, NULL, buf, sizeof buf), SHARDD_E_FORMAT);
+  cr_assert(strstr(shardd_last_error(NULL), "model.safetensors: replaced by another file since the checkpoint was opened"),
+            "%s", shardd_last_error(NULL));
+  cr_assert_eq(shardd_ckpt_verify(c), SHARDD_E_FORMAT);
+  cr_assert(strstr(shardd_last_error(NULL), "model.safetensors: replaced by another file"), "%s",
+            shardd_last_error(NULL));
   shardd_ckpt_close(c);
 }

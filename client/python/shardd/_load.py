@@ -133,8 +133,8 @@ class Checkpoint:
 
     def verify(self) -> None:
         """The deep check: reads every byte of every file once, sequentially (the cost of reading
-        the whole checkpoint from disk; the CRC itself runs at memory speed), through the files
-        opened when the checkpoint was checked, and compares each file's data CRC-32C with the one
+        the whole checkpoint from disk; the CRC itself runs at memory speed), of the files
+        checked when the checkpoint was opened (one swapped in since is refused), and compares each file's data CRC-32C with the one
         recorded in the index (a single file: its __metadata__).
 
         Raises ShardError bad_checksum naming the file and both values when one differs (damaged,
