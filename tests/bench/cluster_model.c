@@ -89,7 +89,7 @@ static void norm(builder *b, int layer, uint64_t n, const char *name) {
 }
 
 static void mlp(builder *b, int layer, int expert, uint64_t ffn, const char *prefix) {
-  char p[160];
+  char p[192]; /* prefix (under 128) and the longest suffix */
   snprintf(p, sizeof p, "%s.gate_proj", prefix);
   linear(b, layer, expert, ffn, HIDDEN, p);
   snprintf(p, sizeof p, "%s.up_proj", prefix);
@@ -99,7 +99,7 @@ static void mlp(builder *b, int layer, int expert, uint64_t ffn, const char *pre
 }
 
 static void decoder_layer(builder *b, int l) {
-  char p[160], q[192];
+  char p[32], q[128]; /* "model.layers.N", and it with the longest suffix */
   snprintf(p, sizeof p, "model.layers.%d", l);
   snprintf(q, sizeof q, "%s.input_layernorm.weight", p);
   norm(b, l, HIDDEN, q);
