@@ -103,7 +103,9 @@ class Checkpoint:
             ck.names(); ck.info("w").shape
             w = ck.read("w", start=(128, 0), count=(128, 4096))
 
-    Opening reads headers only. verify=True (or verify() later) also reads
+    Opening reads headers only, and builds no per-tensor objects: info(), names() and membership
+    ask libshardd's table on demand, so they need the checkpoint open (ValueError once closed), while
+    len() does not. verify=True (or verify() later) also reads
     every byte of every file once and checks each file's CRC-32C against the
     one shardd recorded when it wrote it.
     """
@@ -116,14 +118,10 @@ class Checkpoint:
         if rc:
             raise _error(rc, lib.shardd_last_error(None))
         self._handle = handle
+        # The table stays in libshardd's compact records: a TensorInfo is made on first asking, so
+        # opening costs the C check alone, even for millions of tensors.
+        self._count = int(lib.shardd_ckpt_count(handle))
         self._info: Dict[str, TensorInfo] = {}
-        info = _CTensorInfo()
-        for i in range(lib.shardd_ckpt_count(handle)):
-            self._check(lib.shardd_ckpt_tensor(handle, i, ctypes.byref(info)))
-            t = TensorInfo(_text(info.name), _text(info.dtype),
-                           tuple(int(info.shape[d]) for d in range(info.ndim)), int(info.nbytes),
-                           _text(info.file))
-            self._info[t.name] = t
         if verify:
             try:
                 self.verify()
@@ -171,24 +169,45 @@ class Checkpoint:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _c_info(self, i: int) -> "_CTensorInfo":
+        info = _CTensorInfo()
+        self._check(_lib.lib().shardd_ckpt_tensor(self._live(), i, ctypes.byref(info)))
+        return info
+
+    def _lookup(self, name: object) -> Optional[TensorInfo]:
+        t = self._info.get(name) if isinstance(name, str) else None
+        if t is not None or not isinstance(name, str):
+            return t
+        key = name.encode("utf-8", "surrogatepass")
+        i = ctypes.c_size_t()
+        if b"\0" in key or _lib.lib().shardd_ckpt_find(self._live(), key, ctypes.byref(i)):
+            return None
+        info = self._c_info(i.value)
+        t = TensorInfo(_text(info.name), _text(info.dtype),
+                       tuple(int(info.shape[d]) for d in range(info.ndim)), int(info.nbytes),
+                       _text(info.file))
+        self._info[name] = t
+        return t
+
     def names(self) -> List[str]:
         """Tensor names in name order."""
-        return list(self._info)
+        return list(self)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._info)
+        for i in range(self._count):
+            yield _text(self._c_info(i).name)
 
     def __len__(self) -> int:
-        return len(self._info)
+        return self._count
 
     def __contains__(self, name: object) -> bool:
-        return name in self._info
+        return self._lookup(name) is not None
 
     def info(self, name: str) -> TensorInfo:
-        try:
-            return self._info[name]
-        except KeyError:
-            raise KeyError("tensor %r is not in %s" % (name, self.path)) from None
+        t = self._lookup(name)
+        if t is None:
+            raise KeyError("tensor %r is not in %s" % (name, self.path))
+        return t
 
     def _box(self, name: str, start, count) -> Tuple[TensorInfo, Any, Any, Tuple[int, ...]]:
         t = self.info(name)
@@ -235,7 +254,7 @@ class Checkpoint:
         return Slice(self.read(name, start, count, framework), self.info(name).shape, start)
 
     def __repr__(self) -> str:
-        return "<shardd.Checkpoint %s: %d tensors%s>" % (self.path, len(self._info),
+        return "<shardd.Checkpoint %s: %d tensors%s>" % (self.path, self._count,
                                                          "" if self._handle is not None else ", closed")
 
 

@@ -303,6 +303,35 @@ class LoadTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             shardd.save({"x": np.ones(1)}, "p", client=self.client, progress=3)
 
+    def test_a_header_of_200k_tensors_opens_and_answers_lookups(self):
+        # Zero-size tensors: the header is the whole file. Each TensorInfo is made on asking, so
+        # opening costs the C check; every answer still comes from the checked table.
+        n = 200000
+        folder = os.path.join(D.tmp, "many-tensors")
+        write_st(folder, "model.safetensors",
+                 "{" + ",".join('"t%06d":{"dtype":"%s","shape":[0,%d],"data_offsets":[0,0]}'
+                                % (i, "F32" if i % 2 else "BF16", i % 7) for i in range(n)) + "}", 0)
+        with shardd.Checkpoint(folder) as ck:
+            self.assertEqual(len(ck), n)
+            self.assertEqual(ck.info("t123457"), shardd.TensorInfo("t123457", "F32", (0, 123457 % 7), 0,
+                                                                   "model.safetensors"))
+            self.assertEqual(ck.info("t000000").dtype, "BF16")
+            self.assertIn("t199999", ck)
+            for absent in ("t200000", "t12345", "", "t000001\0", 7, None):
+                self.assertNotIn(absent, ck)
+            with self.assertRaises(KeyError) as cm:
+                ck.info("t200000")
+            self.assertIn("'t200000' is not in", str(cm.exception))
+            names = ck.names()
+            self.assertEqual(names, ["t%06d" % i for i in range(n)])
+            self.assertEqual(next(iter(ck)), "t000000")
+            self.assertEqual(ck.read("t199999").shape, (0, 199999 % 7))
+            self.assertIn("%d tensors" % n, repr(ck))
+        self.assertEqual(len(ck), n)
+        with self.assertRaises(ValueError) as cm:
+            ck.info("t000002")
+        self.assertIn("the checkpoint is closed", str(cm.exception))
+
     def test_type_hints_resolve(self):
         for fn in (shardd.save, shardd.load, shardd.load_slices, shardd.Checkpoint.read,
                    shardd.PendingSave.result, shardd.parse_size):
