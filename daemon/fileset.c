@@ -17,6 +17,7 @@
 typedef struct {
   int fd;
   int slot;                /* fixed-file slot, -1 none, -2 not asked for yet */
+  int opened;              /* its descriptor was had (given, or opened by name): never opened again */
   int odirect;             /* O_DIRECT set: whole blocks only */
   int trim;                /* written past its size (a padded last block): cut back once whole */
   uint64_t base;           /* where in the descriptor's file it starts */
@@ -37,6 +38,7 @@ struct sd_fileset {
   uint64_t ops_left;       /* source bytes still to read */
   sd_fileset_counts n;
   int failed, said_buffered;
+  char *where;             /* by name: req.where, kept for the files not yet opened */
   sd_error err;
 };
 
@@ -135,6 +137,22 @@ static void close_file(sd_fileset *s, fs_file *ff) {
   ff->fd = -1;
 }
 
+/* File i's descriptor, opened by name (req.dir_fd) the first time it is
+ * needed; -1 once the set failed for want of it. */
+static int file_open(sd_fileset *s, uint32_t i) {
+  fs_file *ff = &s->f[i];
+  if (ff->opened) return ff->fd;
+  ff->opened = 1;
+  /* made by the caller in a fresh folder of its own: a plain name, never a symlink */
+  ff->fd = openat(s->r.dir_fd, s->r.names[i], O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (ff->fd < 0) {
+    sd_fileset_fail_errno(s, errno, i, "open", 0);
+    return -1;
+  }
+  go_odirect(s, i);
+  return ff->fd;
+}
+
 /* File i has all its bytes: durable, its fsync is queued. */
 static void whole(sd_fileset *s, uint32_t i) {
   s->nwhole++;
@@ -203,6 +221,7 @@ static int zero_copy_next(sd_fileset *s, sd_io *io) {
   int fresh;
   sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill, &fresh);
   if (!pc) return 0;
+  if (file_open(s, pc->file) < 0) return 0;
   if (fresh && s->r.sums && piece_read(s, sd_zero_copy_first_of(&s->zc, pc), 0) < 0) return 0;
   fs_file *ff = &s->f[pc->file];
   sd_zero_copy_io(&s->fill, pc, io);
@@ -217,6 +236,7 @@ int sd_fileset_next(sd_fileset *s, sd_io *io) {
   /* fsyncs first: they end a file, and a file's fsync overlaps the next file's writes */
   if (s->ready_head < s->ready_tail) {
     uint32_t i = s->ready[s->ready_head++];
+    if (file_open(s, i) < 0) return 0;
     io->kind = SD_IO_FSYNC;
     io->fd = file_fd(s, &s->f[i], &io->fixed);
     io->tag = i;
@@ -228,6 +248,10 @@ int sd_fileset_next(sd_fileset *s, sd_io *io) {
   if (!s->wq) s->wq_tail = &s->wq;
   c->next = NULL;
   fs_file *ff = &s->f[c->file];
+  if (file_open(s, c->file) < 0) {
+    sd_writer_chunk_put(s->w, c);
+    return 0;
+  }
   /* An O_DIRECT file takes whole blocks: the last one goes out padded with zeros. */
   uint32_t len = ff->odirect ? (uint32_t)sd_align_up(c->len) : c->len;
   if (c->done == 0) io->count = sd_io_count_of(ff->odirect);
@@ -428,20 +452,30 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
   s->fill = (sd_fill){.files = req->files, .nfiles = req->nfiles, .ops = req->ops, .nops = req->nops,
                       .spans = req->spans, .nspans = req->nspans, .ready = req->op_ready};
   for (size_t i = 0; i < req->nops; i++) s->ops_left += req->ops[i].len;
+  int by_name = req->by_name;
   for (uint32_t i = 0; i < req->nfiles; i++) {
-    s->f[i].fd = req->fds[i];
+    s->f[i].fd = by_name ? -1 : req->fds[i];
+    s->f[i].opened = !by_name;
     s->f[i].slot = req->durable ? -2 : -1; /* a descriptor the caller keeps may close under a slot */
     s->f[i].size = s->f[i].left = req->files[i].size;
     s->f[i].base = req->bases ? req->bases[i] : 0;
-    go_odirect(s, i);
+    if (!by_name) go_odirect(s, i);
     if (s->f[i].left == 0) whole(s, i);
   }
   s->r.fds = NULL; /* read at the start only */
-  s->r.where = NULL;
+  /* no memory for the copy: the warning names the file instead */
+  s->r.where = s->where = by_name && req->where ? strdup(req->where) : NULL;
   /* One O_DIRECT file tells for the device. */
   int probe = -1;
-  for (size_t i = 0; i < req->nfiles && probe < 0; i++)
+  for (uint32_t i = 0; i < req->nfiles && probe < 0; i++) {
+    if (by_name && s->f[i].size && file_open(s, i) < 0) break;
     if (s->f[i].odirect) probe = s->f[i].fd;
+  }
+  if (s->failed) {
+    sd_fail(err, s->err.code, "%s", s->err.msg);
+    sd_fileset_free(s);
+    return err->code;
+  }
   sd_zero_copy_init(&s->zc, &s->fill, probe, req->gather);
   *out = s;
   return 0;
@@ -456,6 +490,7 @@ void sd_fileset_free(sd_fileset *s) {
   if (!s) return;
   sd_fileset_close(s);
   sd_zero_copy_free(&s->zc);
+  free(s->where);
   free(s->ready);
   free(s->f);
   free(s);
@@ -523,7 +558,8 @@ int sd_fileset_start(sd_writer *w, const sd_fileset_req *req, sd_error *err) {
   /* tests: a stall here lets a client shrink its segment under the writes */
   if (req->point) sd_crash_point(req->point);
   if (sd_writer_attach(w, &s->job, err) != 0) {
-    for (size_t i = 0; i < req->nfiles; i++) s->f[i].fd = -1; /* never asked for a slot: still the caller's */
+    if (!req->by_name) /* given descriptors never asked for a slot: still the caller's */
+      for (size_t i = 0; i < req->nfiles; i++) s->f[i].fd = -1;
     sd_fileset_free(s);
     return err->code;
   }

@@ -37,6 +37,12 @@ typedef struct {
    * is fsynced (and registering it with the ring as a fixed file meanwhile),
    * any other leaves them to the caller */
   const int *fds;
+  /* by_name: the files were made in this folder and closed (fds NULL); each is
+   * opened by its name when its first write or fsync is issued and closed
+   * once fsynced, so a durable set holds only the files being written, not
+   * all of them (a save of 100,000 files under a descriptor limit of 1,024).
+   * The set does not own dir_fd. */
+  int by_name, dir_fd;
   const char *const *names; /* per file, for messages */
   const sd_fill_file *files; /* per file: head (at its offset 0) and size */
   /* per file (NULL: all 0): where in the descriptor's file it starts, a
@@ -53,7 +59,7 @@ typedef struct {
   int durable;             /* fsync each file once whole */
   int gather;              /* plan gathered writes of several segments too (sd_fill_plan_gather) */
   const char *dir;         /* messages name a file dir/name; NULL: by its name alone */
-  const char *where;       /* named by the warning that O_DIRECT is refused, read at the start; NULL: the file */
+  const char *where;       /* named by the warning that O_DIRECT is refused, read at the start (by name: kept); NULL: the file */
   const char *tag;         /* the save, for messages */
   /* Test points (crashpoint.h): NULL for a publish's (write, fsync, and
    * index for index_file); a name is the one point of the whole set: reached

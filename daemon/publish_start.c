@@ -188,6 +188,10 @@ static int make_files(sd_publish *p, sd_error *err) {
     } else if (fchmod(fd, p->file_mode) < 0) {
       rc = sd_fail(err, SHARDD_E_IO, "cannot set the mode of %s/%s: %s", p->rel_dir, name, strerror(errno));
     }
+    /* Closed at once: the set opens each by name when it writes it, so a
+     * save holds a few descriptors, not one per file. */
+    if (fd >= 0) close(fd);
+    p->fds[i] = -1;
   }
   /* Exactly the configured modes, whatever the daemon's umask; the folder's
    * last, so a mode without owner write cannot stop the files being made. */
@@ -202,7 +206,7 @@ static int make_files(sd_publish *p, sd_error *err) {
   return rc;
 }
 
-/* The set that writes and fsyncs every file takes the descriptors over. */
+/* The set that writes and fsyncs every file, opening each by name in the temporary folder. */
 static int make_set(sd_publish *p, sd_error *err) {
   size_t rl = strlen(p->root_path);
   char *where = malloc(rl + strlen(p->rel_dir) + 2);
@@ -210,7 +214,7 @@ static int make_set(sd_publish *p, sd_error *err) {
   sprintf(where, "%s%s%s", p->root_path, rl && p->root_path[rl - 1] == '/' ? "" : "/", p->rel_dir);
   sd_fileset_req r = {.fds = p->fds, .names = p->names, .files = p->fill_files, .nfiles = p->nfiles,
                       .ops = p->ops, .nops = p->nops, .op_ready = p->op_ready, .spans = p->spans,
-                      .nspans = p->nspans, .durable = 1, .gather = 1, .dir = p->rel_dir, .where = where,
+                      .nspans = p->nspans, .durable = 1, .by_name = 1, .dir_fd = p->tmp_fd, .gather = 1, .dir = p->rel_dir, .where = where,
                       .tag = p->tag, .index_file = p->index_file, .sums = p->sums};
   int rc = sd_fileset_new(p->job.w, &r, &p->fs, err);
   free(where);
