@@ -16,7 +16,8 @@ daemon's or reader's message.
 """
 
 from ._arena_pool import release_arenas
-from ._client import Arena, Client, ShardError, error_names, parse_size, place
+from ._client import Arena, Client, place
+from ._errors import ShardError, error_names, parse_size
 from ._lib import library_path
 from ._load import Checkpoint, TensorInfo, load, load_slices
 from ._save import PendingSave, default_save_id, delete, nodes_from_env, save, torchrun_env

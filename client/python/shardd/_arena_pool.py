@@ -19,7 +19,8 @@ import os
 import threading
 from typing import Dict, List, Optional, Tuple
 
-from ._client import Arena, Client, ShardError
+from ._client import Arena, Client
+from ._errors import ShardError
 
 __all__ = ["borrow", "release_arenas"]
 

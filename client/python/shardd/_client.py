@@ -1,14 +1,14 @@
-# Client, Arena and ShardError: thin, checked wrappers over libshardd's connection and save calls.
+# Client and Arena: thin, checked wrappers over libshardd's connection and save calls (errors in _errors.py).
 import ctypes
 import json
 import os
 
 from . import _lib
-from ._errors import ShardError, _bytes, _error, _text, error_names, parse_size, refusal  # noqa: F401 (re-exported)
+from ._errors import ShardError, _bytes, _error, _text, parse_size
 from ._lib import Result, SaveOpts, TensorDesc
 from ._tensors import dtype_name
 
-__all__ = ["ShardError", "Client", "Arena", "error_names", "parse_size"]
+__all__ = ["Client", "Arena", "place"]
 
 _INT_MAX = 2**31 - 1
 

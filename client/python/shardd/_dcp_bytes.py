@@ -26,7 +26,7 @@ def bytes_file(items: Dict[str, bytes]) -> bytes:
 
 def read_bytes_files(folder: str) -> Dict[str, bytes]:
     """{fqn: bytes} of every rank's file in `folder` (none: {})."""
-    from ._client import refusal
+    from ._errors import refusal
 
     out: Dict[str, bytes] = {}
     names = sorted(n for n in os.listdir(folder) if _NAME.match(n)) if os.path.isdir(folder) else []

@@ -7,7 +7,8 @@ import sys
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _lib
-from ._client import _bytes, _dims, _error, _text
+from ._client import _dims
+from ._errors import _bytes, _error, _text
 from ._lib import TensorInfo as _CTensorInfo
 from ._tensors import _TORCH, Slice
 

@@ -97,7 +97,7 @@ def read_state(data: bytes, where: str) -> Dict[Tuple, Any]:
             raise ValueError("format %r" % doc.get("format"))
         return {tuple(path): _decode(value) for path, value in doc["values"]}
     except (ValueError, TypeError, AttributeError, KeyError) as e:
-        from ._client import refusal
+        from ._errors import refusal
 
         raise refusal("bad_format", "%s is not a shardd state file (%s)" % (where, e)) from None
 

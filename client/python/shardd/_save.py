@@ -10,7 +10,8 @@ import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import _arena_pool, _lib
-from ._client import Arena, Client, ShardError, _Descs, _error, _place, parse_size
+from ._client import Arena, Client, _Descs, _place
+from ._errors import ShardError, _error, parse_size
 from ._lib import SaveOpts
 from ._tensors import Slice, check_shared_memory, copy_into, nbytes, prepare, wants_pinned_memory
 

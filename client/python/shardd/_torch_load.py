@@ -10,7 +10,7 @@ import os
 from collections import namedtuple
 from typing import Any, Dict, List, Tuple
 
-from ._client import refusal
+from ._errors import refusal
 from ._dtensor import box_views, dtensor_boxes, is_dtensor, tensor_identity
 from ._hf_convert import piece_parts
 from ._load import Checkpoint

@@ -4,7 +4,7 @@ this rank's boxes, replicas handed over once, Partial refused, tied names
 refused or dropped, all before the daemon hears of the save."""
 import torch
 
-from ._client import refusal
+from ._errors import refusal
 from ._nested import STATE_FILE, flatten, state_file
 from ._dtensor import PartialPlacementError, box_views, dtensor_boxes, is_dtensor, tensor_identity
 from ._save import save

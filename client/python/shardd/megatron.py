@@ -28,7 +28,7 @@ import os
 import re
 from typing import Any, Dict, List, Tuple
 
-from ._client import refusal
+from ._errors import refusal
 from ._megatron_map import Unmappable, check_config, hf_tensors, segments
 from ._tensors import Slice
 
