@@ -67,37 +67,57 @@ void sd_st_index_free(sd_st_index *ix) {
   memset(ix, 0, sizeof *ix);
 }
 
-static int dup_key(const char *label, size_t at, sd_error *err) {
-  return sd_fail(err, SHARDD_E_FORMAT, "%s: not valid JSON at byte %zu: duplicate object key", label, at);
+static int dup_key(const char *label, size_t at, const char *key, sd_error *err) {
+  char kb[SD_MSGNAME_MAX];
+  return sd_fail(err, SHARDD_E_FORMAT, "%s: not valid JSON at byte %zu: duplicate object key '%s'", label, at,
+                 SHOW(kb, key));
 }
 
-/* An object's members whose keys are in `keys` (each once: a second is a duplicate key) are
- * left at their values in `at`, found[i] set; the others are walked past, or refused when
- * `others` names what they are ("top-level key"). */
+/* An object's members whose keys are in `keys` are left at their values in `at`, found[i] set; the
+ * others are walked past, or refused when `others` names what they are ("top-level key"). No key
+ * may come twice, at this level or in any object walked past (jansson's loader refused both). */
 static int pick_members(const char *label, sd_jcur *c, const char *const *keys, size_t nkeys, sd_jcur *at,
                         int *found, const char *others, sd_error *err) {
+  sd_jkeys seen;
+  sd_jkeys_init(&seen);
+  int rc = 0;
   sd_jcur_enter(c);
-  while (sd_jcur_more(c)) {
+  while (!rc && sd_jcur_more(c)) {
     size_t kat = sd_jcur_at(c);
     char *k = sd_jcur_key(c);
-    if (!k) return sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+    if (!k) {
+      rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
+      break;
+    }
     size_t i = 0;
     while (i < nkeys && strcmp(k, keys[i])) i++;
     if (i == nkeys && others) {
       char kb[SD_MSGNAME_MAX];
-      int rc = sd_fail(err, SHARDD_E_FORMAT, "%s: unexpected %s '%s'", label, others, SHOW(kb, k));
+      rc = sd_fail(err, SHARDD_E_FORMAT, "%s: unexpected %s '%s'", label, others, SHOW(kb, k));
       free(k);
-      return rc;
+      break;
     }
-    free(k);
-    if (i < nkeys && found[i]++) return dup_key(label, kat, err);
+    int added = sd_jkeys_add(&seen, k);
+    if (added) {
+      rc = added < 0 ? sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label) : dup_key(label, kat, k, err);
+      if (added > 0) free(k);
+      break;
+    }
     if (i < nkeys) {
+      found[i] = 1;
       sd_jcur_peek(c);
       at[i] = *c;
+      sd_jcur_skip(c); /* read by the caller, which refuses what it does not expect */
+      continue;
     }
-    sd_jcur_skip(c);
+    char *dup = NULL;
+    size_t dat = 0;
+    int u = sd_jcur_skip_unique(c, &dup, &dat);
+    if (u) rc = u < 0 ? sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label) : dup_key(label, dat, dup, err);
+    free(dup);
   }
-  return 0;
+  sd_jkeys_free(&seen);
+  return rc;
 }
 
 /* A non-negative integer at c: 0, or -1 when it is anything else. */
@@ -182,7 +202,7 @@ static int index_weight_map(const char *label, sd_jcur *wm, sd_st_index *ix, sd_
     if (!k || SD_GROW(ix->entries, ecap, ix->nentries + 1, 64)) {
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
     } else if (sd_nameidx_find(&tensors, k, entry_name, ix) != SD_NAMEIDX_NONE) {
-      rc = dup_key(label, kat, err);
+      rc = dup_key(label, kat, k, err);
     } else if (sd_jcur_peek(wm) != '"') {
       rc = sd_fail(err, SHARDD_E_FORMAT, "%s: weight_map: tensor '%s' -> not a string", label, SHOW(kb, k));
     } else if (!(f = malloc(sd_jcur_strmax(wm) + 1))) {
@@ -262,7 +282,7 @@ static int index_checksums(const char *label, sd_jcur *sums, sd_st_index *ix, sd
       rc = sd_fail(err, SHARDD_E_FORMAT, "%s: metadata." SD_CHECKSUM_KEY " names %s, which the weight_map does not",
                    label, SHOW(kb, k));
     else if (got[f])
-      rc = dup_key(label, kat, err);
+      rc = dup_key(label, kat, k, err);
     else if (!fits || sd_crc32c_parse(hex, &ix->crcs[f]) != 0)
       rc = sd_fail(err, SHARDD_E_FORMAT, "%s: metadata." SD_CHECKSUM_KEY ": %s -> %s%s%s is not %d hex digits",
                    label, SHOW(kb, k), is_str ? "'" : "", is_str ? (fits ? SHOW(vb, hex) : "(a longer string)")

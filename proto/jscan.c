@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sd_grow.h"
 #include "sd_jscan.h"
 
 #define DEPTH_MAX 2048 /* jansson's JSON_PARSER_MAX_DEPTH */
@@ -350,4 +351,72 @@ void sd_jcur_skip(sd_jcur *c) {
     if (*c->p == '}' || *c->p == ']') depth--;
     c->p++;
   } while (depth);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Repeated keys
+ * ------------------------------------------------------------------------ */
+/* Up to this many keys a scan finds a repeat as fast as a hash table, without its allocation. */
+#define JKEYS_SCAN 8
+
+static const char *jkey_at(const void *ctx, uint32_t i) { return ((const sd_jkeys *)ctx)->keys[i]; }
+
+void sd_jkeys_init(sd_jkeys *s) { memset(s, 0, sizeof *s); }
+
+void sd_jkeys_free(sd_jkeys *s) {
+  for (size_t i = 0; i < s->n; i++) free(s->keys[i]);
+  free(s->keys);
+  sd_nameidx_free(&s->idx);
+  sd_jkeys_init(s);
+}
+
+int sd_jkeys_add(sd_jkeys *s, char *key) {
+  if (s->n <= JKEYS_SCAN) {
+    for (size_t i = 0; i < s->n; i++)
+      if (!strcmp(s->keys[i], key)) return 1;
+  } else if (sd_nameidx_find(&s->idx, key, jkey_at, s) != SD_NAMEIDX_NONE) {
+    return 1;
+  }
+  if (SD_GROW(s->keys, s->cap, s->n + 1, JKEYS_SCAN)) {
+    free(key);
+    return -1;
+  }
+  s->keys[s->n] = key;
+  /* Past the scan's size every key so far goes into the table once, then each new one. */
+  for (size_t i = s->n == JKEYS_SCAN ? 0 : s->n; s->n >= JKEYS_SCAN && i <= s->n; i++) {
+    if (sd_nameidx_insert(&s->idx, s->keys[i], (uint32_t)i, jkey_at, s) != 0) {
+      free(key);
+      return -1;
+    }
+  }
+  s->n++;
+  return 0;
+}
+
+int sd_jcur_skip_unique(sd_jcur *c, char **dup, size_t *dup_at) {
+  char k = sd_jcur_peek(c);
+  if (k != '{' && k != '[') {
+    sd_jcur_skip(c);
+    return 0;
+  }
+  sd_jkeys keys;
+  sd_jkeys_init(&keys);
+  int rc = 0;
+  sd_jcur_enter(c);
+  while (!rc && sd_jcur_more(c)) {
+    if (k == '{') {
+      size_t at = sd_jcur_at(c);
+      char *key = sd_jcur_key(c);
+      rc = key ? sd_jkeys_add(&keys, key) : -1;
+      if (rc == 1) {
+        *dup = key;
+        *dup_at = at;
+      }
+      if (rc) break;
+    }
+    /* a checked text is at most 2048 levels deep: so is this recursion */
+    rc = sd_jcur_skip_unique(c, dup, dup_at);
+  }
+  sd_jkeys_free(&keys);
+  return rc;
 }

@@ -50,8 +50,10 @@ static int scan_u64(sd_jcur *c, uint64_t *out) {
   return 0;
 }
 
-static int dup_key(const char *label, size_t at, sd_error *err) {
-  return sd_fail(err, SHARDD_E_FORMAT, "%s: header is not valid JSON at byte %zu: duplicate object key", label, at);
+static int dup_key(const char *label, size_t at, const char *key, sd_error *err) {
+  char kb[SD_MSGNAME_MAX];
+  return sd_fail(err, SHARDD_E_FORMAT, "%s: header is not valid JSON at byte %zu: duplicate object key '%s'", label,
+                 at, SHOW(kb, key));
 }
 
 /* Length prefix rules, shared by the pure parser and the file reader so the
@@ -114,8 +116,8 @@ static int parse_metadata(const char *label, sd_jcur *c, sd_st_header *h, sd_err
       break;
     }
     if (sd_nameidx_find(&seen, k, meta_key, h) != SD_NAMEIDX_NONE) {
+      rc = dup_key(label, at, k, err);
       free(k);
-      rc = dup_key(label, at, err);
       break;
     }
     if (sd_jcur_peek(c) != '"') {
@@ -161,8 +163,12 @@ static int scan_fields(const char *label, const char *name, sd_jcur *c, tensor_f
       free(k);
       return rc;
     }
+    if (*has) {
+      int rc = dup_key(label, at, k, err);
+      free(k);
+      return rc;
+    }
     free(k);
-    if (*has) return dup_key(label, at, err);
     *has = 1;
     sd_jcur_peek(c);
     *at_value = *c;
@@ -353,13 +359,13 @@ static int parse_json(const char *label, const char *js, uint64_t hl, sd_st_head
       break;
     }
     if (!strcmp(k, "__metadata__")) {
+      rc = seen_meta++ ? dup_key(label, kat, k, err) : parse_metadata(label, &c, h, err);
       free(k);
-      rc = seen_meta++ ? dup_key(label, kat, err) : parse_metadata(label, &c, h, err);
       continue;
     }
     if (sd_nameidx_find(&names, k, tensor_name, h) != SD_NAMEIDX_NONE) {
+      rc = dup_key(label, kat, k, err);
       free(k);
-      rc = dup_key(label, kat, err);
       break;
     }
     sd_st_tensor *t = &h->tensors[h->ntensors];

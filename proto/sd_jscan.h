@@ -5,11 +5,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sd_nameidx.h"
+
 /* Checks that buf[0, len) is one JSON object or array and nothing else, as
  * strictly as jansson's loader without flags: UTF-8 only, no control
  * character or \u0000 in a string, no lone surrogate, integers within
  * int64, reals finite, at most 2048 levels deep. Duplicate keys are the
- * walker's to find (it knows which keys it keeps). 0, or -1 with *at the
+ * walker's to find: the keys it keeps in its own index, those of what it
+ * walks past with sd_jcur_skip_unique. 0, or -1 with *at the
  * byte offset and *why the reason; *utf8 is 1 when the reason is bad UTF-8.
  * Memory: none beyond the stack. */
 int sd_json_check(const char *buf, size_t len, size_t *at, const char **why, int *utf8);
@@ -39,6 +42,22 @@ char *sd_jcur_key(sd_jcur *c);
 int sd_jcur_number(sd_jcur *c, int64_t *v);
 /* Past any value. */
 void sd_jcur_skip(sd_jcur *c);
+/* The keys of one object, each once: what a walker keeps to find a repeated key in linear time. */
+typedef struct {
+  char **keys;
+  size_t n, cap;
+  sd_nameidx idx; /* built once the object has more keys than a scan of them costs */
+} sd_jkeys;
+void sd_jkeys_init(sd_jkeys *s);
+void sd_jkeys_free(sd_jkeys *s);
+/* Takes key (malloc'd) into the set: 0 added, 1 a repeat (key left to the caller), -1 out of
+ * memory (key freed). */
+int sd_jkeys_add(sd_jkeys *s, char *key);
+/* Past any value, refusing an object anywhere in it that repeats a key, as jansson's loader did
+ * (JSON_REJECT_DUPLICATES) for entries a walker does not read itself: 0; 1 with *dup the repeated
+ * key (malloc'd, the caller frees it) and *dup_at its offset; -1 out of memory. Time linear in the
+ * value's bytes; memory the keys of the objects open at once. */
+int sd_jcur_skip_unique(sd_jcur *c, char **dup, size_t *dup_at);
 /* The cursor's byte offset in the text, for messages. */
 static inline size_t sd_jcur_at(const sd_jcur *c) { return (size_t)(c->p - c->start); }
 

@@ -1,4 +1,5 @@
 /* libFuzzer target: bytes as a whole .safetensors file for the strict reader (and as index JSON). */
+#include <jansson.h>
 #include <string.h>
 
 #include "fuzz_util.h"
@@ -88,6 +89,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   sd_error ierr = {0};
   rc = sd_st_index_parse("fuzz.index.json", (const char *)data, size, &ix, &ierr);
   if (rc == 0) {
+    /* What the one-pass reader takes, jansson's strict loader takes too: no key repeated anywhere. */
+    json_error_t jerr;
+    json_t *tree = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, &jerr);
+    FUZZ_CHECK(tree != NULL, "the index reader took what jansson refuses: %s", jerr.text);
+    json_decref(tree);
     for (size_t i = 0; i < ix.nentries; i++) {
       FUZZ_CHECK(ix.entries[i].file < ix.nfiles, "entry %zu names file %u of %zu", i, ix.entries[i].file,
                  ix.nfiles);

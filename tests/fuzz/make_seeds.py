@@ -122,6 +122,9 @@ put("reader", "not-object", st([], raw_header=b"[1]"))
 put("reader", "index", json.dumps({"metadata": {"total_size": 20, "total_parameters": 5},
                                    "weight_map": {"a": "model-00001-of-00002.safetensors",
                                                   "b": "model-00002-of-00002.safetensors"}}).encode())
+# A key repeated inside a metadata entry the reader walks past: refused, as jansson refused it.
+put("reader", "index-nested-dup", b'{"metadata":{"total_size":20,"extra":[{"k":{"x":1,"x":2}}]},'
+                                  b'"weight_map":{"a":"model-00001-of-00001.safetensors"}}')
 
 # --------------------------------------------------------------- coverage
 # Byte 0: mode (0 random small, 1 grid, 2 scaled grid, 3 wide 64-bit); bit 2: no keep[].

@@ -390,6 +390,65 @@ Test(ckpt, index_parse_is_pure) {
   sd_st_index_free(&ix);
 }
 
+/* The index's own parse of js: 0, or the code with its message in msg. */
+static int index_parse(const char *js, char *msg, size_t n) {
+  sd_st_index ix;
+  sd_error err = {0};
+  int rc = sd_st_index_parse("i", js, strlen(js), &ix, &err);
+  snprintf(msg, n, "%s", rc ? err.msg : "");
+  if (!rc) sd_st_index_free(&ix);
+  return rc;
+}
+
+#define WM_ONE "\"weight_map\":{\"a\":\"m-1.safetensors\"}"
+
+/* Entries of metadata the reader does not read are walked past, yet a key repeated anywhere in them
+ * is refused as jansson's loader refused it, naming the key. */
+Test(ckpt, repeated_keys_inside_unknown_metadata) {
+  static const struct {
+    const char *js, *key;
+  } bad[] = {
+      {"{\"metadata\":{\"total_size\":5,\"extra\":{\"k\":1,\"k\":2}}," WM_ONE "}", "'k'"},
+      {"{\"metadata\":{\"total_size\":5,\"extra\":[1,{\"x\":{\"deep\":[],\"deep\":{}}}]}," WM_ONE "}", "'deep'"},
+      {"{\"metadata\":{\"total_size\":5,\"note\":\"1\",\"note\":\"2\"}," WM_ONE "}", "'note'"},
+      {"{\"metadata\":{\"note\":\"1\",\"total_size\":5,\"total_size\":5}," WM_ONE "}", "'total_size'"},
+      /* the same key spelled two ways: keys compare decoded */
+      {"{\"metadata\":{\"total_size\":5,\"e\":{\"\\u00e9\":1,\"\xc3\xa9\":2}}," WM_ONE "}", "duplicate object key"},
+  };
+  char msg[512];
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_assert_eq(index_parse(bad[i].js, msg, sizeof msg), SHARDD_E_FORMAT, "%s was taken", bad[i].js);
+    cr_assert_not_null(strstr(msg, "duplicate object key"), "%s", msg);
+    cr_assert_not_null(strstr(msg, bad[i].key), "'%s' does not name %s", msg, bad[i].key);
+  }
+  /* The same key in different objects is no repeat. */
+  cr_assert_eq(index_parse("{\"metadata\":{\"total_size\":5,\"k\":{\"k\":{\"k\":1}},\"l\":[{\"k\":1},{\"k\":2}]},"
+                           WM_ONE "}", msg, sizeof msg), 0, "%s", msg);
+
+  /* Objects of many keys (a hash table past the first few) and objects nested in them: a repeat
+   * among 5,000 keys is found, far apart, at any depth, and 5,000 distinct keys pass. */
+  for (int repeat = 0; repeat < 3; repeat++) {
+    size_t cap = 200000, n = 0;
+    char *js = malloc(cap);
+    n += (size_t)snprintf(js + n, cap - n, "{\"metadata\":{\"total_size\":5,\"big\":{");
+    for (int k = 0; k < 5000; k++) {
+      int key = repeat == 1 && k == 4999 ? 3 : k;
+      if (repeat == 2 && k == 2500)
+        n += (size_t)snprintf(js + n, cap - n, ",\"nest\":{\"a\":1,\"b\":{\"z\":0,\"z\":1}}");
+      n += (size_t)snprintf(js + n, cap - n, "%s\"key%d\":%d", k ? "," : "", key, k);
+    }
+    snprintf(js + n, cap - n, "}}," WM_ONE "}");
+    int rc = index_parse(js, msg, sizeof msg);
+    if (repeat == 0) {
+      cr_assert_eq(rc, 0, "%s", msg);
+    } else {
+      cr_assert_eq(rc, SHARDD_E_FORMAT);
+      cr_assert_not_null(strstr(msg, repeat == 1 ? "duplicate object key 'key3'" : "duplicate object key 'z'"), "%s", msg);
+    }
+    free(js);
+  }
+}
+
 Test(ckpt, not_a_folder) {
   sd_ckpt c;
   sd_error err;
