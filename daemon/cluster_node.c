@@ -16,6 +16,7 @@
 #include "sd_escape.h"
 #include "sd_grow.h"
 #include "sd_msg.h"
+#include "writer.h"
 
 
 static const char *mode_str(sd_write_mode m) { return m == SD_WRITE_SHARED ? "shared" : "owner"; }
@@ -206,6 +207,10 @@ int sd_node_fail(sd_csave *cs) {
     r = n;
   }
   cs->pending = NULL;
+  /* The file set of its own blocks sees the stop only when the writer polls it, and an idle one is
+   * polled by nothing else: a failure from outside it (a mixed block's rank, the leader) left it, and
+   * the save, waiting forever. */
+  if (cs->staged && cs->cl->d->writer) sd_writer_kick(cs->cl->d->writer);
   if (cs->io > 0) return 1;
   sd_node_close_files(cs);
   sd_node_remove_orphan_tmp(cs);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cluster_int.h"
+#include "crashpoint.h"
 #include "log.h"
 #include "region.h"
 #include "sd_checksum.h"
@@ -101,6 +102,7 @@ static void on_io(void *ud, int res) {
       rbuf_put(cs, c->rb, 1);
       break;
     case IO_LOCAL:
+      sd_crash_point("filejob_mixed"); /* tests: between a mixed block's write and its second reading */
       if (cs->sums && local_after(cs, c->op) != 0) {
         free(c);
         return; /* the save failed, naming the rank */
@@ -287,10 +289,10 @@ static int local_after(sd_csave *cs, sd_lop *o) {
         break;
       }
     }
-    sd_node_fail_held(cs, SHARDD_E_BAD_STATE, "save '%s': rank %u changed its memory while the daemon was writing it "
-                      "(%s/%s at offset %llu, from offset %llu of its segment): a rank must leave its arena alone from "
-                      "seal until the save is released", cs->save->id, rank, cs->save->dir, cs->files[o->lf].name,
-                      (unsigned long long)o->off, (unsigned long long)at);
+    sd_node_fail_held(cs, SHARDD_E_BAD_STATE, "node %u ('%s'): save '%s': rank %u changed its memory while the daemon "
+                      "was writing it (%s/%s at offset %llu, from offset %llu of its segment): a rank must leave its "
+                      "arena alone from seal until the save is released", cs->node_rank, cs->cl->node, cs->save->id,
+                      rank, cs->save->dir, cs->files[o->lf].name, (unsigned long long)o->off, (unsigned long long)at);
     return -1;
   }
   cs->sums[o->lf] ^= sd_crc32c_shift(reg, cs->files[o->lf].size - (o->off + o->len));

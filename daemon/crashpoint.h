@@ -18,6 +18,9 @@
  *   parentsync  the parent's fsync completed (before the save is reported)
  *   filejob     a node's share of a multi-node save: its file set started
  *               (crash, stall), and each of its writes' answers (fault)
+ *   filejob_write  a write of that file set completed (crash, stall)
+ *   filejob_mixed  a node's own bytes written into a block shared with
+ *                  forwarded ones, before they are read again (crash, stall)
  *   lead        the same for the leader's own files (artifacts, index),
  *               fsyncs included
  *   lead_prepare    the leader made the temporary folder and sized its

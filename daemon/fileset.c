@@ -289,6 +289,10 @@ static void file_wrote(sd_fileset *s, uint32_t i, uint64_t len) {
   if (!s->r.point) {
     sd_crash_point("write");
     if (i == s->r.index_file) sd_crash_point("index");
+  } else {
+    char phase[40]; /* tests: "filejob_write", a write of a node's own files answered */
+    snprintf(phase, sizeof phase, "%s_write", s->r.point);
+    sd_crash_point(phase);
   }
   if ((ff->left -= len) > 0) return;
   if (ff->trim && ftruncate(ff->fd, (off_t)(ff->base + ff->size)) < 0) {

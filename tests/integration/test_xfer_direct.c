@@ -1,8 +1,9 @@
-/* Multi-node saves through the single-node writer: 2 daemons on loopback, 2 placed ranks each; zero-copy shares, a segment shrunk under a node's direct writes. */
+/* Multi-node saves through the single-node writer: 2 daemons on loopback, 2 placed ranks each; zero-copy shares, a segment shrunk or written into under a node's direct writes. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,72 @@ Test(xfer_direct, a_segment_shrunk_under_a_nodes_direct_writes_fails_the_save_ev
   h_expect_unpublished("xd/shrink");
   cr_assert(log_has(1, "stall point filejob:1 reached"), "node 1 never started its file job");
   h_shared_free(s.sh);
+}
+
+/* The training step that does not wait for released: rank 3 (node 1), right after its seal, keeps
+ * writing a new value into every page of its segment until it exits (it waits meanwhile). */
+static void *scribble(void *arg) {
+  const struct { uint8_t *p; size_t len; } *m = arg;
+  for (uint64_t v = 1;; v++) {
+    for (size_t o = 0; o + sizeof v <= m->len; o += 4096) memcpy(m->p + o, &v, sizeof v);
+    sleep_ms(1);
+  }
+  return NULL;
+}
+
+static void scribble_after_seal(const h_script *s, int rank, int point, shardd_client *c) {
+  (void)c;
+  if (rank != 3 || point != H_AT_SEAL) return;
+  static struct { uint8_t *p; size_t len; } m;
+  int fd = shm_open(s->sh->r[rank].shm, O_RDWR, 0);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) return;
+  m.len = (size_t)st.st_size;
+  m.p = mmap(NULL, m.len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  pthread_t th;
+  if (m.p != MAP_FAILED && pthread_create(&th, NULL, scribble, &m) == 0) pthread_detach(th);
+}
+
+/* Item 4 of issue 30 on the multi-node path: node 1 stalls at `stall`, so rank 3's scribbling lands
+ * between a piece's write and its second reading. The save fails on both nodes naming the node and
+ * the rank, and nothing is published. */
+static void torn_on_node1(const char *save, const char *dir, const h_put *puts, size_t nputs, const char *stall) {
+  char env[96];
+  snprintf(env, sizeof env, "SHARDD_TEST_STALL_AT=%s:1:1500", stall);
+  const char *const env1[] = {env, NULL};
+  setenv("SHARDD_ARENA", "shm", 1); /* a segment the hook can open by its name */
+  start_nodes(env1);
+  h_script s = {.opts = opts(save, dir, "owner"), .puts = puts, .nputs = nputs, .seed = 55, .place = 1,
+                .hook = scribble_after_seal};
+  run_ranks(&s);
+  unsetenv("SHARDD_ARENA");
+  char reached[96];
+  snprintf(reached, sizeof reached, "stall point %s:1 reached", stall);
+  cr_assert(log_has(1, reached), "node 1 never reached %s", stall);
+  for (int r = 0; r < WORLD; r++)
+    printf("xfer_direct torn at %s: rank %d: %s\n", stall, r, s.sh->r[r].wmsg[0] ? s.sh->r[r].wmsg : s.sh->r[r].msg);
+  h_expect_failed(&s, SHARDD_E_BAD_STATE, "node 1 ('", "rank 3 changed its memory while the daemon was writing it",
+                  "released", NULL);
+  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_expect_unpublished(dir);
+  h_shared_free(s.sh);
+}
+
+/* Node 1's own file, written whole by its file set (zero-copy pieces). */
+Test(xfer_direct, a_rank_writing_into_its_arena_under_its_nodes_writes_fails_the_save_everywhere) {
+  torn_on_node1("xd-torn", "xd/torn", layout, sizeof layout / sizeof *layout, "filejob_write");
+}
+
+/* The same, where node 1's bytes share a block with bytes node 0 forwards (c.w's first 200 rows are
+ * rank 1's): those pieces are written from rank 3's segment by the mixed-block path. */
+Test(xfer_direct, a_rank_writing_into_its_arena_under_a_mixed_block_fails_the_save_everywhere) {
+  static h_put mixed[sizeof layout / sizeof *layout];
+  memcpy(mixed, layout, sizeof layout);
+  for (size_t i = 0; i < sizeof mixed / sizeof *mixed; i++)
+    if (!strcmp(mixed[i].name, "c.w") && mixed[i].rank == 1) mixed[i].count[0] = 200;
+    else if (!strcmp(mixed[i].name, "c.w") && mixed[i].rank == 2) mixed[i].count[0] = 0;
+  torn_on_node1("xd-torn-mixed", "xd/torn-mixed", mixed, sizeof mixed / sizeof *mixed, "filejob_mixed");
 }
 
 /* Node 1's first write of its file job is refused as O_DIRECT is by some
