@@ -118,9 +118,11 @@ static int frame_cap(sd_peer_net *net, sd_peer *p, const char *t, size_t *header
   if (!strcmp(t, "data")) {
     *payload_max = SD_FWD_FRAME; /* runs (at most SD_FWD_RUNS) fit the control size */
   } else if (!strcmp(t, "join")) {
-    /* the save's metadata, which must fit one shard's header, escaped at worst 6 to a byte */
-    uint64_t md = cfg ? cfg->max_header : 0;
-    *header_max = md < (SD_PEER_HEADER_MAX - SD_PEER_CONTROL_MAX) / 6 ? SD_PEER_CONTROL_MAX + 6 * md : SD_PEER_HEADER_MAX;
+    /* Its fields but the metadata fit the control size; the metadata (and dir) came in a begin line,
+     * re-encoded no longer than they were there, and must equal what this daemon's own ranks give
+     * in lines of at most max_line, and fit a shard's header (max_header). */
+    uint64_t md = cfg ? (cfg->max_line < cfg->max_header ? cfg->max_line : cfg->max_header) : 0;
+    *header_max = md < SD_PEER_HEADER_MAX - SD_PEER_CONTROL_MAX ? SD_PEER_CONTROL_MAX + md : SD_PEER_HEADER_MAX;
   } else if (!strcmp(t, "manifest")) {
     *header_max = sd_lead_manifest_cap(cl, p);
   } else if (!strcmp(t, "done")) {

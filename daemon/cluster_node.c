@@ -608,9 +608,20 @@ size_t sd_node_assign_cap(sd_cluster *cl, const sd_peer *p, size_t *payload_max)
   for (sd_save *s = cl->d->saves; s; s = s->next) {
     const sd_csave *cs = s->cl;
     if (!cs || cs->link != p || cs->phase != SD_CP_OPEN) continue;
-    /* Files: those holding its slices, and at most one more per tensor it knows of (zero-size ones);
-     * an entry per kept slice; a name and address per node; a header (at most max_header) per file. */
-    size_t files = cs->nslices + s->ntensors + 16;
+    /* Files: a tensor lies in one file, and the plan gives a node only files where it holds bytes
+     * (it owns them, or writes its own bytes there), and at most one file of no bytes at all (the
+     * shard of zero-size tensors left open at the end): one per tensor it holds bytes of, + 1.
+     * The reported slices are a tensor's in a run, so counting the runs counts at least its tensors. */
+    size_t files = 1;
+    const sd_save_tensor *last = NULL;
+    for (size_t i = 0; i < cs->nslices; i++) {
+      if (cs->slices[i].sl->len == 0 || cs->slices[i].t == last) continue;
+      last = cs->slices[i].t;
+      files++;
+    }
+    /* Per file an entry (its name under the 128-byte prefix, four numbers), per kept slice a write
+     * (five numbers), per other node a name and an address; a header (at most max_header) per file:
+     * the headers hold tensors of other nodes too, which this node cannot count. */
     size_t need = SD_PEER_CONTROL_MAX + 512 * files + 128 * cs->nslices + 1600 * (size_t)cs->nnodes;
     size_t headers = cfg && cfg->max_header < SD_PEER_PAYLOAD_MAX / files ? files * cfg->max_header : SD_PEER_PAYLOAD_MAX;
     if (need > cap) cap = need;

@@ -510,7 +510,7 @@ static void feed(sd_peer *p, const uint8_t *buf, size_t n) {
   }
   if (rc && rc != 1 && p->state != P_CLOSING) {
     if (rc == SHARDD_E_LIMIT)
-      refuse(p, SHARDD_E_LIMIT, "%s", err.msg); /* refused unread: the other side hears why */
+      refuse(p, SHARDD_E_LIMIT, "%s, from %s", err.msg, sd_peer_who(p)); /* refused unread: the other side hears why */
     else if (p->state == P_READY)
       sd_peer_fail(p, SHARDD_E_PEER_LOST, "%s sent a malformed frame: %s", sd_peer_who(p), err.msg);
     else

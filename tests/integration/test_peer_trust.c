@@ -527,6 +527,80 @@ Test(peer_trust, a_done_past_its_plans_size_is_refused_unread) {
   h_expect_unpublished("trust/bigdone");
 }
 
+/* The next frame that is not a heartbeat; NULL on close or timeout. */
+static json_t *read_not_ping(int fd) {
+  json_t *e = raw_read(fd);
+  while (e && !strcmp(jstr(e, "t"), "ping")) {
+    json_decref(e);
+    e = raw_read(fd);
+  }
+  return e;
+}
+
+/* A join is a handful of fields and the save's metadata, which came in a begin line and must equal
+ * what the leader's own ranks give in lines of at most max_line (16 MiB): past 64 KiB + 16 MiB it is
+ * refused after its length and kind, naming both and the node. Before: joins of up to 600 MB
+ * (6 x max_header) were buffered. */
+Test(peer_trust, a_join_past_its_kinds_size_is_refused_unread) {
+  int fd = tcp_connect(N[0].addr);
+  peer_login(fd, token_path, "fake1");
+  long rss0 = x_rss_kib(N[0].d.pid);
+  const char *head = "{\"t\":\"join\",\"save\":\"bigjoin\",\"node\":1,\"tok\":\"0123456789abcdef\",\"metadata\":{\"x\":\"";
+  uint32_t claimed = 32u << 20;
+  uint8_t len[4] = {(uint8_t)(claimed >> 24), (uint8_t)(claimed >> 16), (uint8_t)(claimed >> 8), (uint8_t)claimed};
+  cr_assert_eq(write(fd, len, 4), 4);
+  cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+  json_t *e = read_not_ping(fd);
+  cr_assert_not_null(e, "no answer to a 32 MiB join before its bytes came: the leader is buffering it");
+  printf("peer_trust frames: a 32 MiB join: the leader answered %s %s: %s (RSS %ld KiB before, %ld after)\n",
+         jstr(e, "t"), jstr(e, "code"), jstr(e, "message"), rss0, x_rss_kib(N[0].d.pid));
+  fflush(stdout);
+  cr_assert_str_eq(jstr(e, "code"), "limit_exceeded");
+  cr_assert(strstr(jstr(e, "message"), "peer frame 'join' of 33554432 bytes is over the limit of 16842752 for its kind"),
+            "%s", jstr(e, "message"));
+  cr_assert(strstr(jstr(e, "message"), "'fake1'"), "the refusal does not name the node: %s", jstr(e, "message"));
+  json_decref(e);
+  cr_assert_null(raw_read(fd), "the connection must be closed");
+  close(fd);
+  h_expect_serving();
+}
+
+/* A node gets headers only for files where it holds bytes (one per tensor it holds, + 1 of no bytes),
+ * each at most max_header (100 MB): node0 holds one tensor, so an assignment carrying 300 MB of
+ * headers is refused before its payload is buffered, naming the kind and the leader, and the save
+ * fails there. Before: up to 1 GiB was taken (18 files x max_header). */
+Test(peer_trust, an_assignment_past_what_the_node_holds_is_refused_unread) {
+  fake_lead F;
+  lead_fake(&F, "bigassign", "ck/bigassign");
+  long rss0 = x_rss_kib(N[0].d.pid);
+  char m[1024];
+  snprintf(m, sizeof m,
+           "{\"t\":\"assign\",\"save\":\"bigassign\",\"tok\":\"%s\",\"cid\":\"0123456789abcdef\",\"tmp\":\"x\","
+           "\"nfiles\":1,\"write_mode\":\"shared\",\"files\":[{\"f\":0,\"name\":\"model.safetensors\",\"size\":300000004,"
+           "\"hdr\":300000000,\"data\":4}],\"writes\":[],\"peers\":{},\"len\":300000000}", F.tok);
+  raw_send(F.fd, m);
+  json_t *e = read_not_ping(F.fd);
+  cr_assert_not_null(e, "no answer to 300 MB of headers before they came: node0 is buffering them");
+  printf("peer_trust frames: an assignment with 300 MB of headers: node0 answered %s %s: %s (RSS %ld KiB before, %ld "
+         "after)\n", jstr(e, "t"), jstr(e, "code"), jstr(e, "message"), rss0, x_rss_kib(N[0].d.pid));
+  fflush(stdout);
+  cr_assert_str_eq(jstr(e, "code"), "limit_exceeded");
+  cr_assert(strstr(jstr(e, "message"), "peer frame 'assign' with a payload of 300000000 bytes is over the limit of "
+                                       "200000000 for its kind"), "%s", jstr(e, "message"));
+  cr_assert(strstr(jstr(e, "message"), "'fakelead'"), "the refusal does not name the leader: %s", jstr(e, "message"));
+  json_decref(e);
+  char line[128];
+  snprintf(line, sizeof line, "{\"op\":\"wait\",\"save\":\"bigassign\"}");
+  json_t *r = x_call(F.rank, line);
+  const char *why = jstr(json_object_get(r, "error"), "message");
+  printf("peer_trust frames: node0's rank heard: %s\n", why ? why : "(nothing)");
+  cr_assert_str_eq(jstr(json_object_get(r, "error"), "code"), "limit_exceeded", "%s", json_dumps(r, 0));
+  cr_assert(why && strstr(why, "'assign'"), "the rank does not hear which frame: %s", why ? why : "");
+  json_decref(r);
+  fake_done(&F);
+  h_expect_unpublished("ck/bigassign");
+}
+
 /* A manifest of 24 MB (a field of 12M zeros the leader ignores) is within its kind's size: the
  * leader parses it in the thread pool, answers status meanwhile, and plans the save. */
 Test(peer_trust, a_large_legitimate_frame_is_parsed_off_the_loop) {
