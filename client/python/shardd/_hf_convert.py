@@ -17,10 +17,12 @@ local tensor a saved tensor's box fills (to load).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["Piece", "whole", "reverted_pieces", "piece_parts", "refuse_local_experts"]
+__all__ = ["Piece", "PieceTable", "whole", "reverted_pieces", "piece_parts", "piece_tables", "table_parts",
+           "refuse_local_experts"]
 
 
 class Piece(NamedTuple):
@@ -88,32 +90,44 @@ def _views_only_mode():
     return ViewsOnly()
 
 
-def _box(name: str, base, view, model_name: str) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[Optional[int], ...]]:
-    """(start, count, dims) of `view` in `base`, a contiguous meta tensor it views."""
-    shape = [int(s) for s in base.shape]
+@functools.lru_cache(maxsize=4096)
+def _box_layout(shape: Tuple[int, ...], size: Tuple[int, ...], stride: Tuple[int, ...]):
+    """(row-major strides of shape, count, dims) of a view of that size and stride in a contiguous
+    tensor of that shape, or None when no box reads so. The same for every expert of one fused
+    parameter: only the offset differs, so a model's 44,544 expert views are worked out a few times."""
     strides = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * shape[d + 1]
-    offset = int(view.storage_offset())
-    start = [(offset // strides[d]) % shape[d] if shape[d] else 0 for d in range(len(shape))]
     count = [1] * len(shape)
     dims: List[Optional[int]] = []
-    for size, stride in zip(view.shape, view.stride()):
-        size = int(size)
-        held = [d for d in range(len(shape)) if shape[d] > 1 and strides[d] == stride]
-        if size == 1:
+    for n, st in zip(size, stride):
+        if n == 1:
             dims.append(None)
             continue
-        if len(held) != 1 or held[0] in dims or start[held[0]] + size > shape[held[0]]:
-            raise NotImplementedError(
-                "%s: transformers' reverse conversion writes %r as a view of the held tensor that is no "
-                "box of it (shape %s, strides %s, offset %d in %s): shardd.torch.save_pretrained writes "
-                "boxes of what the ranks hold only; save with save_state_dict, or with "
-                "model.save_pretrained(save_original_format=False)"
-                % (model_name, name, list(view.shape), list(view.stride()), offset, shape))
+        held = [d for d in range(len(shape)) if shape[d] > 1 and strides[d] == st]
+        if len(held) != 1 or held[0] in dims:
+            return None
         dims.append(held[0])
-        count[held[0]] = size
-    return tuple(start), tuple(count), tuple(dims)
+        count[held[0]] = n
+    return tuple(strides), tuple(count), tuple(dims)
+
+
+def _box(name: str, base, view, model_name: str) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[Optional[int], ...]]:
+    """(start, count, dims) of `view` in `base`, a contiguous meta tensor it views."""
+    shape = tuple(base.shape)
+    offset = view.storage_offset()
+    layout = _box_layout(shape, tuple(view.shape), view.stride())
+    if layout is not None:
+        strides, count, dims = layout
+        start = tuple((offset // st) % n if n else 0 for st, n in zip(strides, shape))
+        if all(d is None or start[d] + count[d] <= shape[d] for d in dims):
+            return start, count, dims
+    raise NotImplementedError(
+        "%s: transformers' reverse conversion writes %r as a view of the held tensor that is no "
+        "box of it (shape %s, strides %s, offset %d in %s): shardd.torch.save_pretrained writes "
+        "boxes of what the ranks hold only; save with save_state_dict, or with "
+        "model.save_pretrained(save_original_format=False)"
+        % (model_name, name, list(view.shape), list(view.stride()), offset, list(shape)))
 
 
 def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tuple[int, ...], object]]):
@@ -224,4 +238,65 @@ def piece_parts(piece: Piece, local, boxes):
             start = tuple(0 if d is None else lo[d] - piece.start[d] for d in piece.dims)
             count = tuple(1 if d is None else hi[d] - lo[d] for d in piece.dims)
             out.append((view, start, count))
+    return out
+
+
+class PieceTable(NamedTuple):
+    """The pieces of one held tensor, as arrays, so that a rank's parts of all of them (a fused
+    parameter's hundreds of experts) are found in a few numpy steps (table_parts)."""
+    key: str
+    positions: List[int]  # each piece's place in save_pretrained's order
+    names: List[str]
+    pieces: List[Piece]
+    starts: object  # numpy int64 (pieces, dims): each piece's start in the held tensor
+    ends: object    # start + count
+    empty: List[int]  # the pieces with no elements, which no box holds
+
+
+def piece_tables(pieces) -> List[PieceTable]:
+    """[(name, Piece), ...] grouped by held tensor, each group in the order of its first piece."""
+    import numpy as np
+
+    groups: Dict[str, List[int]] = {}
+    for position, (_name, piece) in enumerate(pieces):
+        groups.setdefault(piece.key, []).append(position)
+    out = []
+    for key, positions in groups.items():
+        mine = [pieces[p][1] for p in positions]
+        ndim = len(mine[0].start)
+        starts = np.array([p.start for p in mine], dtype=np.int64).reshape(len(mine), ndim)
+        counts = np.array([p.count for p in mine], dtype=np.int64).reshape(len(mine), ndim)
+        empty = np.nonzero((counts == 0).any(axis=1))[0].tolist()
+        out.append(PieceTable(key, positions, [pieces[p][0] for p in positions], mine, starts, starts + counts, empty))
+    return out
+
+
+def table_parts(table: PieceTable, local, boxes) -> List[list]:
+    """piece_parts of every piece of a table, at once: one list per piece of (view of local in
+    the saved tensor's dims, start in the saved tensor, count). Each view is made by one
+    as_strided from the local tensor's own strides, not by indexing, selecting and permuting."""
+    import numpy as np
+    import torch
+
+    out: List[list] = [[] for _ in table.pieces]
+    if not table.pieces:
+        return out
+    strides = local.stride()
+    stride_of = np.array(strides, dtype=np.int64)
+    base = local.storage_offset()
+    for gstart, gcount, lstart in boxes:
+        b = np.array(gstart, dtype=np.int64)
+        lo = np.maximum(table.starts, b)
+        hi = np.minimum(table.ends, b + np.array(gcount, dtype=np.int64))
+        hit = np.nonzero((hi > lo).all(axis=1))[0]
+        if not len(hit):
+            continue
+        lo, hi = lo[hit], hi[hit]
+        offsets = (base + ((lo - b + np.array(lstart, dtype=np.int64)) * stride_of).sum(axis=1)).tolist()
+        for i, offset, low, high in zip(hit.tolist(), offsets, lo.tolist(), hi.tolist()):
+            piece = table.pieces[i]
+            size = tuple(1 if d is None else high[d] - low[d] for d in piece.dims)
+            step = tuple(1 if d is None else strides[d] for d in piece.dims)
+            start = tuple(0 if d is None else low[d] - piece.start[d] for d in piece.dims)
+            out[i].append((torch.as_strided(local, size, step, offset), start, size))
     return out

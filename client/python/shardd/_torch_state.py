@@ -10,9 +10,18 @@ from ._dtensor import PartialPlacementError, box_views, dtensor_boxes, is_dtenso
 from ._save import save
 from ._tensors import Slice
 
-__all__ = ["dtensor_slices", "tie_groups", "state_dict_tensors", "save_state_dict"]
+__all__ = ["dtensor_parts", "dtensor_slices", "tie_groups", "state_dict_tensors", "save_state_dict"]
 
 _TIED = (None, "drop")
+
+
+def dtensor_parts(name, dt):
+    """(local tensor, boxes, primary) of a DTensor (dtensor_boxes); ShardError invalid_argument
+    naming the tensor for a Partial placement."""
+    try:
+        return dtensor_boxes(name, dt)
+    except PartialPlacementError as e:
+        raise refusal("invalid_argument", str(e)) from None
 
 
 def dtensor_slices(name, dt):
@@ -20,10 +29,7 @@ def dtensor_slices(name, dt):
     empty Slice when a replica at another coordinate holds the same bytes.
 
     Raises ShardError invalid_argument naming the tensor for a Partial placement."""
-    try:
-        local, boxes, primary = dtensor_boxes(name, dt)
-    except PartialPlacementError as e:
-        raise refusal("invalid_argument", str(e)) from None
+    local, boxes, primary = dtensor_parts(name, dt)
     shape = tuple(dt.shape)
     if not primary and shape:
         count = (0,) + shape[1:]
