@@ -490,43 +490,6 @@ static double worst_status_ms(double until_s) {
   return worst;
 }
 
-Test(peer_trust, a_done_past_its_plans_size_is_refused_unread) {
-  int fd = tcp_connect(N[0].addr);
-  peer_login(fd, token_path, "fake1");
-  x_conn *rank = x_connect();
-  json_t *a = join_as_node1(fd, rank, "bigdone");
-  json_decref(a);
-  long rss0 = x_rss_kib(N[0].d.pid);
-  /* a done of 4M checksum shares claims 68 MB: only its length and kind go out first */
-  const char *head = "{\"t\":\"done\",\"save\":\"bigdone\",\"node\":1,\"tok\":\"0123456789abcdef\",\"sums\":[";
-  uint32_t claimed = 68000000;
-  uint8_t len[4] = {(uint8_t)(claimed >> 24), (uint8_t)(claimed >> 16), (uint8_t)(claimed >> 8), (uint8_t)claimed};
-  cr_assert_eq(write(fd, len, 4), 4);
-  cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
-  json_t *e = raw_read(fd);
-  while (e && !strcmp(jstr(e, "t"), "ping")) {
-    json_decref(e);
-    e = raw_read(fd);
-  }
-  cr_assert_not_null(e, "no answer to a 68 MB done before its bytes came: the leader is buffering it");
-  printf("peer_trust frames: a 68 MB done: the leader answered %s %s: %s (RSS %ld KiB before, %ld after)\n",
-         jstr(e, "t"), jstr(e, "code"), jstr(e, "message"), rss0, x_rss_kib(N[0].d.pid));
-  fflush(stdout);
-  cr_assert_str_eq(jstr(e, "code"), "limit_exceeded");
-  cr_assert(strstr(jstr(e, "message"), "peer frame 'done' of 68000000 bytes is over the limit of 4224 for its kind"),
-            "%s", jstr(e, "message"));
-  json_decref(e);
-  cr_assert_null(raw_read(fd), "the connection must be closed");
-  close(fd);
-  json_t *r = x_callf(rank, "{\"op\":\"wait\",\"save\":\"bigdone\"}");
-  cr_assert_str_eq(jstr(json_object_get(r, "error"), "code"), "limit_exceeded", "%s", json_dumps(r, 0));
-  cr_assert(strstr(jstr(json_object_get(r, "error"), "message"), "node 1 (127.0.0.1:1)"), "rank 0 hears which node");
-  json_decref(r);
-  x_close(rank);
-  for (int k = 0; k < 200 && h_tmp_count() > 0; k++) sleep_ms(10);
-  h_expect_unpublished("trust/bigdone");
-}
-
 /* The next frame that is not a heartbeat; NULL on close or timeout. */
 static json_t *read_not_ping(int fd) {
   json_t *e = raw_read(fd);
@@ -537,6 +500,51 @@ static json_t *read_not_ping(int fd) {
   return e;
 }
 
+/* A frame claiming `claimed` bytes of header of which only head goes out (its length and kind
+ * first); the daemon's answer, which must come before the rest would. */
+static json_t *claim_frame(int fd, uint32_t claimed, const char *head) {
+  uint8_t len[4] = {(uint8_t)(claimed >> 24), (uint8_t)(claimed >> 16), (uint8_t)(claimed >> 8), (uint8_t)claimed};
+  cr_assert_eq(write(fd, len, 4), 4);
+  cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
+  return read_not_ping(fd);
+}
+
+/* The same, from 'fake1' logged in to node0: refused with limit_exceeded before the rest is
+ * buffered, the message holding want and naming the node, the connection closed. */
+static void expect_refused_unread(int fd, uint32_t claimed, const char *head, const char *what, const char *want) {
+  long rss0 = x_rss_kib(N[0].d.pid);
+  json_t *e = claim_frame(fd, claimed, head);
+  cr_assert_not_null(e, "no answer to a %s before its bytes came: the leader is buffering it", what);
+  printf("peer_trust frames: a %s: the leader answered %s %s: %s (RSS %ld KiB before, %ld after)\n", what,
+         jstr(e, "t"), jstr(e, "code"), jstr(e, "message"), rss0, x_rss_kib(N[0].d.pid));
+  fflush(stdout);
+  cr_assert_str_eq(jstr(e, "code"), "limit_exceeded");
+  cr_assert(strstr(jstr(e, "message"), want), "%s", jstr(e, "message"));
+  cr_assert(strstr(jstr(e, "message"), "'fake1'"), "the refusal does not name the node: %s", jstr(e, "message"));
+  json_decref(e);
+  cr_assert_null(raw_read(fd), "the connection must be closed");
+}
+
+Test(peer_trust, a_done_past_its_plans_size_is_refused_unread) {
+  int fd = tcp_connect(N[0].addr);
+  peer_login(fd, token_path, "fake1");
+  x_conn *rank = x_connect();
+  json_t *a = join_as_node1(fd, rank, "bigdone");
+  json_decref(a);
+  /* a done of 4M checksum shares claims 68 MB: only its length and kind go out first */
+  const char *head = "{\"t\":\"done\",\"save\":\"bigdone\",\"node\":1,\"tok\":\"0123456789abcdef\",\"sums\":[";
+  expect_refused_unread(fd, 68000000, head, "68 MB done",
+                        "peer frame 'done' of 68000000 bytes is over the limit of 4224 for its kind");
+  close(fd);
+  json_t *r = x_callf(rank, "{\"op\":\"wait\",\"save\":\"bigdone\"}");
+  cr_assert_str_eq(jstr(json_object_get(r, "error"), "code"), "limit_exceeded", "%s", json_dumps(r, 0));
+  cr_assert(strstr(jstr(json_object_get(r, "error"), "message"), "node 1 (127.0.0.1:1)"), "rank 0 hears which node");
+  json_decref(r);
+  x_close(rank);
+  for (int k = 0; k < 200 && h_tmp_count() > 0; k++) sleep_ms(10);
+  h_expect_unpublished("trust/bigdone");
+}
+
 /* A join is a handful of fields and the save's metadata, which came in a begin line and must equal
  * what the leader's own ranks give in lines of at most max_line (16 MiB): past 64 KiB + 16 MiB it is
  * refused after its length and kind, naming both and the node. Before: joins of up to 600 MB
@@ -544,23 +552,9 @@ static json_t *read_not_ping(int fd) {
 Test(peer_trust, a_join_past_its_kinds_size_is_refused_unread) {
   int fd = tcp_connect(N[0].addr);
   peer_login(fd, token_path, "fake1");
-  long rss0 = x_rss_kib(N[0].d.pid);
   const char *head = "{\"t\":\"join\",\"save\":\"bigjoin\",\"node\":1,\"tok\":\"0123456789abcdef\",\"metadata\":{\"x\":\"";
-  uint32_t claimed = 32u << 20;
-  uint8_t len[4] = {(uint8_t)(claimed >> 24), (uint8_t)(claimed >> 16), (uint8_t)(claimed >> 8), (uint8_t)claimed};
-  cr_assert_eq(write(fd, len, 4), 4);
-  cr_assert_eq(write(fd, head, strlen(head)), (ssize_t)strlen(head));
-  json_t *e = read_not_ping(fd);
-  cr_assert_not_null(e, "no answer to a 32 MiB join before its bytes came: the leader is buffering it");
-  printf("peer_trust frames: a 32 MiB join: the leader answered %s %s: %s (RSS %ld KiB before, %ld after)\n",
-         jstr(e, "t"), jstr(e, "code"), jstr(e, "message"), rss0, x_rss_kib(N[0].d.pid));
-  fflush(stdout);
-  cr_assert_str_eq(jstr(e, "code"), "limit_exceeded");
-  cr_assert(strstr(jstr(e, "message"), "peer frame 'join' of 33554432 bytes is over the limit of 16842752 for its kind"),
-            "%s", jstr(e, "message"));
-  cr_assert(strstr(jstr(e, "message"), "'fake1'"), "the refusal does not name the node: %s", jstr(e, "message"));
-  json_decref(e);
-  cr_assert_null(raw_read(fd), "the connection must be closed");
+  expect_refused_unread(fd, 32u << 20, head, "32 MiB join",
+                        "peer frame 'join' of 33554432 bytes is over the limit of 16842752 for its kind");
   close(fd);
   h_expect_serving();
 }
