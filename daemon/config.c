@@ -1,8 +1,10 @@
 /* Daemon settings, parsed: the key table, each value as text and back, the defaults that run unprivileged from a checkout, a config file's text. */
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -77,6 +79,9 @@ const sd_config_key sd_config_keys[] = {
                  "bytes of inline put data and file contents all saves together may hold in memory"),
     SD_KEY_NUM("fd_reserve", fd_reserve, "64", 0, 1000000, SD_RELOAD,
                "descriptors kept free for the writer's files: connections are refused past the limit minus these"),
+    SD_KEY_NUM("max_open_files", max_open_files, NULL, 1, 1000000, SD_FIXED,
+               "checkpoint files all saves together hold open while writing; writes to further files wait until"
+               " one is closed (default: a quarter of the descriptor limit, at least 16, at most 1024)"),
     /* peer daemons */
     SD_KEY_STR("peer_listen", peer_listen, "", SD_FIXED,
                "ADDR:PORT to listen on for peer daemons; multi-node saves need it (empty: off)"),
@@ -300,6 +305,19 @@ static char *default_copy_threads(void) {
   return strdup(buf);
 }
 
+/* A quarter of the descriptor limit the daemon runs with (it raises its soft
+ * limit to the hard one at start), at least 16, at most 1024: the rest is
+ * for connections, segments and peers, and more files open at once than
+ * writes in flight (queue_depth) gains nothing but fewer reopenings. */
+static char *default_max_open_files(void) {
+  struct rlimit rl;
+  unsigned long long n = 1024;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY) n = (unsigned long long)rl.rlim_max / 4;
+  char buf[24];
+  snprintf(buf, sizeof buf, "%llu", n < 16 ? 16 : n > 1024 ? 1024 : n);
+  return strdup(buf);
+}
+
 int sd_config_defaults(sd_config *c, sd_error *err) {
   c->socket_gid = -1;
   c->trusted_gid = -1;
@@ -311,6 +329,7 @@ int sd_config_defaults(sd_config *c, sd_error *err) {
     } else {
       char *v = strcmp(k->name, "socket") == 0         ? default_socket()
                 : strcmp(k->name, "copy_threads") == 0 ? default_copy_threads()
+                : strcmp(k->name, "max_open_files") == 0 ? default_max_open_files()
                                                        : strdup(geteuid() == 0 ? "/var/lib/shardd" : "checkpoints");
       rc = v ? sd_config_set(c, k, v, err) : sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
       free(v);

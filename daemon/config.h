@@ -65,6 +65,7 @@ typedef struct sd_config {
   uint64_t max_inline_bytes_per_save; /* inline put data + file contents held by one save */
   uint64_t max_inline_bytes;          /* the same, all saves together */
   unsigned fd_reserve;     /* descriptors connections may not take (writer's files, refusals) */
+  unsigned max_open_files; /* checkpoint files the writer holds open at once (fdpool.h), every save together */
   /* peer daemons (cluster.c, proto/PEERS.md) */
   char *peer_listen;       /* "ADDR:PORT" for peer daemons; "" (default): no multi-node saves */
   char *peer_token_file;   /* the shared secret peers prove they hold */

@@ -17,7 +17,7 @@
 typedef struct {
   int fd;
   int slot;                /* fixed-file slot, -1 none, -2 not asked for yet */
-  int opened;              /* its descriptor was had (given, or opened by name): never opened again */
+  int tried;               /* O_DIRECT was tried on it (by name: set again on each later descriptor) */
   int odirect;             /* O_DIRECT set: whole blocks only */
   int trim;                /* written past its size (a padded last block): cut back once whole */
   uint64_t base;           /* where in the descriptor's file it starts */
@@ -39,6 +39,7 @@ struct sd_fileset {
   sd_fileset_counts n;
   int failed, said_buffered;
   char *where;             /* by name: req.where, kept for the files not yet opened */
+  sd_fdset *byname;        /* by name: the descriptors, opened on demand under the writer's cap */
   sd_error err;
 };
 
@@ -102,6 +103,7 @@ static void go_buffered(sd_fileset *s, uint32_t i) {
  * loses the optimisation: the writes themselves report a full disk. */
 static void go_odirect(sd_fileset *s, uint32_t i) {
   fs_file *ff = &s->f[i];
+  ff->tried = 1;
   if (sd_writer_buffered(s->w) || ff->size == 0) return;
   int fl = fcntl(ff->fd, F_GETFL);
   if (fl < 0 || fcntl(ff->fd, F_SETFL, fl | O_DIRECT) < 0) {
@@ -130,27 +132,62 @@ static int file_fd(sd_fileset *s, fs_file *ff, int *fixed) {
   return ff->slot >= 0 ? ff->slot : ff->fd;
 }
 
-static void close_file(sd_fileset *s, fs_file *ff) {
+/* By name: the pool opened file i as fd (the first time, or again after
+ * closing it idle to make room): O_DIRECT as before, a fixed slot asked for
+ * at its first request. */
+static void byname_opened(void *ud, uint32_t i, int fd) {
+  sd_fileset *s = ud;
+  fs_file *ff = &s->f[i];
+  ff->fd = fd;
+  ff->slot = s->r.durable ? -2 : -1;
+  if (!ff->tried) {
+    go_odirect(s, i);
+  } else if (ff->odirect) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) < 0) go_buffered(s, i);
+  }
+}
+
+/* ... and is about to close it. */
+static void byname_closing(void *ud, uint32_t i, int fd) {
+  (void)fd;
+  sd_fileset *s = ud;
+  fs_file *ff = &s->f[i];
+  if (ff->slot >= 0) sd_writer_file_unslot(s->w, ff->slot);
+  ff->slot = -1;
+  ff->fd = -1;
+}
+
+static void close_file(sd_fileset *s, uint32_t i) {
+  if (s->byname) {
+    sd_fdset_close(s->byname, i);
+    return;
+  }
+  fs_file *ff = &s->f[i];
   if (ff->slot >= 0) sd_writer_file_unslot(s->w, ff->slot);
   ff->slot = -1;
   if (ff->fd >= 0) close(ff->fd);
   ff->fd = -1;
 }
 
-/* File i's descriptor, opened by name (req.dir_fd) the first time it is
- * needed; -1 once the set failed for want of it. */
-static int file_open(sd_fileset *s, uint32_t i) {
-  fs_file *ff = &s->f[i];
-  if (ff->opened) return ff->fd;
-  ff->opened = 1;
-  /* made by the caller in a fresh folder of its own: a plain name, never a symlink */
-  ff->fd = openat(s->r.dir_fd, s->r.names[i], O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (ff->fd < 0) {
-    sd_fileset_fail_errno(s, errno, i, "open", 0);
-    return -1;
-  }
-  go_odirect(s, i);
-  return ff->fd;
+/* 1 when file i's descriptor can be had now (by name: every one the cap
+ * allows is busy until a request completes, which asks again). */
+static int file_ready(const sd_fileset *s, uint32_t i) {
+  return !s->byname || sd_fdset_ready(s->byname, i);
+}
+
+/* File i's descriptor for one request (by name: opened if need be, held
+ * until file_done); -1 once the set failed for want of it. */
+static int file_take(sd_fileset *s, uint32_t i) {
+  if (!s->byname) return s->f[i].fd;
+  int fd = sd_fdset_get(s->byname, i);
+  if (fd < 0) sd_fileset_fail_errno(s, -fd, i, "open", 0);
+  return fd < 0 ? -1 : fd;
+}
+
+/* A request on file i ended. */
+static void file_done(sd_fileset *s, uint32_t i) {
+  if (s->byname) sd_fdset_put(s->byname, i);
 }
 
 /* File i has all its bytes: durable, its fsync is queued. */
@@ -219,9 +256,10 @@ static int piece_read(sd_fileset *s, const sd_zero_copy_first *p, int after) {
 /* A zero-copy write from a client's segment: one to resubmit first, then the next ready stretch. */
 static int zero_copy_next(sd_fileset *s, sd_io *io) {
   int fresh;
+  if (s->byname && !sd_fdset_room(s->byname)) return 0; /* whichever file it is, one can be had */
   sd_fill_piece *pc = sd_zero_copy_next(&s->zc, &s->fill, &fresh);
   if (!pc) return 0;
-  if (file_open(s, pc->file) < 0) return 0;
+  if (file_take(s, pc->file) < 0) return 0;
   if (fresh && s->r.sums && piece_read(s, sd_zero_copy_first_of(&s->zc, pc), 0) < 0) return 0;
   fs_file *ff = &s->f[pc->file];
   sd_zero_copy_io(&s->fill, pc, io);
@@ -235,8 +273,10 @@ int sd_fileset_next(sd_fileset *s, sd_io *io) {
   if (stopped(s)) return 0;
   /* fsyncs first: they end a file, and a file's fsync overlaps the next file's writes */
   if (s->ready_head < s->ready_tail) {
-    uint32_t i = s->ready[s->ready_head++];
-    if (file_open(s, i) < 0) return 0;
+    uint32_t i = s->ready[s->ready_head];
+    if (!file_ready(s, i)) return 0;
+    s->ready_head++;
+    if (file_take(s, i) < 0) return 0;
     io->kind = SD_IO_FSYNC;
     io->fd = file_fd(s, &s->f[i], &io->fixed);
     io->tag = i;
@@ -244,11 +284,12 @@ int sd_fileset_next(sd_fileset *s, sd_io *io) {
   }
   sd_chunk *c = s->wq;
   if (!c) return zero_copy_next(s, io);
+  if (!file_ready(s, c->file)) return 0;
   s->wq = c->next;
   if (!s->wq) s->wq_tail = &s->wq;
   c->next = NULL;
   fs_file *ff = &s->f[c->file];
-  if (file_open(s, c->file) < 0) {
+  if (file_take(s, c->file) < 0) {
     sd_writer_chunk_put(s->w, c);
     return 0;
   }
@@ -302,7 +343,7 @@ static void file_wrote(sd_fileset *s, uint32_t i, uint64_t len) {
   whole(s, i);
 }
 
-static void write_complete(sd_fileset *s, const sd_io *io, int res) {
+static void write_ended(sd_fileset *s, const sd_io *io, int res) {
   sd_chunk *c = io->chunk;
   uint32_t i = c->file;
   if (res == -EINVAL && s->f[i].odirect && !stopped(s)) {
@@ -327,9 +368,15 @@ static void write_complete(sd_fileset *s, const sd_io *io, int res) {
   file_wrote(s, i, c->len);
 }
 
+static void write_complete(sd_fileset *s, const sd_io *io, int res) {
+  uint32_t i = io->chunk->file;
+  write_ended(s, io, res);
+  file_done(s, i);
+}
+
 /* A zero-copy write ended: its pages leave the daemon's page tables, as a
  * staged copy's do. A segment the client shrank makes it fail with EFAULT. */
-static void zero_copy_complete(sd_fileset *s, const sd_io *io, int res) {
+static void zero_copy_ended(sd_fileset *s, const sd_io *io, int res) {
   sd_fill_piece *pc = io->req;
   fs_file *ff = &s->f[pc->file];
   uint64_t done;
@@ -351,12 +398,19 @@ static void zero_copy_complete(sd_fileset *s, const sd_io *io, int res) {
   file_wrote(s, pc->file, done);
 }
 
+static void zero_copy_complete(sd_fileset *s, const sd_io *io, int res) {
+  uint32_t i = ((const sd_fill_piece *)io->req)->file;
+  zero_copy_ended(s, io, res);
+  file_done(s, i);
+}
+
 static void synced(sd_fileset *s, uint32_t i, int res) {
+  file_done(s, i);
   if (res < 0) {
     sd_fileset_fail_errno(s, -res, i, "fsync", 0);
     return;
   }
-  close_file(s, &s->f[i]);
+  close_file(s, i);
   s->nsynced++;
   if (!s->r.point) {
     sd_crash_point("fsync");
@@ -457,9 +511,15 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
                       .spans = req->spans, .nspans = req->nspans, .ready = req->op_ready};
   for (size_t i = 0; i < req->nops; i++) s->ops_left += req->ops[i].len;
   int by_name = req->by_name;
+  if (by_name && sd_fdset_new(sd_writer_fdpool(w), req->dir_fd, req->names, req->nfiles, O_WRONLY, &s->byname)) {
+    free(s->ready);
+    free(s->f);
+    free(s);
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "save '%s': no memory for its files' writes", req->tag);
+  }
+  if (by_name) sd_fdset_hooks(s->byname, byname_opened, byname_closing, s);
   for (uint32_t i = 0; i < req->nfiles; i++) {
     s->f[i].fd = by_name ? -1 : req->fds[i];
-    s->f[i].opened = !by_name;
     s->f[i].slot = req->durable ? -2 : -1; /* a descriptor the caller keeps may close under a slot */
     s->f[i].size = s->f[i].left = req->files[i].size;
     s->f[i].base = req->bases ? req->bases[i] : 0;
@@ -469,11 +529,24 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
   s->r.fds = NULL; /* read at the start only */
   /* no memory for the copy: the warning names the file instead */
   s->r.where = s->where = by_name && req->where ? strdup(req->where) : NULL;
-  /* One O_DIRECT file tells for the device. */
+  /* One O_DIRECT file tells for the device (by name: the first with bytes,
+   * opened a moment for it, outside the pool: every descriptor the cap
+   * allows may be busy with other saves). */
   int probe = -1;
   for (uint32_t i = 0; i < req->nfiles && probe < 0; i++) {
-    if (by_name && s->f[i].size && file_open(s, i) < 0) break;
-    if (s->f[i].odirect) probe = s->f[i].fd;
+    if (!by_name) {
+      if (s->f[i].odirect) probe = s->f[i].fd;
+      continue;
+    }
+    if (!s->f[i].size) continue;
+    int fd = openat(req->dir_fd, req->names[i], O_WRONLY | O_CLOEXEC | O_NOFOLLOW), fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    if (fd < 0) {
+      sd_fileset_fail_errno(s, errno, i, "open", 0);
+      break;
+    }
+    if (!sd_writer_buffered(w) && fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) probe = fd;
+    else close(fd);
+    break;
   }
   if (s->failed) {
     sd_fail(err, s->err.code, "%s", s->err.msg);
@@ -481,18 +554,20 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
     return err->code;
   }
   sd_zero_copy_init(&s->zc, &s->fill, probe, req->gather);
+  if (by_name && probe >= 0) close(probe);
   *out = s;
   return 0;
 }
 
 void sd_fileset_close(sd_fileset *s) {
   if (!s->r.durable) return;
-  for (size_t i = 0; i < s->r.nfiles; i++) close_file(s, &s->f[i]);
+  for (uint32_t i = 0; i < s->r.nfiles; i++) close_file(s, i);
 }
 
 void sd_fileset_free(sd_fileset *s) {
   if (!s) return;
   sd_fileset_close(s);
+  sd_fdset_free(s->byname);
   sd_zero_copy_free(&s->zc);
   free(s->where);
   free(s->ready);

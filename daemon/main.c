@@ -247,7 +247,7 @@ int main(int argc, char **argv) {
   if (sd_cluster_claim_root(&cfg, d->root_fd, &root_lock_fd, &err) != 0) goto fail;
   size_threadpool(cfg.copy_threads);
   sd_writer_opts wopts = {.queue_depth = cfg.queue_depth, .staging_bytes = (uint64_t)cfg.staging_mib << 20,
-                          .copy_threads = cfg.copy_threads};
+                          .copy_threads = cfg.copy_threads, .max_open_files = cfg.max_open_files};
   if (sd_writer_init_opts(&d->writer, d->loop, &wopts, &err) != 0) goto fail;
   uv_signal_init(d->loop, &sig_term);
   uv_signal_init(d->loop, &sig_int);

@@ -64,6 +64,10 @@ json_t *sd_metrics_json(const sd_daemon *d) {
   json_object_set_new(o, "copy_threads", u64(ws.copy_threads));
   json_object_set_new(o, "copy_trips", u64(ws.copy_trips));
   json_object_set_new(o, "copy_trips_peak", u64(ws.copy_trips_peak));
+  json_object_set_new(o, "files_open", u64(ws.files_open));
+  json_object_set_new(o, "files_open_peak", u64(ws.files_open_peak));
+  json_object_set_new(o, "max_open_files", u64(ws.max_open_files));
+  json_object_set_new(o, "files_reopened", u64(ws.files_reopened));
 
   json_t *buckets = json_array();
   uint64_t cum = 0;

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <uv.h>
 
+#include "fdpool.h"
 #include "sd_error.h"
 #include "staging.h"
 
@@ -28,6 +29,7 @@ typedef struct {
   uint32_t chunk_bytes;    /* 0: SD_STAGING_CHUNK; rounded up to 4 KiB (tests use small ones) */
   int buffered;            /* 1: never O_DIRECT (the fallback, forced) */
   unsigned copy_threads;   /* copy trips in flight at once; 0: sd_writer_default_copy_threads() */
+  unsigned max_open_files; /* shard files its jobs hold open at once (sd_writer_fdpool); 0: no cap */
 } sd_writer_opts;
 
 /* The default copy_threads: the online cores, at most this many. */
@@ -58,9 +60,17 @@ typedef struct {
   uint64_t bytes_buffered;   /* ... through the page cache */
   int registered;            /* staging buffers are registered with the ring (0: plain writes) */
   uint64_t pinned_bytes;     /* clients' segments registered with the ring now (sd_writer_pin) */
+  unsigned files_open;       /* shard files open for writing now (sd_writer_fdpool) */
+  unsigned files_open_peak;  /* ... the most at once since the start */
+  unsigned max_open_files;   /* the cap on that (0: none) */
+  uint64_t files_reopened;   /* idle files closed to make room under the cap (opened again when written) */
 } sd_writer_stats;
 
 void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out);
+
+/* The descriptors of the files the writer's jobs write by name (fdpool.h):
+ * one cap, max_open_files, for every save in flight. */
+sd_fdpool *sd_writer_fdpool(sd_writer *w);
 
 /* Registers a client's sealed segment mapped at base (len bytes) with the
  * ring, so its zero-copy writes go as fixed-buffer writes (sd_staging_pin_*),

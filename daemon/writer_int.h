@@ -42,6 +42,7 @@ struct sd_writer {
    * (set by writer_ring.c: the copy trips sit below it and call it no name). */
   void (*trip_back)(struct sd_writer *w);
   sd_writer_stats st;
+  sd_fdpool files;         /* descriptors of files written by name, under max_open_files */
 
   unsigned qd;
   unsigned inflight;       /* SQEs handed to the ring and not yet reaped */

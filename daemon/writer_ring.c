@@ -154,6 +154,14 @@ void sd_writer_get_stats(const sd_writer *w, sd_writer_stats *out) {
   out->staging_max = (uint64_t)w->stg.max * w->stg.chunk_bytes;
   out->registered = w->stg.sparse && !w->stg.reg_failed;
   out->pinned_bytes = w->stg.pinned;
+  out->files_open = w->files.nopen;
+  out->files_open_peak = w->files.peak;
+  out->max_open_files = w->files.cap;
+  out->files_reopened = w->files.closes_idle;
+}
+
+sd_fdpool *sd_writer_fdpool(sd_writer *w) {
+  return &w->files;
 }
 
 /* Past the bytes a short gathered write took: whole entries are skipped, the one it stopped in is cut. */
@@ -317,6 +325,7 @@ int sd_writer_init_opts(sd_writer **out, uv_loop_t *loop, const sd_writer_opts *
   if (chunk < SD_DIO_ALIGN) chunk = SD_DIO_ALIGN;
   if ((rc = sd_staging_init(&w->stg, &w->ring, staging, (uint32_t)chunk, err)) != 0) goto no_staging;
   w->buffered = o->buffered;
+  sd_fdpool_init(&w->files, o->max_open_files);
   if ((rc = sd_writer_trips_init(w, o->copy_threads, err)) != 0) goto no_trips;
   sd_bus_guard_install();
   uv_poll_init(loop, &w->poll, w->efd);

@@ -136,6 +136,15 @@ static void print_prometheus(FILE *out, const json_t *st, const json_t *m) {
     prom_simple(out, "shardd_staging_registered", "gauge",
                 "1 when staging buffers are registered with io_uring, 0 when plain writes are used.",
                 num(m, "staging_registered"));
+    if (json_object_get(m, "max_open_files")) {
+      prom_simple(out, "shardd_files_open", "gauge", "Checkpoint files open for writing now.", num(m, "files_open"));
+      prom_simple(out, "shardd_files_open_peak", "gauge", "Most checkpoint files open for writing at once.",
+                  num(m, "files_open_peak"));
+      prom_simple(out, "shardd_max_open_files", "gauge", "Bound on checkpoint files open for writing (max_open_files).",
+                  num(m, "max_open_files"));
+      prom_simple(out, "shardd_files_reopened_total", "counter",
+                  "Idle checkpoint files closed to make room under max_open_files.", num(m, "files_reopened"));
+    }
   }
 
   const json_t *h = json_object_get(m, "save_duration_seconds");

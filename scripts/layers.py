@@ -15,6 +15,7 @@ FLOORS = [
     ("daemon/pathsafe", 2), ("daemon/publish", 2), ("daemon/pubfill", 2), ("daemon/peer", 2),
     ("daemon/log", 2), ("daemon/crashpoint", 2), ("daemon/sdnotify", 2), ("daemon/listener", 2),
     ("daemon/acceptor", 2), ("daemon/retention", 2), ("daemon/direct", 2), ("daemon/fileset", 2),
+    ("daemon/fdpool", 2),
     ("daemon/cluster_plan", 2),  # pure planning: the longer prefix keeps it below the cluster it serves
     ("daemon/save", 3), ("daemon/planner", 3),
     ("daemon/cluster", 4),

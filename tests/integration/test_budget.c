@@ -1,6 +1,7 @@
 /* Resource budgets: a connection flood under 1,024 descriptors, the spare descriptor, inline bytes. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,4 +234,91 @@ Test(budget, a_save_of_3000_files_under_512_descriptors_commits) {
   h_check_script(&s); /* h_ckpt_read: every file, checksum and index entry, and verify --deep */
   char p[PATH_MAX];
   cr_assert_eq(h_dir_count(h_path(p, sizeof p, "runs/many")), MANY_FILES + 1, "3,000 shards and the index");
+}
+
+/* ------------------------------------------------------------------------ *
+ * max_open_files: a hard cap on the files a save holds open
+ *
+ * One-tensor files of 128 KiB, placed for zero-copy (up to 16 writes in
+ * flight, each to another file), under --max-open-files 8. A thread counts the
+ * daemon's descriptors (/proc/PID/fd) while the save runs; the most it sees
+ * must stay within the cap plus what the daemon holds besides shard files:
+ * the count before the save, the two ranks' connections and segments, the
+ * save's folders, the checksums' late file and the O_DIRECT probe.
+ * Without the cap the files open at once follow the writes in flight
+ * (16 and more here).
+ * ------------------------------------------------------------------------ */
+#define CAP_FILES (X_SANITIZED ? 150 : 400)
+#define CAP_ELEMS 32768 /* F32: 128 KiB a file */
+#define CAP_OPEN 8
+#define CAP_BESIDES 12
+
+typedef struct {
+  pid_t pid;
+  volatile int stop;
+  int peak, samples;
+} fd_watch;
+
+static void *watch_fds(void *arg) {
+  fd_watch *w = arg;
+  while (!w->stop) {
+    int n = x_fd_count(w->pid);
+    if (n > w->peak) w->peak = n;
+    w->samples++;
+    nap(1);
+  }
+  return NULL;
+}
+
+/* The daemon's metric `key` (status). */
+static json_int_t metric(const char *key) {
+  x_conn *c = x_connect();
+  json_t *r = x_call(c, "{\"op\":\"status\",\"metrics\":true}");
+  json_t *v = json_object_get(json_object_get(r, "metrics"), key);
+  cr_assert(json_is_integer(v), "status has no metric %s", key);
+  json_int_t n = json_integer_value(v);
+  json_decref(r);
+  x_close(c);
+  return n;
+}
+
+static int save_under_cap(const char *cap, const char *id, int nfiles) {
+  static char names[CAP_FILES][24];
+  static h_put puts[CAP_FILES];
+  for (int i = 0; i < nfiles; i++) {
+    snprintf(names[i], sizeof names[i], "t.%05d", i);
+    puts[i] = (h_put){.rank = i % 2, .name = names[i], .dtype = "F32", .ndim = 1, .shape = {CAP_ELEMS}};
+  }
+  const char *flags[] = {"--max-open-files", cap, NULL};
+  x_start(flags);
+  fd_watch w = {.pid = H.pid};
+  int before = x_fd_count(H.pid);
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, watch_fds, &w), 0);
+  char dir[64];
+  snprintf(dir, sizeof dir, "runs/%s", id);
+  h_script s = {.opts = {.save = id, .dir = dir, .world_size = 2, .max_shard_size = 64},
+                .puts = puts, .nputs = (size_t)nfiles, .seed = 31, .place = 1};
+  h_run(&s);
+  w.stop = 1;
+  pthread_join(t, NULL);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  char p[PATH_MAX];
+  cr_assert_eq(h_dir_count(h_path(p, sizeof p, dir)), nfiles + 1, "every shard and the index");
+  cr_assert_eq(metric("max_open_files"), atoi(cap));
+  json_int_t peak = metric("files_open_peak");
+  cr_log_info("--max-open-files %s: %d files, %d descriptors before, at most %d during the save (%d samples); "
+              "files_open_peak %lld, files_reopened %lld", cap, nfiles, before, w.peak, w.samples, (long long)peak,
+              (long long)metric("files_reopened"));
+  cr_assert_gt(w.samples, 1, "the save was over before the descriptors were counted twice");
+  cr_assert_leq(peak, atoi(cap), "the writer held %lld files open under a cap of %s", (long long)peak, cap);
+  cr_assert_eq(metric("files_open"), 0, "files left open after the save");
+  return w.peak - before;
+}
+
+Test(budget, max_open_files_bounds_the_descriptors_a_save_holds) {
+  int grew = save_under_cap("8", "capped", CAP_FILES);
+  cr_assert_leq(grew, CAP_OPEN + CAP_BESIDES, "the daemon's descriptors grew by %d during the save, over the cap of %d "
+                "files and %d besides", grew, CAP_OPEN, CAP_BESIDES);
 }

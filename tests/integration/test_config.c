@@ -344,8 +344,10 @@ Test(config, every_key_documented_in_shipped_file_and_man_page) {
       while (block > conf && !(block[-1] == '\n' && block[0] == '\n')) block--;
       size_t n = (size_t)(at - block);
       char *para = strndup(block, n);
-      /* copy_threads follows the machine's cores: the docs say so instead of a number. */
-      int computed = strcmp(key, "copy_threads") == 0 && strstr(para, "Default: the online cores");
+      /* copy_threads follows the machine's cores, max_open_files its descriptor limit: the docs say so
+       * instead of a number. */
+      int computed = (strcmp(key, "copy_threads") == 0 && strstr(para, "Default: the online cores")) ||
+                     (strcmp(key, "max_open_files") == 0 && strstr(para, "Default: a quarter of"));
       cr_assert(strstr(para, def) || strstr(para, "Defaults:") || computed, "etc/shardd.conf.in: '%s' lacks '%s'", key,
                 def);
       free(para);
