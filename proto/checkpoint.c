@@ -84,8 +84,9 @@ static int pick_members(const char *label, sd_jcur *c, const char *const *keys, 
   sd_jcur_enter(c);
   while (!rc && sd_jcur_more(c)) {
     size_t kat = sd_jcur_at(c);
-    char *k = sd_jcur_key(c);
-    if (!k) {
+    const char *k;
+    int added = sd_jkeys_read(&seen, c, &k);
+    if (added < 0) {
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label);
       break;
     }
@@ -94,13 +95,10 @@ static int pick_members(const char *label, sd_jcur *c, const char *const *keys, 
     if (i == nkeys && others) {
       char kb[SD_MSGNAME_MAX];
       rc = sd_fail(err, SHARDD_E_FORMAT, "%s: unexpected %s '%s'", label, others, SHOW(kb, k));
-      free(k);
       break;
     }
-    int added = sd_jkeys_add(&seen, k);
     if (added) {
-      rc = added < 0 ? sd_fail(err, SHARDD_E_NO_MEMORY, "%s: out of memory", label) : dup_key(label, kat, k, err);
-      if (added > 0) free(k);
+      rc = dup_key(label, kat, k, err);
       break;
     }
     if (i < nkeys) {

@@ -359,64 +359,85 @@ void sd_jcur_skip(sd_jcur *c) {
 /* Up to this many keys a scan finds a repeat as fast as a hash table, without its allocation. */
 #define JKEYS_SCAN 8
 
-static const char *jkey_at(const void *ctx, uint32_t i) { return ((const sd_jkeys *)ctx)->keys[i]; }
+static const char *jkey_at(const void *ctx, uint32_t i) {
+  const sd_jkeys *s = ctx;
+  return s->text + s->at[i];
+}
 
 void sd_jkeys_init(sd_jkeys *s) { memset(s, 0, sizeof *s); }
 
 void sd_jkeys_free(sd_jkeys *s) {
-  for (size_t i = 0; i < s->n; i++) free(s->keys[i]);
-  free(s->keys);
+  free(s->text);
+  free(s->at);
   sd_nameidx_free(&s->idx);
   sd_jkeys_init(s);
 }
 
-int sd_jkeys_add(sd_jkeys *s, char *key) {
-  if (s->n <= JKEYS_SCAN) {
-    for (size_t i = 0; i < s->n; i++)
-      if (!strcmp(s->keys[i], key)) return 1;
-  } else if (sd_nameidx_find(&s->idx, key, jkey_at, s) != SD_NAMEIDX_NONE) {
+/* The key at the cursor decoded onto the end of s's text and the cursor past its ':'; compared with
+ * the object's keys, those from first on (idx: their table, started once they pass the scan's size):
+ * 0 kept, 1 a repeat (not kept), -1 out of memory. *key is valid until the next read into s. */
+static int keys_read(sd_jkeys *s, size_t first, sd_nameidx *idx, sd_jcur *c, const char **key) {
+  if (SD_GROW(s->text, s->tcap, s->len + sd_jcur_strmax(c) + 1, 256) || SD_GROW(s->at, s->acap, s->n + 1, 16))
+    return -1;
+  char *k = s->text + s->len;
+  size_t klen = sd_jcur_string(c, k);
+  ws(c);
+  c->p++; /* ':' */
+  *key = k;
+  size_t had = s->n - first;
+  if (had <= JKEYS_SCAN) {
+    for (size_t i = first; i < s->n; i++)
+      if (!strcmp(s->text + s->at[i], k)) return 1;
+  } else if (sd_nameidx_find(idx, k, jkey_at, s) != SD_NAMEIDX_NONE) {
     return 1;
   }
-  if (SD_GROW(s->keys, s->cap, s->n + 1, JKEYS_SCAN)) {
-    free(key);
-    return -1;
-  }
-  s->keys[s->n] = key;
-  /* Past the scan's size every key so far goes into the table once, then each new one. */
-  for (size_t i = s->n == JKEYS_SCAN ? 0 : s->n; s->n >= JKEYS_SCAN && i <= s->n; i++) {
-    if (sd_nameidx_insert(&s->idx, s->keys[i], (uint32_t)i, jkey_at, s) != 0) {
-      free(key);
-      return -1;
-    }
-  }
+  s->at[s->n] = s->len;
+  /* Past the scan's size every key of the object goes into the table once, then each new one. */
+  for (size_t i = had == JKEYS_SCAN ? first : s->n; had >= JKEYS_SCAN && i <= s->n; i++)
+    if (sd_nameidx_insert(idx, s->text + s->at[i], (uint32_t)i, jkey_at, s) != 0) return -1;
+  s->len += klen + 1;
   s->n++;
   return 0;
 }
 
-int sd_jcur_skip_unique(sd_jcur *c, char **dup, size_t *dup_at) {
+int sd_jkeys_read(sd_jkeys *s, sd_jcur *c, const char **key) { return keys_read(s, 0, &s->idx, c, key); }
+
+/* One value past c; the keys of the objects open around it stay in s, this one's are dropped after. */
+static int skip_in(sd_jcur *c, sd_jkeys *s, char **dup, size_t *dup_at) {
   char k = sd_jcur_peek(c);
   if (k != '{' && k != '[') {
     sd_jcur_skip(c);
     return 0;
   }
-  sd_jkeys keys;
-  sd_jkeys_init(&keys);
+  size_t first = s->n, len = s->len;
+  sd_nameidx idx;
+  sd_nameidx_init(&idx);
   int rc = 0;
   sd_jcur_enter(c);
   while (!rc && sd_jcur_more(c)) {
     if (k == '{') {
       size_t at = sd_jcur_at(c);
-      char *key = sd_jcur_key(c);
-      rc = key ? sd_jkeys_add(&keys, key) : -1;
+      const char *key;
+      rc = keys_read(s, first, &idx, c, &key);
       if (rc == 1) {
-        *dup = key;
         *dup_at = at;
+        if (!(*dup = strdup(key))) rc = -1;
       }
       if (rc) break;
     }
     /* a checked text is at most 2048 levels deep: so is this recursion */
-    rc = sd_jcur_skip_unique(c, dup, dup_at);
+    rc = skip_in(c, s, dup, dup_at);
   }
-  sd_jkeys_free(&keys);
+  sd_nameidx_free(&idx);
+  s->n = first;
+  s->len = len;
+  return rc;
+}
+
+int sd_jcur_skip_unique(sd_jcur *c, char **dup, size_t *dup_at) {
+  sd_jkeys s;
+  sd_jkeys_init(&s);
+  int rc = skip_in(c, &s, dup, dup_at);
+  sd_jkeys_free(&s);
   return rc;
 }

@@ -42,21 +42,24 @@ char *sd_jcur_key(sd_jcur *c);
 int sd_jcur_number(sd_jcur *c, int64_t *v);
 /* Past any value. */
 void sd_jcur_skip(sd_jcur *c);
-/* The keys of one object, each once: what a walker keeps to find a repeated key in linear time. */
+/* The keys of one object, each once, decoded into one buffer: what a walker keeps to find a
+ * repeated key in linear time, with no allocation a key. All zero is an empty set. */
 typedef struct {
-  char **keys;
-  size_t n, cap;
+  char *text;     /* the keys, each NUL-terminated */
+  size_t len, tcap;
+  size_t *at;     /* where each key begins in text */
+  size_t n, acap;
   sd_nameidx idx; /* built once the object has more keys than a scan of them costs */
 } sd_jkeys;
 void sd_jkeys_init(sd_jkeys *s);
 void sd_jkeys_free(sd_jkeys *s);
-/* Takes key (malloc'd) into the set: 0 added, 1 a repeat (key left to the caller), -1 out of
- * memory (key freed). */
-int sd_jkeys_add(sd_jkeys *s, char *key);
+/* Reads the key at the cursor (an object's member: the cursor ends past its ':') into the set: 0
+ * added, 1 a repeat (not added), -1 out of memory. *key is the key, valid until the next read. */
+int sd_jkeys_read(sd_jkeys *s, sd_jcur *c, const char **key);
 /* Past any value, refusing an object anywhere in it that repeats a key, as jansson's loader did
  * (JSON_REJECT_DUPLICATES) for entries a walker does not read itself: 0; 1 with *dup the repeated
  * key (malloc'd, the caller frees it) and *dup_at its offset; -1 out of memory. Time linear in the
- * value's bytes; memory the keys of the objects open at once. */
+ * value's bytes; memory the keys of the objects open at once, about their own bytes and 24 more each. */
 int sd_jcur_skip_unique(sd_jcur *c, char **dup, size_t *dup_at);
 /* The cursor's byte offset in the text, for messages. */
 static inline size_t sd_jcur_at(const sd_jcur *c) { return (size_t)(c->p - c->start); }
