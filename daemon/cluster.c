@@ -86,8 +86,8 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
     free(payload);
     return;
   }
-  if (!strcmp(t, "join") || !strcmp(t, "began") || !strcmp(t, "manifest") || !strcmp(t, "fail") ||
-      !strcmp(t, "done")) {
+  if (!strcmp(t, "join") || !strcmp(t, "began") || !strcmp(t, "manifest") || !strcmp(t, "table") ||
+      !strcmp(t, "fail") || !strcmp(t, "done")) {
     /* Nodes speak to their leader on the connection they opened to it. */
     if (sd_peer_is_outgoing(p)) {
       sd_log_warn("peer %s: '%.40s' on a connection this daemon opened; ignored", sd_peer_addr(p), t);
@@ -98,7 +98,7 @@ static void on_frame(sd_peer_net *net, sd_peer *p, json_t *hdr, uint8_t *payload
     sd_lead_on_msg(cl, p, hdr, payload, plen);
     return;
   }
-  if (!strcmp(t, "assign") || !strcmp(t, "commit") || !strcmp(t, "abort")) {
+  if (!strcmp(t, "assign") || !strcmp(t, "commit") || !strcmp(t, "abort") || !strcmp(t, "send_table")) {
     sd_node_on_leader_msg(cl, p, hdr, payload, plen);
     return;
   }
@@ -124,7 +124,9 @@ static int frame_cap(sd_peer_net *net, sd_peer *p, const char *t, size_t *header
     uint64_t md = cfg ? (cfg->max_line < cfg->max_header ? cfg->max_line : cfg->max_header) : 0;
     *header_max = md < SD_PEER_HEADER_MAX - SD_PEER_CONTROL_MAX ? SD_PEER_CONTROL_MAX + md : SD_PEER_HEADER_MAX;
   } else if (!strcmp(t, "manifest")) {
-    *header_max = sd_lead_manifest_cap(cl, p);
+    *header_max = sd_lead_manifest_cap(cl, p, 0);
+  } else if (!strcmp(t, "table")) {
+    *header_max = sd_lead_manifest_cap(cl, p, 1);
   } else if (!strcmp(t, "done")) {
     *header_max = sd_lead_done_cap(cl, p);
   } else if (!strcmp(t, "assign")) {

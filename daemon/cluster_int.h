@@ -76,6 +76,29 @@ typedef struct {
   sd_slice *sl;
 } sd_cslice_ref;
 
+/* A box this node described to the leader (its id is its place in cs->boxes): the boxes of its
+ * ranks that meet end to end along dim 0 merged into one, replicas among them left out. Its
+ * members (cs->slices[first .. first + n)) each map their own bytes when the assignment comes. */
+typedef struct {
+  uint32_t first, n;
+  uint64_t len;
+} sd_cbox;
+
+/* A tensor table this node described (one per manifest): the leader asks for it by digest only
+ * when it has no table of that digest yet. */
+typedef struct {
+  uint8_t digest[SD_CTABLE_DIGEST];
+  sd_save_tensor **t;
+  size_t n;
+} sd_ctable;
+
+/* Manifest frames hold at most this many boxes, table frames this many tensors (PEERS.md, "Frame
+ * sizes"): a leader parses and drops each before the next, whatever the model. */
+#define SD_MANIFEST_BOXES 8192
+/* A merged box is made of at most this many of its ranks' boxes (its parts). */
+#define SD_MERGE_MAX 64
+#define SD_TABLE_TENSORS 1024
+
 typedef struct {
   uint32_t f;              /* the plan's file index */
   char *name;
@@ -137,8 +160,12 @@ typedef struct sd_csave {
   char cid[17];            /* the leader's id for this attempt, from assign */
   sd_peer *link;           /* to the leader; NULL when this daemon leads */
   uint8_t *reported;       /* per rank: its slices went to the leader */
-  sd_cslice_ref *slices;      /* slice ids, in the order they were reported */
+  sd_cslice_ref *slices;      /* the members of the boxes reported, box after box */
   size_t nslices, scap;
+  sd_cbox *boxes;             /* box ids, in the order they were reported */
+  size_t nboxes, bcap;
+  sd_ctable *tables;
+  size_t ntables;
   sd_cphase phase;
 
   /* the assignment */
@@ -203,7 +230,6 @@ char *sd_cl_final_path(sd_cluster *cl, const char *dir);
  * ------------------------------------------------------------------------ */
 /* Joins the leader for save (or leads it); *out: the node's part, for the core to keep in save->cl. */
 int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_error *err);
-void sd_node_sealed(sd_csave *cs);
 int sd_node_fail(sd_csave *cs);
 void sd_node_free(sd_csave *cs);
 /* Messages from the leader (p NULL: this daemon's own leader). */
@@ -227,6 +253,16 @@ sd_cdest *sd_node_dest(sd_csave *cs, uint32_t node);
 void sd_node_close_files(sd_csave *cs);
 /* After the leader was lost before hearing we finished: removes our temporary folder. */
 void sd_node_remove_orphan_tmp(sd_csave *cs);
+
+/* ------------------------------------------------------------------------ *
+ * cluster_manifest.c: what a node tells the leader its ranks hold
+ * ------------------------------------------------------------------------ */
+/* Once no rank that began here is unsealed: the newly sealed ranks' boxes, merged, in manifest
+ * frames, and their tensor table's digest. */
+void sd_node_sealed(sd_csave *cs);
+/* The leader asks for the table of that digest (hex): its tensors, in table frames. */
+void sd_node_send_table(sd_csave *cs, json_t *h);
+void sd_node_tables_free(sd_csave *cs);
 
 /* ------------------------------------------------------------------------ *
  * cluster_outcome.c: the leader lost after this node's done
@@ -274,9 +310,11 @@ unsigned sd_lead_active(const sd_cluster *cl);
 /* The largest done node p may send: a function of the files its assignments gave it (4 KiB when
  * none is expected). */
 size_t sd_lead_done_cap(const sd_cluster *cl, const sd_peer *p);
-/* The largest manifest p may send: what one save may describe under this daemon's limits
- * (max_tensors, max_slices, ...), while a save led here collects from it; else SD_PEER_CONTROL_MAX. */
-size_t sd_lead_manifest_cap(const sd_cluster *cl, const sd_peer *p);
+/* The largest manifest frame (table 0) or table frame (table 1) p may send: SD_MANIFEST_BOXES
+ * boxes, or SD_TABLE_TENSORS tensors, under this daemon's limits (max_name_len, max_dims; the last
+ * manifest frame carries the artifacts, max_inline_bytes_per_save), while a save led here collects
+ * from it (a table only while one is asked of it); else SD_PEER_CONTROL_MAX. */
+size_t sd_lead_manifest_cap(const sd_cluster *cl, const sd_peer *p, int table);
 /* One entry per leader state (status): save, state, nnodes, joined, world_size, memory_bytes. */
 void sd_lead_status(const sd_cluster *cl, json_t *arr);
 

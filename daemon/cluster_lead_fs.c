@@ -24,6 +24,12 @@ static int job_prepare(fsjob *j) {
   sd_lead *L = j->L;
   sd_error *err = &j->err;
   const char *base = NULL;
+  /* The plan first: checks every tensor's coverage (gap, overlap), shards, owners, who writes what.
+   * Nothing on the loop touches the manifest or the plan while the job runs. */
+  sd_plan_opts o = {.max_shard_size = L->mss, .prefix = L->prefix, .metadata = L->md, .nmetadata = L->nmd,
+                    .checksums = L->plan_sums};
+  if (sd_cplan_build(&L->man, L->nnodes, L->mode, &o, &L->plan, err) != 0) return err->code;
+  L->planned = 1;
   /* The nodes checked who may save there at their begin; that no checkpoint has appeared above it since is
    * checked here, where the folders are made (and recorded as the owner's). */
   int rc = sd_owner_check_place(j->root_fd, L->dir, L->owner_uid, 1, err);

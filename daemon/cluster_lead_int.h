@@ -9,8 +9,24 @@
 typedef enum { L_COLLECT, L_PREPARE, L_WRITE, L_FINISH, L_FAILED } lstate;
 enum { JOB_PREPARE, JOB_FINISH, JOB_CLEANUP };
 
+/* A node's tensor table, known by digest, shared by every node whose table is the same: asked
+ * once, of this daemon's own node when it names it (in process, and never the node that is
+ * stopped), else, once every manifest is in, of the first node that named it. */
+typedef struct {
+  uint8_t digest[SD_CTABLE_DIGEST];
+  uint32_t n, filled;
+  uint32_t *map;           /* table entry -> tensor of the manifest, as the entries arrive */
+  uint32_t from;           /* the node to ask (asked) for it */
+  sd_ctable_hash *hash;    /* over the entries received, against the digest once all are in */
+  int complete, asked;
+} ltable;
+
 typedef struct {
   int joined, local, done;
+  int collecting;          /* between the first and the last frame of one of its manifests */
+  int32_t table;           /* the table of its manifest in progress (into L->tables) */
+  uint64_t *held;          /* boxes waiting for their table: [length, table, entry, id, rank, dims...] each */
+  size_t nheld, hcap;
   size_t nfiles;           /* files its assignment gave it */
   int sums;                /* its manifest says it can hash what it writes */
   sd_peer *link;
@@ -40,8 +56,13 @@ typedef struct sd_lead {
   int32_t *rank_node;
   uint32_t nsealed, njoined, ndone;
   sd_cmanifest man;
+  ltable *tables;
+  size_t ntables;
+  uint32_t ncollecting;    /* nodes in the middle of a manifest */
+  uint64_t meta_bytes;     /* manifest and table frames from other nodes, as they came on the wire */
   sd_cplan plan;
   int planned;
+  int plan_sums;           /* checksums asked of every node (all their manifests said they can) */
   /* plan.plan.checksums: per plan file, the XOR of the shares every node
    * reported with done; once all are in, the CRCs fill the index's
    * placeholders, or sum_hex those of a single file's header (written over
@@ -95,6 +116,14 @@ sd_lead *sd_lead_find(sd_cluster *cl, const char *id);
 int sd_lead_room(sd_cluster *cl, const char *id, const char *by, sd_error *err);
 /* The manifest and plan go: a failed save keeps only what answers late nodes. */
 void sd_lead_release_plan(sd_lead *L);
+/* cluster_lead_man.c: a manifest frame from node k, then a table frame. 0 or a SHARDD_E_* code
+ * (err set). *ready: every rank's boxes are in, all checked against their tables: time to plan. */
+int sd_lead_manifest(sd_lead *L, uint32_t k, json_t *h, int *ready, sd_error *err);
+int sd_lead_table(sd_lead *L, uint32_t k, json_t *h, int *ready, sd_error *err);
+/* A table to ask for now (marked asked; the node into *node), or -1. */
+int sd_lead_next_ask(sd_lead *L, uint32_t *node);
+void sd_lead_man_free(sd_lead *L);
+
 /* Out of cl->leads and freed. */
 void sd_lead_free(sd_lead *L);
 

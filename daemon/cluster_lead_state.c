@@ -15,6 +15,7 @@ void sd_lead_release_plan(sd_lead *L) {
   L->sums = NULL;
   free(L->acct);
   L->acct = NULL;
+  sd_lead_man_free(L);
   sd_cmanifest_free(&L->man);
   free(L->rank_node);
   L->rank_node = NULL;
@@ -221,17 +222,4 @@ size_t sd_lead_done_cap(const sd_cluster *cl, const sd_peer *p) {
     for (uint32_t k = 0; L->state == L_WRITE && k < L->nnodes; k++)
       if (L->nodes[k].link == p && !L->nodes[k].done && 64 * L->nodes[k].nfiles > cap) cap = 64 * L->nodes[k].nfiles;
   return 4096 + cap;
-}
-
-size_t sd_lead_manifest_cap(const sd_cluster *cl, const sd_peer *p) {
-  int expected = 0;
-  for (const sd_lead *L = cl->leads; L && !expected; L = L->next)
-    for (uint32_t k = 0; L->state == L_COLLECT && k < L->nnodes; k++) expected |= L->nodes[k].link == p;
-  const sd_config *cfg = cl->d->cfg;
-  if (!expected || !cfg) return SD_PEER_CONTROL_MAX;
-  /* The most one save may describe on this daemon: its tensors (names escaped at worst 6 to a byte),
-   * its slices ([id, rank, start..., count...]), its artifact files in base64. */
-  double n = (double)SD_PEER_CONTROL_MAX + (double)cfg->max_tensors * (6.0 * cfg->max_name_len + 64 + 24.0 * cfg->max_dims) +
-             (double)cfg->max_slices * 21.0 * (2 + 2 * cfg->max_dims) + 1.4 * (double)cfg->max_inline_bytes_per_save;
-  return n < SD_PEER_HEADER_MAX ? (size_t)n : SD_PEER_HEADER_MAX;
 }

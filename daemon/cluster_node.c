@@ -12,7 +12,6 @@
 #include "owner.h"
 #include "pathsafe.h"
 #include "publish.h"
-#include "sd_base64.h"
 #include "sd_escape.h"
 #include "sd_grow.h"
 #include "sd_msg.h"
@@ -71,125 +70,6 @@ int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_erro
 }
 
 /* ------------------------------------------------------------------------ *
- * seal: what the newly sealed ranks hold, never their bytes
- * ------------------------------------------------------------------------ */
-static json_t *u64_array(const uint64_t *v, uint32_t n) {
-  json_t *a = json_array();
-  for (uint32_t i = 0; i < n; i++) json_array_append_new(a, json_integer((json_int_t)v[i]));
-  return a;
-}
-
-/* One slice description for the leader, [id, rank, start..., count...]; its id is its place in cs->slices. */
-static int emit_slice(sd_csave *cs, sd_save_tensor *t, sd_slice *s, json_t **sl) {
-  if (SD_GROW(cs->slices, cs->scap, cs->nslices + 1, 256)) return -1;
-  uint64_t id = cs->nslices;
-  cs->slices[cs->nslices++] = (sd_cslice_ref){t, s};
-  if (!*sl) *sl = json_array();
-  json_t *e = json_array();
-  json_array_append_new(e, json_integer((json_int_t)id));
-  json_array_append_new(e, json_integer(s->rank));
-  for (uint32_t d = 0; d < 2 * t->ndim; d++) json_array_append_new(e, json_integer((json_int_t)s->dims[d]));
-  json_array_append_new(*sl, e);
-  return 0;
-}
-
-/* The same box of t is among the descriptions this batch already holds (from cs->slices[first] on). */
-static int described_here(const sd_csave *cs, const sd_save_tensor *t, const sd_slice *s, size_t first) {
-  for (size_t k = first; k < cs->nslices; k++)
-    if (!memcmp(cs->slices[k].sl->dims, s->dims, 2 * t->ndim * sizeof *s->dims)) return 1;
-  return 0;
-}
-
-void sd_node_sealed(sd_csave *cs) {
-  sd_save *save = cs->save;
-  /* One manifest for the ranks of this node together, once every rank that began here sealed: the
-   * leader plans only after the last seal anyway, and a tensor's name, dtype and shape then travel
-   * once per node instead of once per rank (a rank that begins here later sends its own). */
-  for (uint32_t r = 0; r < save->world_size; r++)
-    if (save->ranks[r].state == SD_RANK_BEGUN) return;
-  uint8_t *fresh = calloc(save->world_size, 1);
-  json_t *ranks = json_array();
-  if (!fresh || !ranks) {
-    free(fresh);
-    json_decref(ranks);
-    sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
-    return;
-  }
-  size_t nfresh = 0;
-  for (uint32_t r = 0; r < save->world_size; r++) {
-    if (save->ranks[r].state != SD_RANK_SEALED || cs->reported[r]) continue;
-    cs->reported[r] = fresh[r] = 1;
-    json_array_append_new(ranks, json_integer(r));
-    nfresh++;
-  }
-  if (nfresh == 0) {
-    free(fresh);
-    json_decref(ranks);
-    return;
-  }
-  json_t *tensors = json_array();
-  int oom = 0;
-  for (size_t i = 0; i < save->ntensors && !oom; i++) {
-    sd_save_tensor *t = save->tensors[i];
-    json_t *sl = NULL;
-    size_t first = cs->nslices, empty = SIZE_MAX;
-    for (size_t j = 0; j < t->nslices; j++) {
-      sd_slice *s = t->slices[j];
-      if (!fresh[s->rank]) continue;
-      /* What the leader needs of this node: each distinct box with bytes once (an empty box adds
-       * nothing to coverage, a replica here nothing to write), and the tensor's dtype and shape
-       * at least once, which this node's ranks agreed on already (an empty box stands for it
-       * when no other does). */
-      if (s->len == 0) {
-        if (empty == SIZE_MAX) empty = j;
-        continue;
-      }
-      if (described_here(cs, t, s, first)) continue;
-      if (emit_slice(cs, t, s, &sl) != 0) {
-        oom = 1;
-        break;
-      }
-    }
-    if (!oom && !sl && empty != SIZE_MAX && emit_slice(cs, t, t->slices[empty], &sl) != 0) oom = 1;
-    if (!sl) continue;
-
-    json_t *te = json_pack("{s:s,s:s,s:o,s:o}", "name", t->name, "dtype", sd_dtype_name(t->dtype), "shape",
-                           u64_array(t->shape, t->ndim), "slices", sl);
-    if (!te) {
-      oom = 1;
-      break;
-    }
-    if (t->index >= 0) json_object_set_new(te, "index", json_integer((json_int_t)t->index));
-    json_array_append_new(tensors, te);
-  }
-  json_t *files = json_array();
-  for (size_t i = 0; i < save->nfiles && !oom; i++) {
-    sd_save_artifact *f = &save->files[i];
-    if (!fresh[f->rank]) continue;
-    size_t n = sd_b64_encoded_len(f->len);
-    char *b = malloc(n + 1);
-    if (!b) {
-      oom = 1;
-      break;
-    }
-    sd_b64_encode(f->data, f->len, b);
-    json_array_append_new(files, json_pack("{s:s,s:i,s:s}", "path", f->name, "rank", (int)f->rank, "data", b));
-    free(b);
-  }
-  free(fresh);
-  if (oom) {
-    json_decref(ranks);
-    json_decref(tensors);
-    json_decref(files);
-    sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "out of memory describing save '%s' to the leader", save->id);
-    return;
-  }
-  /* "sums": this node can hash what it writes (PEERS.md); a leader asks only nodes that all can */
-  sd_node_to_leader(cs, json_pack("{s:s,s:o,s:o,s:o,s:b}", "t", "manifest", "ranks", ranks, "tensors", tensors, "files",
-                                  files, "sums", 1));
-}
-
-/* ------------------------------------------------------------------------ *
  * The end
  * ------------------------------------------------------------------------ */
 int sd_node_fail(sd_csave *cs) {
@@ -242,6 +122,8 @@ void sd_node_free(sd_csave *cs) {
   free(cs->hdrs);
   free(cs->ops);
   free(cs->slices);
+  free(cs->boxes);
+  sd_node_tables_free(cs);
   free(cs->reported);
   free(cs->tmp);
   free(cs);
@@ -411,16 +293,16 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
   for (size_t i = 0; i < cs->nfiles; i++) data_total += cs->files[i].data;
   for (size_t i = 0; i < nw; i++) {
     json_t *w = json_array_get(writes, i);
-    uint64_t id, f, base, dest, len;
-    if (json_array_size(w) != 5 || json_u64(json_array_get(w, 0), &id) || json_u64(json_array_get(w, 1), &f) ||
+    uint64_t id, f, base, dest, len, part = 0;
+    size_t we = json_array_size(w);
+    if ((we != 5 && we != 6) || json_u64(json_array_get(w, 0), &id) || json_u64(json_array_get(w, 1), &f) ||
         json_u64(json_array_get(w, 2), &base) || json_u64(json_array_get(w, 3), &dest) ||
-        json_u64(json_array_get(w, 4), &len) || id >= cs->nslices || f >= nf || dest >= cs->nnodes ||
-        cs->slices[id].sl->len != len) {
+        json_u64(json_array_get(w, 4), &len) || (we == 6 && json_u64(json_array_get(w, 5), &part)) ||
+        id >= cs->nboxes || f >= nf || dest >= cs->nnodes || part > cs->boxes[id].n ||
+        (part ? cs->slices[cs->boxes[id].first + part - 1].sl->len : cs->boxes[id].len) != len) {
       snprintf(why, wn, "write entry %zu is malformed", i);
       return SHARDD_E_PROTOCOL;
     }
-    const sd_save_tensor *t = cs->slices[id].t;
-    const sd_slice *sl = cs->slices[id].sl;
     runctx c = {.cs = cs, .dest = (uint32_t)dest, .f = (uint32_t)f};
     if (dest == cs->node_rank) {
       if (cs->fmap[f] < 0) {
@@ -452,16 +334,22 @@ static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t ple
         snprintf(d->name, sizeof d->name, "%s", name ? name : "");
       }
     }
-    c.src = sl->region ? sl->region->base + sl->offset : sl->data;
-    sd_box b;
-    memset(&b, 0, sizeof b);
-    memcpy(b.start, sl->dims, t->ndim * sizeof(uint64_t));
-    memcpy(b.count, sl->dims + t->ndim, t->ndim * sizeof(uint64_t));
-    sd_box_runs(t->ndim, t->shape, sd_dtype_size(t->dtype), &b, base, add_run, &c);
-    if (c.oom) return SHARDD_E_NO_MEMORY;
-    if (c.bad) {
-      snprintf(why, wn, "tensor '%s' would land outside its file", t->name);
-      return SHARDD_E_PROTOCOL;
+    /* A merged box: each member slice maps its own bytes against the tensor's place in the file
+     * (part p + 1: member p alone, where the leader split the box). */
+    for (uint32_t m = part ? (uint32_t)part - 1 : 0; m < (part ? part : cs->boxes[id].n); m++) {
+      const sd_save_tensor *t = cs->slices[cs->boxes[id].first + m].t;
+      const sd_slice *sl = cs->slices[cs->boxes[id].first + m].sl;
+      c.src = sl->region ? sl->region->base + sl->offset : sl->data;
+      sd_box b;
+      memset(&b, 0, sizeof b);
+      memcpy(b.start, sl->dims, t->ndim * sizeof(uint64_t));
+      memcpy(b.count, sl->dims + t->ndim, t->ndim * sizeof(uint64_t));
+      sd_box_runs(t->ndim, t->shape, sd_dtype_size(t->dtype), &b, base, add_run, &c);
+      if (c.oom) return SHARDD_E_NO_MEMORY;
+      if (c.bad) {
+        snprintf(why, wn, "tensor '%s' would land outside its file", t->name);
+        return SHARDD_E_PROTOCOL;
+      }
     }
   }
   if (local_total > data_total) {
@@ -582,6 +470,9 @@ void sd_node_on_leader_msg(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *pay
   }
   if (!strcmp(t, "assign")) {
     on_assign(cs, hdr, payload, plen);
+  } else if (!strcmp(t, "send_table")) {
+    free(payload);
+    sd_node_send_table(cs, hdr);
   } else if (!strcmp(t, "commit")) {
     free(payload);
     on_commit(cs, hdr);

@@ -1,4 +1,5 @@
 /* The leader's planning for a multi-node save: merged manifests, coverage, shard plan, file owners, who writes what. Pure. */
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,28 +14,16 @@
  * ------------------------------------------------------------------------ */
 SD_NAMED_TABLE(tensor, sd_cmanifest, sd_ctensor, tensors, ntensors, tcap, names, 64)
 
-int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
-                       const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
-                       const uint64_t *start, const uint64_t *count, sd_error *err) {
+int sd_cmanifest_tensor(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
+                        int64_t index, uint32_t node, uint32_t rank, uint32_t *ti, sd_error *err) {
   if (ndim > SD_MAX_DIMS)
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s' has more than %d dimensions", name, SD_MAX_DIMS);
-  sd_box box;
-  memset(&box, 0, sizeof box);
-  memcpy(box.start, start, ndim * sizeof(uint64_t));
-  memcpy(box.count, count, ndim * sizeof(uint64_t));
-  int rc = sd_box_check(name, ndim, shape, &box, err);
-  if (rc) return rc;
   uint64_t numel = 0;
-  rc = sd_tensor_numel(name, ndim, shape, &numel, err);
+  int rc = sd_tensor_numel(name, ndim, shape, &numel, err);
   if (rc) return rc;
-  rc = sd_tensor_numel(name, ndim, count, &numel, err);
-  if (rc) return rc;
-  unsigned esize = sd_dtype_size(dtype);
-  if (numel > UINT64_MAX / esize)
-    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", name);
-
-  sd_ctensor *t = tensor_find(m, name);
-  if (t) {
+  uint32_t at = sd_nameidx_find(&m->names, name, tensor_name, m);
+  if (at != SD_NAMEIDX_NONE) {
+    sd_ctensor *t = m->tensors[at];
     if (t->dtype != dtype || t->ndim != ndim || memcmp(t->shape, shape, ndim * sizeof(uint64_t)) != 0) {
       char was[256], now[256];
       return sd_fail(err, SHARDD_E_MISMATCH,
@@ -45,39 +34,188 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
     if (index >= 0 && t->index >= 0 && index != t->index)
       return sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u (node %u) gives index %lld, another gave %lld",
                      name, rank, node, (long long)index, (long long)t->index);
+    if (index >= 0) t->index = index;
+    *ti = at;
+    return 0;
   }
-  sd_cslice *sl = calloc(1, sizeof *sl + 2 * ndim * sizeof(uint64_t));
-  if (!sl) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
-  if (!t) {
-    t = calloc(1, sizeof *t);
-    if (t) t->name = strdup(name);
-    if (!t || !t->name || tensor_add(m, t) != 0) {
-      if (t) free(t->name);
-      free(t);
-      free(sl);
-      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
-    }
-    t->dtype = dtype;
-    t->ndim = ndim;
-    memcpy(t->shape, shape, ndim * sizeof(uint64_t));
-    t->index = -1;
-    t->first_rank = rank;
-    t->first_node = node;
-  }
-  if (SD_GROW(t->slices, t->cap, t->nslices + 1, 2)) {
-    free(sl);
+  sd_ctensor *t = calloc(1, sizeof *t);
+  if (t) t->name = strdup(name);
+  if (!t || !t->name || tensor_add(m, t) != 0) {
+    if (t) free(t->name);
+    free(t);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
   }
-  if (index >= 0) t->index = index;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  memcpy(t->shape, shape, ndim * sizeof(uint64_t));
+  t->index = index >= 0 ? index : -1;
+  t->first_rank = rank;
+  t->first_node = node;
+  *ti = (uint32_t)(m->ntensors - 1);
+  return 0;
+}
+
+#define SLICE_BLOCK (1u << 20)
+
+/* n bytes (8-aligned) from the manifest's blocks. */
+static void *carve(sd_cmanifest *m, size_t n) {
+  n = (n + 7) & ~(size_t)7;
+  if (n > SLICE_BLOCK) return NULL;
+  if (!m->nblocks || m->bused + n > SLICE_BLOCK) {
+    if (SD_GROW(m->blocks, m->bcap, m->nblocks + 1, 16)) return NULL;
+    uint8_t *b = malloc(SLICE_BLOCK);
+    if (!b) return NULL;
+    m->blocks[m->nblocks++] = b;
+    m->bused = 0;
+  }
+  void *p = m->blocks[m->nblocks - 1] + m->bused;
+  m->bused += n;
+  return p;
+}
+
+int sd_cmanifest_box(sd_cmanifest *m, uint32_t ti, uint32_t node, uint32_t rank, uint64_t id, const uint64_t *start,
+                     const uint64_t *count, const uint64_t *parts, uint32_t nparts, sd_error *err) {
+  sd_ctensor *t = m->tensors[ti];
+  uint32_t ndim = t->ndim;
+  uint64_t psum = 0;
+  for (uint32_t p = 0; p < nparts; p++) psum += parts[p] < count[0] ? parts[p] : count[0] + 1;
+  if (nparts == 1 || (nparts && (ndim == 0 || psum != count[0])))
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': node %u's box is cut into parts that are not it",
+                   t->name, node);
+  sd_box box;
+  memset(&box, 0, sizeof box);
+  memcpy(box.start, start, ndim * sizeof(uint64_t));
+  memcpy(box.count, count, ndim * sizeof(uint64_t));
+  int rc = sd_box_check(t->name, ndim, t->shape, &box, err);
+  if (rc) return rc;
+  uint64_t numel = 0;
+  rc = sd_tensor_numel(t->name, ndim, count, &numel, err);
+  if (rc) return rc;
+  unsigned esize = sd_dtype_size(t->dtype);
+  if (numel > UINT64_MAX / esize)
+    return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': the slice's byte size overflows", t->name);
+  sd_cslice *sl = carve(m, sizeof *sl + (2 * ndim + nparts) * sizeof(uint64_t));
+  if (!sl || SD_GROW(t->slices, t->cap, t->nslices + 1, 2))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", t->name);
   sl->node = node;
   sl->rank = rank;
   sl->id = id;
   sl->len = numel * esize;
+  sl->nparts = nparts;
+  sl->part = 0;
   memcpy(sl->dims, start, ndim * sizeof(uint64_t));
   memcpy(sl->dims + ndim, count, ndim * sizeof(uint64_t));
+  if (nparts) memcpy(sl->dims + 2 * ndim, parts, nparts * sizeof(uint64_t));
   t->slices[t->nslices++] = sl;
   m->nslices++;
   m->bytes += sl->len;
+  return 0;
+}
+
+/* t's merged boxes replaced by their parts, each a box of its own naming its part: what the nodes
+ * put, for a check that told a partial overlap of merged boxes (a part may be another node's
+ * replica). 0, or -1 out of memory. */
+static int split_parts(sd_cmanifest *m, sd_ctensor *t) {
+  size_t n = 0;
+  for (size_t j = 0; j < t->nslices; j++) n += t->slices[j]->nparts ? t->slices[j]->nparts : 1;
+  sd_cslice **v = malloc(n * sizeof *v);
+  if (!v) return -1;
+  size_t k = 0;
+  uint32_t nd = t->ndim;
+  for (size_t j = 0; j < t->nslices; j++) {
+    sd_cslice *s = t->slices[j];
+    if (!s->nparts) {
+      v[k++] = s;
+      continue;
+    }
+    uint64_t at = s->dims[0], per = s->dims[nd] ? s->len / s->dims[nd] : 0; /* bytes per unit of dim 0 */
+    for (uint32_t p = 0; p < s->nparts; p++) {
+      sd_cslice *c = carve(m, sizeof *c + 2 * nd * sizeof(uint64_t));
+      if (!c) {
+        free(v);
+        return -1;
+      }
+      *c = *s;
+      c->nparts = 0;
+      c->part = p + 1;
+      memcpy(c->dims, s->dims, 2 * nd * sizeof(uint64_t));
+      c->dims[0] = at;
+      c->dims[nd] = s->dims[2 * nd + p];
+      c->len = per * c->dims[nd];
+      at += c->dims[nd];
+      v[k++] = c;
+    }
+  }
+  m->nslices += n - t->nslices;
+  free(t->slices);
+  t->slices = v;
+  t->nslices = t->cap = n;
+  return 0;
+}
+
+int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
+                       const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
+                       const uint64_t *start, const uint64_t *count, sd_error *err) {
+  uint32_t ti;
+  int rc = sd_cmanifest_tensor(m, name, dtype, ndim, shape, index, node, rank, &ti, err);
+  return rc ? rc : sd_cmanifest_box(m, ti, node, rank, id, start, count, NULL, 0, err);
+}
+
+/* ------------------------------------------------------------------------ *
+ * Tables, known by digest
+ * ------------------------------------------------------------------------ */
+sd_ctable_hash *sd_ctable_hash_new(void) {
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  if (c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) != 1) {
+    EVP_MD_CTX_free(c);
+    c = NULL;
+  }
+  return (sd_ctable_hash *)c;
+}
+
+static void put_le(uint8_t *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+void sd_ctable_hash_add(sd_ctable_hash *h, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
+                        int64_t index) {
+  if (!h) return;
+  uint8_t b[8 * (3 + SD_MAX_DIMS)];
+  size_t n = 0;
+  put_le(b + n, (uint64_t)dtype), n += 8;
+  put_le(b + n, ndim), n += 8;
+  for (uint32_t d = 0; d < ndim && d < SD_MAX_DIMS; d++) put_le(b + n, shape[d]), n += 8;
+  put_le(b + n, (uint64_t)(index < 0 ? -1 : index)), n += 8;
+  EVP_DigestUpdate((EVP_MD_CTX *)h, name, strlen(name) + 1);
+  EVP_DigestUpdate((EVP_MD_CTX *)h, b, n);
+}
+
+int sd_ctable_hash_end(sd_ctable_hash *h, uint8_t out[SD_CTABLE_DIGEST]) {
+  if (!h) return -1;
+  unsigned len = 0;
+  int ok = EVP_DigestFinal_ex((EVP_MD_CTX *)h, out, &len) == 1 && len == SD_CTABLE_DIGEST;
+  EVP_MD_CTX_free((EVP_MD_CTX *)h);
+  return ok ? 0 : -1;
+}
+
+void sd_ctable_hex(const uint8_t digest[SD_CTABLE_DIGEST], char *out) {
+  static const char x[] = "0123456789abcdef";
+  for (size_t i = 0; i < SD_CTABLE_DIGEST; i++) {
+    out[2 * i] = x[digest[i] >> 4];
+    out[2 * i + 1] = x[digest[i] & 15];
+  }
+  out[2 * SD_CTABLE_DIGEST] = 0;
+}
+
+int sd_ctable_unhex(const char *hex, uint8_t digest[SD_CTABLE_DIGEST]) {
+  if (!hex || strlen(hex) != 2 * SD_CTABLE_DIGEST) return -1;
+  for (size_t i = 0; i < 2 * SD_CTABLE_DIGEST; i++) {
+    char c = hex[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return -1;
+    if (i & 1) digest[i / 2] |= (uint8_t)v;
+    else digest[i / 2] = (uint8_t)(v << 4);
+  }
   return 0;
 }
 
@@ -108,7 +246,6 @@ int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, si
 void sd_cmanifest_free(sd_cmanifest *m) {
   for (size_t i = 0; i < m->ntensors; i++) {
     sd_ctensor *t = m->tensors[i];
-    for (size_t j = 0; j < t->nslices; j++) free(t->slices[j]);
     free(t->slices);
     free(t->name);
     free(t);
@@ -117,6 +254,8 @@ void sd_cmanifest_free(sd_cmanifest *m) {
     free(m->files[i].name);
     free(m->files[i].data);
   }
+  for (size_t i = 0; i < m->nblocks; i++) free(m->blocks[i]);
+  free(m->blocks);
   free(m->tensors);
   sd_nameidx_free(&m->names);
   free(m->files);
@@ -140,7 +279,8 @@ static int slice_box_cmp(const void *a, const void *b, void *ud) {
   int c = memcmp(x->dims, y->dims, 2 * ndim * sizeof(uint64_t));
   if (c) return c;
   if (x->node != y->node) return x->node < y->node ? -1 : 1;
-  return x->id < y->id ? -1 : x->id > y->id;
+  if (x->id != y->id) return x->id < y->id ? -1 : 1;
+  return x->part < y->part ? -1 : x->part > y->part;
 }
 
 static int write_cmp(const void *a, const void *b) {
@@ -148,14 +288,20 @@ static int write_cmp(const void *a, const void *b) {
   if (x->node != y->node) return x->node < y->node ? -1 : 1;
   if (x->file != y->file) return x->file < y->file ? -1 : 1;
   if (x->base != y->base) return x->base < y->base ? -1 : 1;
-  return x->id < y->id ? -1 : x->id > y->id;
+  if (x->id != y->id) return x->id < y->id ? -1 : 1;
+  return x->part < y->part ? -1 : x->part > y->part;
 }
 
 /* Replica groups of every tensor, after its coverage is checked. */
-static int build_groups(const sd_cmanifest *m, const sd_cslice ***members_out, group **groups_out,
+static int build_groups(sd_cmanifest *m, const sd_cslice ***members_out, group **groups_out,
                         size_t *ngroups_out, sd_error *err) {
-  const sd_cslice **members = malloc((m->nslices ? m->nslices : 1) * sizeof *members);
-  group *groups = malloc((m->nslices ? m->nslices : 1) * sizeof *groups);
+  /* Room for the parts of merged boxes, should some tensor need them split. */
+  size_t room = 0;
+  for (size_t i = 0; i < m->ntensors; i++)
+    for (size_t j = 0; j < m->tensors[i]->nslices; j++)
+      room += m->tensors[i]->slices[j]->nparts ? m->tensors[i]->slices[j]->nparts : 1;
+  const sd_cslice **members = malloc((room ? room : 1) * sizeof *members);
+  group *groups = malloc((room ? room : 1) * sizeof *groups);
   sd_box *boxes = NULL;
   uint8_t *keep = NULL;
   size_t cap = 0, nm = 0, ng = 0;
@@ -165,7 +311,9 @@ static int build_groups(const sd_cmanifest *m, const sd_cslice ***members_out, g
     goto out;
   }
   for (size_t i = 0; i < m->ntensors && rc == 0; i++) {
-    const sd_ctensor *t = m->tensors[i];
+    sd_ctensor *t = m->tensors[i];
+    int split = 0;
+  again:
     if (t->nslices > cap) {
       free(boxes);
       free(keep);
@@ -183,6 +331,21 @@ static int build_groups(const sd_cmanifest *m, const sd_cslice ***members_out, g
       memcpy(boxes[j].count, t->slices[j]->dims + t->ndim, t->ndim * sizeof(uint64_t));
     }
     rc = sd_coverage_check(t->name, t->ndim, t->shape, boxes, t->nslices, keep, err);
+    if (rc == SHARDD_E_OVERLAP && !split) {
+      /* Merged boxes that overlap partly may be replicas part by part: checked again so. */
+      int merged = 0;
+      for (size_t j = 0; j < t->nslices; j++) merged |= t->slices[j]->nparts != 0;
+      if (merged) {
+        split = 1;
+        if (split_parts(m, t) != 0) {
+          rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory checking tensor '%s'", t->name);
+          break;
+        }
+        memset(err, 0, sizeof *err);
+        rc = 0;
+        goto again;
+      }
+    }
     if (rc) break;
     /* Past the check, boxes are either identical or disjoint. */
     const sd_cslice **mine = members + nm;
@@ -233,7 +396,7 @@ static const sd_cslice *least_loaded(const sd_cslice **mem, uint32_t n, const ui
   return best;
 }
 
-int sd_cplan_build(const sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
+int sd_cplan_build(sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
                    sd_cplan *p, sd_error *err) {
   memset(p, 0, sizeof *p);
   p->nnodes = nnodes;
@@ -332,7 +495,7 @@ int sd_cplan_build(const sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, c
     if (dest == pick->node) p->local_bytes[pick->node] += gr->len;
     else p->fwd_bytes[pick->node] += gr->len;
     p->expect[(size_t)dest * nf + loc->file] += gr->len;
-    p->writes[p->nwrites++] = (sd_cwrite){.id = pick->id, .node = pick->node, .dest = dest, .file = loc->file,
+    p->writes[p->nwrites++] = (sd_cwrite){.id = pick->id, .part = pick->part, .node = pick->node, .dest = dest, .file = loc->file,
                                           .base = loc->file_offset, .len = gr->len};
   }
   if (p->nwrites > 1) qsort(p->writes, p->nwrites, sizeof *p->writes, write_cmp);

@@ -25,7 +25,9 @@ typedef struct {
   uint32_t rank;           /* global rank that put it */
   uint64_t id;             /* the holder's own slice id */
   uint64_t len;            /* bytes */
-  uint64_t dims[];         /* start[ndim], then count[ndim] */
+  uint32_t nparts;         /* a node's boxes merged along dim 0: how many (0: one box as put) */
+  uint32_t part;           /* 0: the whole box; p + 1: part p of box id alone */
+  uint64_t dims[];         /* start[ndim], then count[ndim], then each part's count along dim 0 */
 } sd_cslice;
 
 typedef struct {
@@ -53,14 +55,42 @@ typedef struct {
   sd_cartifact *files;
   size_t nfiles, fcap;
   uint64_t nslices, bytes;
+  /* the slices, carved from blocks freed together: a per-slice malloc would cost its own header
+   * and scatter millions of them over the heap */
+  uint8_t **blocks;
+  size_t nblocks, bcap, bused;
 } sd_cmanifest;
 
-/* Adds one slice. Every description of a tensor must agree on dtype and
- * shape (and index, where given): SHARDD_E_MISMATCH names the tensor, both
- * ranks and their nodes. The box is checked against the shape. */
+/* Finds or adds the tensor `name` (its place in m->tensors into *ti). Every description of a
+ * tensor must agree on dtype and shape (and index, where given): SHARDD_E_MISMATCH names the
+ * tensor, both ranks and their nodes. */
+int sd_cmanifest_tensor(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
+                        int64_t index, uint32_t node, uint32_t rank, uint32_t *ti, sd_error *err);
+/* Adds one box of tensor ti, held by node (rank: a rank of it that holds the box), checked against
+ * the tensor's shape. parts (nparts of them, 0 or at least 2): the node merged boxes that meet
+ * along dim 0 into this one, each part's count along dim 0 in order; should the box overlap another
+ * node's partly, the plan checks and writes it part by part (a part may be another's replica). */
+int sd_cmanifest_box(sd_cmanifest *m, uint32_t ti, uint32_t node, uint32_t rank, uint64_t id, const uint64_t *start,
+                     const uint64_t *count, const uint64_t *parts, uint32_t nparts, sd_error *err);
+/* Both at once: one slice. */
 int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim,
                        const uint64_t *shape, int64_t index, uint32_t node, uint32_t rank, uint64_t id,
                        const uint64_t *start, const uint64_t *count, sd_error *err);
+/* A node's tensor table (the name, dtype, shape and index of each tensor its ranks declared, in
+ * its order) is sent to the leader once per distinct table, known by this digest (SHA-256 over
+ * the entries, each name NUL-terminated, then dtype, ndim, the shape and the index as
+ * little-endian integers): node and leader compute it the same way. */
+#define SD_CTABLE_DIGEST 32
+typedef struct sd_ctable_hash sd_ctable_hash;
+sd_ctable_hash *sd_ctable_hash_new(void);
+void sd_ctable_hash_add(sd_ctable_hash *h, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
+                        int64_t index);
+/* The digest into out, and h freed; h NULL (out of memory): -1. */
+int sd_ctable_hash_end(sd_ctable_hash *h, uint8_t out[SD_CTABLE_DIGEST]);
+/* A digest in hex, as the messages carry it (out: 2 * SD_CTABLE_DIGEST + 1 bytes), and back (-1: not one). */
+void sd_ctable_hex(const uint8_t digest[SD_CTABLE_DIGEST], char *out);
+int sd_ctable_unhex(const char *hex, uint8_t digest[SD_CTABLE_DIGEST]);
+
 /* A `file` artifact (data copied); the same name with other bytes: SHARDD_E_CONFLICT. */
 int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank,
                       sd_error *err);
@@ -71,6 +101,7 @@ void sd_cmanifest_free(sd_cmanifest *m);
  * ------------------------------------------------------------------------ */
 typedef struct {
   uint64_t id;             /* the holder's slice id */
+  uint32_t part;           /* 0: all of it; p + 1: its part p alone */
   uint32_t node;           /* holder */
   uint32_t dest;           /* node that writes these bytes into the file */
   uint32_t file;
@@ -104,7 +135,7 @@ typedef struct {
  * to the node with fewer bytes so far, then the lowest node), keeps for each
  * replica group the copy on the writing node when there is one, and lists
  * who writes what. Artifact names must not collide with shard or index names. */
-int sd_cplan_build(const sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
+int sd_cplan_build(sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const sd_plan_opts *opts,
                    sd_cplan *out, sd_error *err);
 void sd_cplan_free(sd_cplan *p);
 /* The bytes the plan gives node k in file f: its header (when it owns it) and its data bytes; 0:

@@ -79,6 +79,8 @@ size_t sd_peer_queued(const sd_peer *p);
 int sd_peer_is_ready(const sd_peer *p);
 /* It completed the handshake at some point (still true while it closes). */
 int sd_peer_was_ready(const sd_peer *p);
+/* While its handler runs: the bytes the frame being handled took on the wire (length, header). */
+size_t sd_peer_frame_len(const sd_peer *p);
 int sd_peer_is_outgoing(const sd_peer *p);
 /* The address we dialled, or for an incoming peer the listener address it announced (before
  * login: the socket's far end). */

@@ -679,6 +679,7 @@ size_t sd_peer_queued(const sd_peer *p) {
 }
 int sd_peer_is_ready(const sd_peer *p) { return p->state == P_READY; }
 int sd_peer_was_ready(const sd_peer *p) { return p->ever_ready; }
+size_t sd_peer_frame_len(const sd_peer *p) { return 4 + (size_t)p->rd.hlen; }
 int sd_peer_is_outgoing(const sd_peer *p) { return p->outgoing; }
 const char *sd_peer_addr(const sd_peer *p) {
   if (!p->outgoing && !p->ever_ready) return p->remote;

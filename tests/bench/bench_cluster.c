@@ -31,6 +31,8 @@ typedef struct {
   unsigned factor;
   int timeout_s;
   const char *peer_timeout; /* --peer-timeout for the daemons; NULL: their default */
+  const char *staging_mib;  /* --staging-mib for the daemons; NULL: their default */
+  const char *csv;          /* a file each point's row is appended to (tests/bench/cluster_fit.py) */
 } options;
 
 typedef struct {
@@ -53,6 +55,9 @@ typedef struct {
   double lead_cpu, node_cpu_max;                    /* user + system seconds */
   double blocked_s;        /* the longest a daemon's loop was blocked (its heartbeats late), any node */
   uint64_t files, tensors, bytes;
+  double man_bytes, boxes;  /* the leader's log: manifest and table frames from other nodes, boxes in its plan */
+  double lead_plan_s;       /* the leader's log: its last manifest to its plan made and folder created */
+  double load0, load1;      /* the load average (1 min) when the point began and ended */
 } point;
 
 static double now_real(void) {
@@ -84,9 +89,12 @@ static int start_daemon(const options *o, daemon_t *d, const char *base, const c
       dup2(fd, 1);
       dup2(fd, 2);
     }
-    const char *argv[] = {o->shardd, "--root", root, "--socket", d->sock, "--peer-listen", peer_listen,
-                          "--peer-token-file", token, "--node-name", name, "--log-level", "info",
-                          o->peer_timeout ? "--peer-timeout" : NULL, o->peer_timeout, NULL};
+    const char *argv[20] = {o->shardd, "--root", root, "--socket", d->sock, "--peer-listen", peer_listen,
+                            "--peer-token-file", token, "--node-name", name, "--log-level", "info"};
+    int a = 13;
+    if (o->peer_timeout) argv[a++] = "--peer-timeout", argv[a++] = o->peer_timeout;
+    if (o->staging_mib) argv[a++] = "--staging-mib", argv[a++] = o->staging_mib;
+    argv[a] = NULL;
     execv(o->shardd, (char *const *)argv);
     _exit(127);
   }
@@ -132,6 +140,16 @@ static json_t *peers_of(const daemon_t *d) {
 }
 
 static uint64_t u64_of(json_t *o, const char *key) { return (uint64_t)json_integer_value(json_object_get(o, key)); }
+
+static double loadavg(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &l) != 1) l = -1;
+    fclose(f);
+  }
+  return l;
+}
 
 /* The wall-clock time (seconds) of the last log line holding needle, 0 when none; a number that
  * follows `after` in that line into *num. */
@@ -229,6 +247,7 @@ static int rm_tree(const char *path) {
 
 static void run_point(const options *o, const cm_model *m, int nodes, int per_node, point *pt) {
   memset(pt, 0, sizeof *pt);
+  pt->load0 = loadavg();
   char base[PATH_MAX], root[PATH_MAX], token[PATH_MAX];
   snprintf(base, sizeof base, "%s/shardd-cluster-XXXXXX", o->tmpdir);
   if (!mkdtemp(base)) {
@@ -335,6 +354,11 @@ static void run_point(const options *o, const cm_model *m, int nodes, int per_no
   pt->plan_s = last_assign > 0 ? last_assign - t_seal : -1;
   pt->done_commit_s = -1;
   log_time(dm[0].log, "published", "s after the last done", &pt->done_commit_s);
+  pt->man_bytes = pt->boxes = pt->lead_plan_s = -1;
+  log_time(dm[0].log, "bytes of manifest and table frames", " bytes of manifest", &pt->man_bytes);
+  log_time(dm[0].log, "bytes of manifest and table frames", " boxes from", &pt->boxes);
+  log_time(dm[0].log, "bytes of manifest and table frames", " s\n", &pt->lead_plan_s);
+  pt->load1 = loadavg();
   if (o->check) {
     /* the strict reader over the published folder: every tensor there, the index and shards agree */
     char path[PATH_MAX];
@@ -373,7 +397,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: bench_cluster --shardd PATH [--points 1x8,2x8,...] [--layout fsdp2|hsdp|ep-pp] [--fp8]\n"
           "                     [--factor F] [--layers L] [--tmp DIR] [--timeout S] [--peer-timeout S]\n"
-          "                     [--check] [--keep]\n"
+          "                     [--staging-mib N] [--csv FILE] [--check] [--keep]\n"
           "N daemons on loopback sharing one root, R ranks each held by this process over real\n"
           "connections, save DeepSeek-V3's tensor table (its names, dtypes and shapes; every dim divided\n"
           "by F, default 128, and the shard size by F^2, so the file map keeps about the real file count)\n"
@@ -387,7 +411,12 @@ static void usage(FILE *f) {
           "peer bytes received by the leader and sent by the busiest node and all nodes (forwarded tensor\n"
           "bytes excluded: the metadata), peak RSS (MiB) and CPU seconds of the leader and the busiest\n"
           "other node, the leader's last done to its publish, and the longest any daemon's loop was\n"
-          "blocked (its heartbeats late: past --peer-timeout, default the daemons' 30 s, a peer is lost).\n");
+          "blocked (its heartbeats late: past --peer-timeout, default the daemons' 30 s, a peer is lost);\n"
+          "from the leader's log: the manifest and table frames it received (man_MiB), the boxes it\n"
+          "planned with, and its last manifest to the plan made and folder created (lplan_s); the 1-minute\n"
+          "load average at the point's start. --staging-mib N: each daemon's staging (default theirs,\n"
+          "128; 64 daemons of 128 MiB locked each may not fit a small machine). --csv FILE: every point's\n"
+          "row appended to FILE, for tests/bench/cluster_fit.py.\n");
 }
 
 static int parse_points(const char *s, options *o) {
@@ -432,6 +461,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--tmp") && v) o.tmpdir = argv[++i];
     else if (!strcmp(a, "--timeout") && v) o.timeout_s = atoi(argv[++i]);
     else if (!strcmp(a, "--peer-timeout") && v) o.peer_timeout = argv[++i];
+    else if (!strcmp(a, "--staging-mib") && v) o.staging_mib = argv[++i];
+    else if (!strcmp(a, "--csv") && v) o.csv = argv[++i];
     else if (!strcmp(a, "--fp8")) o.fp8 = 1;
     else if (!strcmp(a, "--check")) o.check = 1;
     else if (!strcmp(a, "--keep")) o.keep = 1;
@@ -464,9 +495,9 @@ int main(int argc, char **argv) {
   }
   printf("bench_cluster: DeepSeek-V3%s, %zu tensors, %d layers, dims / %u: %.1f MiB; layout %s\n",
          o.fp8 ? " fp8" : " bf16", m.n, m.layers, o.factor, (double)m.bytes / 1048576.0, cm_layout_name(o.layout));
-  printf("%-6s %10s %8s %8s %8s %10s %10s %10s %9s %8s %9s %8s %8s %8s %6s\n", "NxR", "declared", "decl_s",
-         "plan_s", "seal->c", "lead_MiB", "node_MiB", "nodes_MiB", "lead_RSS", "lead_s", "node_RSS", "node_s",
-         "done->c", "blocked", "files");
+  printf("%-6s %10s %8s %8s %8s %10s %10s %10s %9s %8s %9s %8s %8s %8s %6s %8s %8s %8s %5s\n", "NxR", "declared",
+         "decl_s", "plan_s", "seal->c", "lead_MiB", "node_MiB", "nodes_MiB", "lead_RSS", "lead_s", "node_RSS",
+         "node_s", "done->c", "blocked", "files", "man_MiB", "boxes", "lplan_s", "load");
   fflush(stdout);
   int bad = 0;
   for (int p = 0; p < o.npoints; p++) {
@@ -484,10 +515,21 @@ int main(int argc, char **argv) {
     mib(nss, sizeof nss, pt.node_sent_sum);
     mib(lrss, sizeof lrss, pt.lead_rss);
     mib(nrss, sizeof nrss, pt.node_rss_max);
-    printf("%-6s %10zu %8.2f %8.2f %8.2f %10s %10s %10s %9s %8.2f %9s %8.2f %8.3f %8.1f %6llu\n", nxr,
-           pt.declared, pt.decl_s, pt.plan_s, pt.seal_commit_s, lr, ns, nss, lrss, pt.lead_cpu, nrss,
-           pt.node_cpu_max, pt.done_commit_s, pt.blocked_s, (unsigned long long)pt.files);
+    printf("%-6s %10zu %8.2f %8.2f %8.2f %10s %10s %10s %9s %8.2f %9s %8.2f %8.3f %8.1f %6llu %8.2f %8.0f %8.3f "
+           "%5.1f\n", nxr, pt.declared, pt.decl_s, pt.plan_s, pt.seal_commit_s, lr, ns, nss, lrss, pt.lead_cpu, nrss,
+           pt.node_cpu_max, pt.done_commit_s, pt.blocked_s, (unsigned long long)pt.files,
+           pt.man_bytes >= 0 ? pt.man_bytes / 1048576.0 : -1.0, pt.boxes, pt.lead_plan_s, pt.load0);
     fflush(stdout);
+    FILE *cf = o.csv ? fopen(o.csv, "a") : NULL;
+    if (cf) {
+      fprintf(cf, "%s,%s,%zu,%d,%d,%zu,%.3f,%.3f,%.3f,%llu,%llu,%llu,%llu,%.3f,%llu,%.3f,%.3f,%.1f,%.0f,%.0f,%.3f,%.2f,%.2f\n",
+              cm_layout_name(o.layout), o.fp8 ? "fp8" : "bf16", m.n, o.points[p][0], o.points[p][1], pt.declared,
+              pt.decl_s, pt.plan_s, pt.seal_commit_s, (unsigned long long)pt.lead_recv,
+              (unsigned long long)pt.node_sent_max, (unsigned long long)pt.node_sent_sum,
+              (unsigned long long)pt.lead_rss, pt.lead_cpu, (unsigned long long)pt.node_rss_max, pt.node_cpu_max,
+              pt.done_commit_s, pt.blocked_s, pt.man_bytes, pt.boxes, pt.lead_plan_s, pt.load0, pt.load1);
+      fclose(cf);
+    }
   }
   cm_free(&m);
   return bad;

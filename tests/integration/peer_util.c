@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster_plan.h"
 #include "peer.h"
 #include "peer_util.h"
 
@@ -210,4 +211,44 @@ void peer_accept_login(int fd, const char *token_path, const char *name) {
   json_decref(a);
   sd_peer_transcript t = {.connector = daemon, .acceptor = name, .connector_nonce = theirs, .acceptor_nonce = nonce};
   send_proof(fd, token_path, "acceptor", &t);
+}
+
+void table_digest(const char *tensors, char *hex) {
+  json_t *ts = json_loads(tensors, 0, NULL);
+  cr_assert(json_is_array(ts), "a table: %s", tensors);
+  sd_ctable_hash *h = sd_ctable_hash_new();
+  for (size_t i = 0; i < json_array_size(ts); i++) {
+    json_t *e = json_array_get(ts, i), *shape = json_array_get(e, 2);
+    uint64_t dims[SD_MAX_DIMS];
+    for (size_t d = 0; d < json_array_size(shape); d++) dims[d] = (uint64_t)json_integer_value(json_array_get(shape, d));
+    sd_dtype dt;
+    sd_error err;
+    cr_assert_eq(sd_dtype_parse(json_string_value(json_array_get(e, 1)), &dt, &err), 0);
+    sd_ctable_hash_add(h, json_string_value(json_array_get(e, 0)), dt, (uint32_t)json_array_size(shape), dims,
+                       json_integer_value(json_array_get(e, 3)));
+  }
+  uint8_t d[SD_CTABLE_DIGEST];
+  cr_assert_eq(sd_ctable_hash_end(h, d), 0);
+  sd_ctable_hex(d, hex);
+  json_decref(ts);
+}
+
+void send_table(int fd, const char *save, const char *tok, const char *tensors) {
+  char hex[2 * SD_CTABLE_DIGEST + 1];
+  table_digest(tensors, hex);
+  size_t n = strlen(tensors) + 512;
+  char *m = malloc(n);
+  snprintf(m, n, "{\"t\":\"table\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"digest\":\"%s\",\"from\":0,"
+           "\"tensors\":%s}", save, tok, hex, tensors);
+  send_frame(fd, m);
+  free(m);
+}
+
+json_t *read_until(int fd, const char *kind, const char *save, const char *tok, const char *tensors) {
+  for (json_t *a; (a = read_frame(fd)); json_decref(a)) {
+    const char *t = json_string_value(json_object_get(a, "t")), *s = json_string_value(json_object_get(a, "save"));
+    if (t && !strcmp(t, "send_table") && tensors) send_table(fd, save, tok, tensors);
+    if (t && !strcmp(t, kind) && s && !strcmp(s, save)) return a;
+  }
+  return NULL;
 }

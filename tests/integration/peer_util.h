@@ -49,6 +49,14 @@ int tcp_connect(const char *addr);
 void send_frame(int fd, const char *json);
 /* The next frame's header, or NULL once the daemon closed the connection. */
 json_t *read_frame(int fd);
+/* A stand-in node's tensor table (tensors: the JSON text of its entries, [name, dtype, shape,
+ * index, rank] each, PEERS.md "manifest"): its digest in hex (65 bytes) as a manifest names it. */
+void table_digest(const char *tensors, char *hex);
+/* The table frame that answers the leader's send_table for it. */
+void send_table(int fd, const char *save, const char *tok, const char *tensors);
+/* Frames read until one of kind `kind` for save (returned), answering a send_table on the way with
+ * the table `tensors`; NULL if the connection closed first. */
+json_t *read_until(int fd, const char *kind, const char *save, const char *tok, const char *tensors);
 /* The whole handshake as a connecting node named `name` that holds the secret in token_path. */
 void peer_login(int fd, const char *token_path, const char *name);
 /* The same as the side that was dialled (a stand-in leader): the daemon's hello, ours, its proof

@@ -266,13 +266,13 @@ static void lead_fake(fake_lead *F, const char *save, const char *dir) {
 
 /* The assignment a leader would send, but with tmp and the one file's name as given. */
 static void assign(fake_lead *F, const char *save, const char *tmp, const char *file) {
-  json_t *sl = json_array_get(json_object_get(json_array_get(json_object_get(F->manifest, "tensors"), 0), "slices"), 0);
+  json_t *sl = json_array_get(json_array_get(json_object_get(F->manifest, "boxes"), 0), 1);
   char m[1024];
   snprintf(m, sizeof m,
            "{\"t\":\"assign\",\"save\":\"%s\",\"tok\":\"%s\",\"cid\":\"0123456789abcdef\",\"tmp\":\"%s\",\"nfiles\":1,"
            "\"write_mode\":\"shared\",\"files\":[{\"f\":0,\"name\":\"%s\",\"size\":88,\"hdr\":0,\"data\":4}],"
            "\"writes\":[[%lld,0,0,1,4]],\"peers\":{}}",
-           save, F->tok, tmp, file, (long long)json_integer_value(json_array_get(sl, 0)));
+           save, F->tok, tmp, file, (long long)json_integer_value(sl));
   raw_send(F->fd, m);
 }
 
@@ -341,10 +341,13 @@ static json_t *join_as_node1_padded(int fd, x_conn *rank, const char *save, size
   send_frame(fd, line);
   snprintf(line, sizeof line, "{\"t\":\"began\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"rank\":1}", save, tok);
   send_frame(fd, line);
+  /* its table (b and c, declared by rank 1) and a box of each, whole (PEERS.md, manifest) */
+  static const char table[] = "[[\"b\",\"U8\",[8],-1,1],[\"c\",\"U8\",[8],-1,1]]";
+  char hex[65];
+  table_digest(table, hex);
   snprintf(line, sizeof line,
-           "{\"t\":\"manifest\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":["
-           "{\"name\":\"b\",\"dtype\":\"U8\",\"shape\":[8],\"slices\":[[0,1,0,8]]},"
-           "{\"name\":\"c\",\"dtype\":\"U8\",\"shape\":[8],\"slices\":[[1,1,0,8]]}],\"files\":[]%s", save, tok,
+           "{\"t\":\"manifest\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"table\":{\"n\":2,"
+           "\"digest\":\"%s\"},\"boxes\":[[0,0,1,0,8],[1,1,1,0,8]],\"files\":[]%s", save, tok, hex,
            pad ? ",\"pad\":[" : "}");
   size_t at = strlen(line);
   char *big = malloc(at + 2 * pad + 3);
@@ -360,6 +363,7 @@ static json_t *join_as_node1_padded(int fd, x_conn *rank, const char *save, size
   free(big);
   for (json_t *a; (a = raw_read(fd));) {
     if (!strcmp(jstr(a, "t"), "assign") && !strcmp(jstr(a, "save"), save)) return a;
+    if (!strcmp(jstr(a, "t"), "send_table")) send_table(fd, save, tok, table);
     json_decref(a);
   }
   cr_assert_fail("no assignment for the fake node in save '%s'", save);

@@ -473,13 +473,16 @@ static json_t *fake_second_node(h_script *s, const char *save, const char *dir, 
   send_frame(*fd, m);
   snprintf(m, sizeof m, "{\"t\":\"began\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"rank\":1}", save, tok);
   send_frame(*fd, m);
+  /* Its table (w, F32 [2,4], declared by rank 1) and its box of it, row 1 (PEERS.md, manifest). */
+  static const char table[] = "[[\"w\",\"F32\",[2,4],-1,1]]";
+  char hex[65];
+  table_digest(table, hex);
   snprintf(m, sizeof m,
-           "{\"t\":\"manifest\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"tensors\":[{\"name\":\"w\","
-           "\"dtype\":\"F32\",\"shape\":[2,4],\"slices\":[[0,1,1,0,1,4]]}],\"files\":[]%s}",
-           save, tok, sums ? ",\"sums\":true" : "");
+           "{\"t\":\"manifest\",\"save\":\"%s\",\"node\":1,\"tok\":\"%s\",\"ranks\":[1],\"table\":{\"n\":1,"
+           "\"digest\":\"%s\"},\"boxes\":[[0,0,1,1,0,1,4]],\"files\":[]%s}",
+           save, tok, hex, sums ? ",\"sums\":true" : "");
   send_frame(*fd, m);
-  json_t *a = NULL;
-  while ((a = read_frame(*fd)) && strcmp(json_string_value(json_object_get(a, "t")), "assign") != 0) json_decref(a);
+  json_t *a = read_until(*fd, "assign", save, tok, table);
   cr_assert_not_null(a, "no assignment for the fake node");
   json_t *files = json_object_get(a, "files");
   cr_assert_eq(json_array_size(files), 1);

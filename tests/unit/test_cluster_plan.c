@@ -285,7 +285,7 @@ Test(cluster_plan, randomized_layouts_write_every_byte_once) {
 }
 
 /* m planned over nnodes in owner mode, shards of mss bytes. */
-static void planned(const sd_cmanifest *m, uint32_t nnodes, uint64_t mss, sd_cplan *p) {
+static void planned(sd_cmanifest *m, uint32_t nnodes, uint64_t mss, sd_cplan *p) {
   sd_error err = {0};
   sd_plan_opts o = opts(mss);
   cr_assert_eq(sd_cplan_build(m, nnodes, SD_WRITE_OWNER, &o, p, &err), 0, "%s", err.msg);
@@ -333,5 +333,49 @@ Test(cluster_plan, a_done_must_match_the_assignment_exactly) {
   cr_assert_str_eq(done_of(&p, 1, ok, "[[0,\"0badcafe\"]]", 1), "checksum shares for other files than it wrote");
   cr_assert_str_eq(done_of(&p, 1, ok, "[]", 1), "checksum shares for other files than it wrote");
   sd_cplan_free(&p);
+  sd_cmanifest_free(&m);
+}
+
+/* A node's boxes merged along dim 0 (parts of 4 and 4 rows of an [8, 4] F32 tensor) against another
+ * node's box of the first 4 rows: checked again part by part, the first part is its replica and the
+ * second is written from the merged box's part alone; a box that meets neither part exactly is
+ * still an overlap, named as the ranks put the boxes. */
+Test(cluster_plan, merged_boxes_are_checked_part_by_part_where_they_overlap) {
+  uint64_t shape[2] = {8, 4}, s0[2] = {0, 0}, c8[2] = {8, 4}, c4[2] = {4, 4}, parts[2] = {4, 4};
+  sd_error err = {0};
+  for (int bad = 0; bad < 2; bad++) {
+    sd_cmanifest m = {0};
+    uint32_t ti;
+    cr_assert_eq(sd_cmanifest_tensor(&m, "w", SD_DT_F32, 2, shape, -1, 0, 0, &ti, &err), 0, "%s", err.msg);
+    cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, parts, 2, &err), 0, "%s", err.msg);
+    uint64_t s1[2] = {bad ? 2 : 0, 0};
+    cr_assert_eq(sd_cmanifest_tensor(&m, "w", SD_DT_F32, 2, shape, -1, 1, 2, &ti, &err), 0, "%s", err.msg);
+    cr_assert_eq(sd_cmanifest_box(&m, ti, 1, 2, 3, s1, c4, NULL, 0, &err), 0, "%s", err.msg);
+    sd_cplan p;
+    sd_plan_opts o = opts(1u << 20);
+    int rc = sd_cplan_build(&m, 2, SD_WRITE_OWNER, &o, &p, &err);
+    if (bad) {
+      cr_assert_eq(rc, SHARDD_E_OVERLAP);
+      cr_assert(strstr(err.msg, "'w'") && strstr(err.msg, "start=[2,0] count=[4,4]"), "%s", err.msg);
+    } else {
+      cr_assert_eq(rc, 0, "%s", err.msg);
+      cr_assert_eq(p.nwrites, 2, "one write per part");
+      for (size_t i = 0; i < p.nwrites; i++) {
+        const sd_cwrite *w = &p.writes[i];
+        cr_assert_eq(w->len, 64);
+        cr_assert(w->node == 0 || w->part == 0, "node 1's box is whole");
+        if (w->node == 0) cr_assert(w->part == 1 || w->part == 2, "node 0 writes a part, not its merged box");
+      }
+      check_accounting(&p);
+      sd_cplan_free(&p);
+    }
+    sd_cmanifest_free(&m);
+  }
+  /* Parts that do not add up to the box are refused. */
+  sd_cmanifest m = {0};
+  uint32_t ti;
+  uint64_t wrong[2] = {4, 3};
+  cr_assert_eq(sd_cmanifest_tensor(&m, "w", SD_DT_F32, 2, shape, -1, 0, 0, &ti, &err), 0);
+  cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, wrong, 2, &err), SHARDD_E_INVALID_ARGUMENT);
   sd_cmanifest_free(&m);
 }
