@@ -242,6 +242,7 @@ SHARDD_EXPORT int shardd_begin(shardd_client *c, const shardd_save_opts *o) {
                                                json_integer(o->join_timeout > 0 ? o->join_timeout : 0));
   if (!rc && o->idle_timeout) json_object_set_new(req, "idle_timeout",
                                                json_integer(o->idle_timeout > 0 ? o->idle_timeout : 0));
+  if (!rc && o->total_parameters > 0) rc = set_u64(c, req, "total_parameters", (uint64_t)o->total_parameters);
   if (!rc && o->nnodes > 1) rc = begin_peers(c, req, o);
   if (rc) {
     json_decref(req);

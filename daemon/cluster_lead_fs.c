@@ -27,7 +27,9 @@ static int job_prepare(fsjob *j) {
   /* The plan first: checks every tensor's coverage (gap, overlap), shards, owners, who writes what.
    * Nothing on the loop touches the manifest or the plan while the job runs. */
   sd_plan_opts o = {.max_shard_size = L->mss, .prefix = L->prefix, .metadata = L->md, .nmetadata = L->nmd,
-                    .checksums = L->plan_sums};
+                    .checksums = L->plan_sums,
+                    .total_parameters = (uint64_t)(L->total_parameters >= 0 ? L->total_parameters : 0),
+                    .has_total_parameters = L->total_parameters >= 0};
   if (sd_cplan_build(&L->man, L->nnodes, L->mode, &o, &L->plan, err) != 0) return err->code;
   L->planned = 1;
   /* The nodes checked who may save there at their begin; that no checkpoint has appeared above it since is

@@ -48,6 +48,7 @@ typedef struct sd_lead {
   size_t nmd;
   int overwrite;
   json_int_t keep_last;    /* checked to agree; the leader's own save runs it (session.c) */
+  json_int_t total_parameters; /* the index's, as the joins give it; -1: counted by the planner */
   int has_owner;           /* node 0's join named the uid that began the save */
   uid_t owner_uid;         /* recorded on the folder, as a one-node save does */
   uint32_t ws, nnodes;

@@ -100,6 +100,12 @@ unsigned sd_lead_active(const sd_cluster *cl) {
   return n;
 }
 
+/* A join's total_parameters (a node's begin checked it), or -1 when its ranks gave none. */
+static json_int_t join_total_parameters(json_t *h) {
+  json_t *v = json_object_get(h, "total_parameters");
+  return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+}
+
 static int params_str(json_t *h, const char *f, const char **out) {
   *out = json_string_value(json_object_get(h, f));
   return *out ? 0 : -1;
@@ -131,6 +137,7 @@ sd_lead *sd_lead_new(sd_cluster *cl, const char *id, json_t *h, sd_error *err) {
   L->nnodes = (uint32_t)nn;
   L->overwrite = json_is_true(json_object_get(h, "overwrite"));
   L->keep_last = json_integer_value(json_object_get(h, "keep_last"));
+  L->total_parameters = join_total_parameters(h);
   L->mode = !strcmp(mode, "shared") ? SD_WRITE_SHARED : SD_WRITE_OWNER;
   L->nodes = calloc(nn, sizeof *L->nodes);
   L->rank_node = malloc(ws * sizeof *L->rank_node);
@@ -199,6 +206,9 @@ int sd_lead_join_differs(const sd_lead *L, json_t *h, uint32_t k, sd_error *err)
   if (kl != L->keep_last)
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives keep_last %lld, other nodes gave %lld", L->id, k,
                    (long long)kl, (long long)L->keep_last);
+  if (join_total_parameters(h) != L->total_parameters)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives total_parameters %lld, other nodes gave %lld "
+                   "(-1: none)", L->id, k, (long long)join_total_parameters(h), (long long)L->total_parameters);
   if (ov != L->overwrite)
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': node %u gives overwrite %s, other nodes gave %s", L->id, k,
                    ov ? "true" : "false", L->overwrite ? "true" : "false");

@@ -62,6 +62,7 @@ int sd_node_begin(sd_save *save, const sd_begin_args *a, sd_csave **out, sd_erro
                         (json_int_t)save->owner_uid);
   /* Only when set, so a leader of an older build sees the join it knows. */
   if (save->keep_last) json_object_set_new(j, "keep_last", json_integer(save->keep_last));
+  if (save->total_parameters >= 0) json_object_set_new(j, "total_parameters", json_integer(save->total_parameters));
   if (j) json_object_set_new(j, "join_timeout", json_integer(save->join_timeout));
   sd_node_to_leader(cs, j);
   sd_log_debug("save '%s': node %u of %u, leader %s%s", save->id, cs->node_rank, cs->nnodes, cs->leader,

@@ -168,6 +168,7 @@ static json_t *op_begin(sd_session *s, json_t *req, json_t *id) {
   a.max_shard_size = b.max_shard_size;
   a.overwrite = b.overwrite;
   a.keep_last = (uint32_t)b.keep_last;
+  a.total_parameters = b.has_total_parameters > 0 ? (int64_t)b.total_parameters : -1;
   a.rank = (uint32_t)b.rank;
   a.world_size = (uint32_t)b.world_size;
   a.metadata = b.metadata;

@@ -180,6 +180,8 @@ int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
       .metadata = save->metadata,
       .nmetadata = save->nmetadata,
       .checksums = save->d && save->d->cfg ? save->d->cfg->checksums : 1,
+      .total_parameters = save->total_parameters >= 0 ? (uint64_t)save->total_parameters : 0,
+      .has_total_parameters = save->total_parameters >= 0,
   };
   rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, &opts, err);
   if (rc) goto out;

@@ -81,6 +81,7 @@ typedef struct sd_save {
   size_t nmetadata;
   int overwrite;
   uint32_t keep_last;      /* 0: none; else the owner's `committed` prunes older checkpoints */
+  int64_t total_parameters; /* the index's, as begin gave it; -1: counted by the planner */
   sd_save_state state;
   sd_rank *ranks;
   uint32_t nbegun, nsealed, ndeclared;
@@ -136,6 +137,7 @@ typedef struct {
   size_t nmetadata;
   int overwrite;
   uint32_t keep_last;      /* 0: not given */
+  int64_t total_parameters; /* -1: not given */
   /* Multi-node saves (cluster.c, proto/PEERS.md): nnodes 1 is the one-node path. */
   uint32_t nnodes, node_rank;
   const char *leader;      /* "host:port" of node 0's peer listener */

@@ -51,6 +51,9 @@ static int disagreement(const sd_save *save, const sd_begin_args *a, sd_error *e
   if (save->keep_last != a->keep_last)
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives keep_last %u, earlier ranks gave %u", save->id,
                    a->rank, a->keep_last, save->keep_last);
+  if (save->total_parameters != a->total_parameters)
+    return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives total_parameters %lld, earlier ranks gave %lld "
+                   "(-1: none)", save->id, a->rank, (long long)a->total_parameters, (long long)save->total_parameters);
   if (!metadata_equal(save, a))
     return sd_fail(err, SHARDD_E_CONFLICT, "save '%s': rank %u gives different metadata than earlier ranks",
                    save->id, a->rank);

@@ -93,6 +93,7 @@ sd_save *sd_save_new(sd_daemon *d, const sd_begin_args *a) {
   save->max_shard_size = a->max_shard_size ? a->max_shard_size : SD_DEFAULT_MAX_SHARD_SIZE;
   save->overwrite = a->overwrite;
   save->keep_last = a->keep_last;
+  save->total_parameters = a->total_parameters;
   save->ranks = calloc(a->world_size, sizeof *save->ranks);
   save->metadata = calloc(a->nmetadata ? a->nmetadata : 1, sizeof *save->metadata);
   int bad = !save->id || !save->dir || !save->prefix || !save->ranks || !save->metadata;

@@ -68,28 +68,37 @@ __attribute__((format(printf, 1, 2))) static char *str_printf(const char *fmt, .
 /* huggingface_hub's split_state_dict_into_shards_factory, step for step: a
  * tensor over the limit becomes a shard of its own and is appended to the
  * list at once, while the shard being filled stays open; a tensor that
- * would tip the open shard over the limit closes it first. Fills shard_of[]
- * (final shard number per position in walk order); returns the count. */
-static size_t hf_split(const uint32_t *ord, const uint64_t *nbytes, size_t n, uint64_t max,
-                       uint32_t *shard_of, uint32_t *group_final) {
+ * would tip the open shard over the limit closes it first. Tensors that
+ * share an index (neighbours in walk order) are one entry, as
+ * huggingface_hub takes tensors sharing one storage (transformers' views of
+ * one fused parameter): counted once with all their bytes, at that place,
+ * and kept in one shard. Fills shard_of[] (final shard number per position
+ * in walk order); returns the count. */
+static size_t hf_split(const uint32_t *ord, const uint64_t *nbytes, const sd_tensor *t, size_t n,
+                       uint64_t max, uint32_t *shard_of, uint32_t *group_final) {
   size_t nshards = 0, ngroups = 0;
   uint32_t cur = UINT32_MAX; /* group of the open shard; none yet */
   uint64_t cur_size = 0;
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0, end; i < n; i = end) {
+    /* No overflow: the planner has checked that every tensor's bytes sum. */
     uint64_t sz = nbytes[ord[i]];
+    int64_t at = t[ord[i]].index;
+    for (end = i + 1; at >= 0 && end < n && t[ord[end]].index == at; end++) sz += nbytes[ord[end]];
+    uint32_t into;
     if (sz > max) {
       group_final[ngroups] = (uint32_t)nshards++;
-      shard_of[i] = (uint32_t)ngroups++;
-      continue;
+      into = (uint32_t)ngroups++;
+    } else {
+      if (cur != UINT32_MAX && cur_size + sz > max) {
+        group_final[cur] = (uint32_t)nshards++;
+        cur = UINT32_MAX;
+        cur_size = 0;
+      }
+      if (cur == UINT32_MAX) cur = (uint32_t)ngroups++;
+      into = cur;
+      cur_size += sz;
     }
-    if (cur != UINT32_MAX && cur_size + sz > max) {
-      group_final[cur] = (uint32_t)nshards++;
-      cur = UINT32_MAX;
-      cur_size = 0;
-    }
-    if (cur == UINT32_MAX) cur = (uint32_t)ngroups++;
-    shard_of[i] = cur;
-    cur_size += sz;
+    for (size_t k = i; k < end; k++) shard_of[k] = into;
   }
   if (cur != UINT32_MAX) group_final[cur] = (uint32_t)nshards++;
   for (size_t i = 0; i < n; i++) shard_of[i] = group_final[shard_of[i]];
@@ -315,6 +324,15 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
     else
       small_bytes += nbytes[i];
   }
+  if (opts->has_total_parameters) {
+    if (opts->total_parameters > p->total_parameters) {
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
+                   "total_parameters %llu is more than the %llu elements of the tensors saved",
+                   (unsigned long long)opts->total_parameters, (unsigned long long)p->total_parameters);
+      goto fail;
+    }
+    p->total_parameters = opts->total_parameters;
+  }
   /* The metadata's size is needed now, its verdict only after the walk's,
    * which reports duplicate names first. */
   sd_error meta_err = {0};
@@ -365,7 +383,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
 
   /* The split's work arrays: 8n + 4 bytes of the block. */
   uint32_t *shard_of = (uint32_t *)block, *group_final = shard_of + alloc_n;
-  size_t nfiles = n ? hf_split(ord, nbytes, n, max, shard_of, group_final) : 1;
+  size_t nfiles = n ? hf_split(ord, nbytes, tensors, n, max, shard_of, group_final) : 1;
   p->files = calloc(nfiles, sizeof *p->files);
   if (!p->files) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);

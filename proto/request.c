@@ -44,7 +44,8 @@ int sd_req_begin_fields(const json_t *req, sd_req_begin *b, sd_error *err) {
       sd_msg_bool(req, "overwrite", 0, &b->overwrite, err) < 0 ||
       sd_msg_u64(req, "keep_last", 0, SD_KEEP_LAST_MAX, &b->keep_last, err) < 0 ||
       (b->has_join_timeout = sd_msg_u64(req, "join_timeout", 0, SD_DEADLINE_MAX, &b->join_timeout, err)) < 0 ||
-      (b->has_idle_timeout = sd_msg_u64(req, "idle_timeout", 0, SD_DEADLINE_MAX, &b->idle_timeout, err)) < 0)
+      (b->has_idle_timeout = sd_msg_u64(req, "idle_timeout", 0, SD_DEADLINE_MAX, &b->idle_timeout, err)) < 0 ||
+      (b->has_total_parameters = sd_msg_u64(req, "total_parameters", 0, 0, &b->total_parameters, err)) < 0)
     return err->code;
   return 0;
 }

@@ -85,6 +85,10 @@ typedef struct {
   const sd_kv *metadata;    /* caller's __metadata__ pairs ("format" is forced to "pt") */
   size_t nmetadata;
   int checksums;            /* room for each file's data CRC-32C (sd_checksum.h): in the index, or a single file's header */
+  /* The index's total_parameters when has_total_parameters (transformers counts its parameters,
+   * not the buffers it saves too; at most the tensors' elements); else those elements, counted. */
+  uint64_t total_parameters;
+  int has_total_parameters;
 } sd_plan_opts;
 
 typedef struct {

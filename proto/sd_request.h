@@ -36,6 +36,9 @@ typedef struct {
   /* deadlines in seconds (0: never); has_*: the field was given, else the daemon's default applies */
   uint64_t join_timeout, idle_timeout;
   int has_join_timeout, has_idle_timeout;
+  /* the index's metadata.total_parameters; has_*: given, else the tensors' elements are counted */
+  uint64_t total_parameters;
+  int has_total_parameters;
 } sd_req_begin;
 
 /* The longest deadline a begin may ask for, in seconds (a week). */
@@ -43,7 +46,7 @@ typedef struct {
 
 /* Reads every field, in this order: save (and its id check), dir, rank,
  * world_size, max_shard_size, prefix, metadata, overwrite, keep_last,
- * join_timeout, idle_timeout. */
+ * join_timeout, idle_timeout, total_parameters. */
 int sd_req_begin_fields(const json_t *req, sd_req_begin *b, sd_error *err);
 /* Then judges them together: max_shard_size at least 1 when given, a plain
  * prefix, metadata 'format' only "pt", keep_last in [1, SD_KEEP_LAST_MAX]

@@ -164,6 +164,10 @@ typedef struct {
    * stay silent longer. Either fails the save with SHARDD_E_TIMEOUT. */
   int join_timeout;
   int idle_timeout;
+  /* The index's metadata.total_parameters, the same on every rank: > 0 this number (transformers
+   * writes model.num_parameters(), which leaves out the buffers it saves), at most the elements
+   * saved; 0 (or less): the elements of every tensor saved, counted. */
+  int64_t total_parameters;
 } shardd_save_opts;
 
 /* Fills rank, world_size, nnodes, node_rank and leader from a torchrun-style

@@ -38,6 +38,7 @@ lines = {
                   b'"max_shard_size":1e3,"prefix":"shard","metadata":{"format":"pt","k":"v\\u00e9"},"overwrite":true}',
     "begin-keep-last": b'{"op":"begin","save":"s","dir":"run/step-3","rank":0,"world_size":1,"keep_last":2}',
     "begin-keep-last-zero": b'{"op":"begin","save":"s","dir":"d","rank":0,"world_size":1,"keep_last":0}',
+    "begin-total-parameters": b'{"op":"begin","save":"s","dir":"d","rank":0,"world_size":1,"total_parameters":30560}',
     "begin-bad-dir": b'{"op":"begin","id":14,"save":"step-2","dir":"../elsewhere","rank":0,"world_size":1}',
     "begin-rank-past-world": b'{"op":"begin","save":"s","dir":"d","rank":1,"world_size":1,"max_shard_size":null}',
     "put-empty-no-source": b'{"op":"put","save":"s","name":"router.bias","dtype":"F32","shape":[3],"start":[3],"count":[0]}',

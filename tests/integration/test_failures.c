@@ -264,7 +264,7 @@ Test(failures, begin_disagreement_on_max_shard_size_is_a_conflict) {
   h_expect_serving();
 }
 
-Test(failures, begin_disagreement_on_dir_metadata_world_size_prefix_overwrite) {
+Test(failures, begin_disagreement_on_dir_metadata_world_size_prefix_overwrite_total_parameters) {
   static const char *const md0[] = {"step", "1"};
   static const char *const md1[] = {"step", "2"};
   struct {
@@ -276,6 +276,7 @@ Test(failures, begin_disagreement_on_dir_metadata_world_size_prefix_overwrite) {
       {"world_size", {.world_size = 3}},
       {"prefix", {.prefix = "other"}},
       {"overwrite", {.overwrite = 1}},
+      {"total_parameters", {.total_parameters = 5}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char save[32], dir[32];
@@ -289,6 +290,7 @@ Test(failures, begin_disagreement_on_dir_metadata_world_size_prefix_overwrite) {
     if (cases[i].o.world_size) other.world_size = cases[i].o.world_size;
     if (cases[i].o.prefix) other.prefix = cases[i].o.prefix;
     if (cases[i].o.overwrite) other.overwrite = 1;
+    if (cases[i].o.total_parameters) other.total_parameters = cases[i].o.total_parameters;
     run_conflict(&s, &other);
     h_expect_failed(&s, SHARDD_E_CONFLICT, save, cases[i].what, (char *)NULL);
     h_expect_unpublished(dir);

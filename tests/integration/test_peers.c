@@ -117,6 +117,7 @@ Test(peers, the_leaders_own_files_are_whole) {
   };
   h_script s = {.opts = cluster_opts("own", "ck/own", 1024), .puts = puts, .nputs = 12, .files = files,
                 .nfiles = 2, .seed = 43};
+  s.opts.total_parameters = 700; /* the ranks' own count (of 768 elements), carried in the joins */
   run_ranks(&s);
   h_expect_committed(&s);
   h_check_script(&s);
@@ -131,7 +132,11 @@ Test(peers, the_leaders_own_files_are_whole) {
   close(fd);
   cr_assert_eq(n, (ssize_t)sizeof cfg, "config.json holds %zd bytes", n);
   cr_assert_eq(memcmp(got, cfg, sizeof cfg), 0, "config.json's bytes differ");
-  cr_assert(h_exists(h_path(p, sizeof p, "ck/own/model.safetensors.index.json")), "no index");
+  json_error_t je;
+  json_t *ix = json_load_file(h_path(p, sizeof p, "ck/own/model.safetensors.index.json"), 0, &je);
+  cr_assert_not_null(ix, "no index: %s", je.text);
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(ix, "metadata"), "total_parameters")), 700);
+  json_decref(ix);
   h_shared_free(s.sh);
 }
 

@@ -119,6 +119,54 @@ Test(shards, explicit_index_orders_the_files) {
   h_shared_free(s.sh);
 }
 
+/* An MoE checkpoint as transformers writes it: each expert's gate and up are views of one fused
+ * tensor, down of another; huggingface_hub keeps each storage in one shard and counts it once,
+ * whole. The ranks say so by giving its tensors one index, and give the index's total_parameters
+ * (transformers counts parameters, not the buffer "bias"). Limit 100 bytes: norm (16) | gate+up
+ * of both experts (4 x 32 = 128, over the limit: a shard of its own, appended at once) | down
+ * (2 x 32) joins norm's shard | bias (32) closes it. */
+Test(shards, tensors_sharing_an_index_stay_in_one_shard) {
+  static const h_put puts[] = {
+      {.rank = 0, .name = "norm", .dtype = "F32", .ndim = 1, .shape = {4}, .has_index = 1, .index = 0},
+      {.rank = 0, .name = "e.0.gate", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 1},
+      {.rank = 0, .name = "e.0.up", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 1},
+      {.rank = 1, .name = "e.1.gate", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 1},
+      {.rank = 1, .name = "e.1.up", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 1},
+      {.rank = 0, .name = "e.0.down", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 5},
+      {.rank = 1, .name = "e.1.down", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 5},
+      {.rank = 1, .name = "bias", .dtype = "F32", .ndim = 1, .shape = {8}, .has_index = 1, .index = 7},
+  };
+  h_script s = {.opts = {.save = "moe", .dir = "moe", .world_size = 2, .max_shard_size = 100,
+                         .total_parameters = 4 + 6 * 8},
+                .puts = puts, .nputs = 8, .seed = 24};
+  h_run(&s);
+  h_expect_committed(&s);
+  h_check_script(&s);
+  json_t *ix = load_index("moe/model.safetensors.index.json");
+  json_t *wm = json_object_get(ix, "weight_map");
+  static const char *const want[][2] = {
+      {"e.0.gate", "model-00001-of-00003.safetensors"}, {"e.1.up", "model-00001-of-00003.safetensors"},
+      {"norm", "model-00002-of-00003.safetensors"},     {"e.0.down", "model-00002-of-00003.safetensors"},
+      {"e.1.down", "model-00002-of-00003.safetensors"}, {"bias", "model-00003-of-00003.safetensors"}};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    cr_assert_str_eq(json_string_value(json_object_get(wm, want[i][0])), want[i][1], "%s", want[i][0]);
+  json_t *meta = json_object_get(ix, "metadata");
+  cr_assert_eq(json_integer_value(json_object_get(meta, "total_parameters")), 52);
+  cr_assert_eq(json_integer_value(json_object_get(meta, "total_size")), 60 * 4);
+  json_decref(ix);
+  h_shared_free(s.sh);
+
+  /* More parameters than the tensors hold is no checkpoint: the save fails at seal, naming it. */
+  h_script over = {.opts = {.save = "moe-over", .dir = "moe-over", .world_size = 2, .max_shard_size = 100,
+                            .total_parameters = 61},
+                   .puts = puts, .nputs = 8, .seed = 25};
+  h_run(&over);
+  h_expect_failed(&over, SHARDD_E_INVALID_ARGUMENT, "total_parameters 61 is more than the 60 elements",
+                  (char *)NULL);
+  h_expect_unpublished("moe-over");
+  h_shared_free(over.sh);
+}
+
 Test(shards, natural_name_order_without_positions) {
   /* layers.2 before layers.10 (plain strcmp would say otherwise). */
   static const h_put puts[] = {

@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
          FIELD(shardd_save_opts, overwrite); FIELD(shardd_save_opts, nnodes);
          FIELD(shardd_save_opts, node_rank); FIELD(shardd_save_opts, leader);
          FIELD(shardd_save_opts, write_mode); FIELD(shardd_save_opts, keep_last);
-         FIELD(shardd_save_opts, join_timeout); FIELD(shardd_save_opts, idle_timeout));
+         FIELD(shardd_save_opts, join_timeout); FIELD(shardd_save_opts, idle_timeout);
+         FIELD(shardd_save_opts, total_parameters));
   STRUCT(shardd_tensor_desc, FIELD(shardd_tensor_desc, name); FIELD(shardd_tensor_desc, dtype);
          FIELD(shardd_tensor_desc, ndim); FIELD(shardd_tensor_desc, shape); FIELD(shardd_tensor_desc, start);
          FIELD(shardd_tensor_desc, count); FIELD(shardd_tensor_desc, index));

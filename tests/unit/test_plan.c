@@ -1,5 +1,6 @@
 /* Shard planning: huggingface_hub's split rule case by case and against a transliterated reference, names, order. */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,16 +195,74 @@ Test(plan, natural_order_with_leading_zeros_is_total) {
   sd_plan_free(&p);
 }
 
-Test(plan, positions_may_repeat_and_be_large) {
+Test(plan, positions_may_be_large) {
   sd_tensor t[] = {u8("b", 8), u8("a", 8), u8("c", 8), u8("d", 8), u8("e", 8)};
   t[0].index = 5;
-  t[1].index = 5;                   /* same position: name order decides */
+  t[1].index = 4;
   t[2].index = (int64_t)1 << 40;    /* beyond 32 bits */
   t[3].index = 256;                 /* differs from 5 only in a higher byte */
   sd_plan p = plan_ok(t, 5, 8, NULL);
   const char *want[] = {"a ", "b ", "d ", "c ", "e "};
   expect_files(&p, t, want, 5);
   sd_plan_free(&p);
+}
+
+/* transformers' save_pretrained of an MoE model: experts.{e}.gate_proj and up_proj are views of
+ * one fused gate_up_proj, down_proj of another. huggingface_hub counts a shared storage once,
+ * whole, at its first name, and puts every name on it into that name's shard; shardd is told
+ * which tensors share one by a shared index. */
+Test(plan, tensors_sharing_an_index_are_one_entry) {
+  sd_tensor t[] = {u8("norm", 4),          u8("e.0.gate", 6), u8("e.0.up", 6), u8("e.1.gate", 6),
+                   u8("e.1.up", 6),        u8("e.0.down", 5), u8("e.1.down", 5), u8("head", 9),
+                   u8("tail", 2)};
+  int64_t at[] = {0, 1, 1, 1, 1, 5, 5, 7, 8};
+  for (size_t i = 0; i < 9; i++) t[i].index = at[i];
+  /* The 24 bytes of gate/up are over 20: a shard of their own, appended at once while the one
+   * holding norm stays open for down's 10; head then closes it. */
+  sd_plan p = plan_ok(t, 9, 20, NULL);
+  const char *want[] = {"e.0.gate e.0.up e.1.gate e.1.up ", "e.0.down e.1.down norm ", "head tail "};
+  expect_files(&p, t, want, 3);
+  cr_assert_eq(p.total_size, 4 + 24 + 10 + 9 + 2);
+  sd_plan_free(&p);
+  /* Room for 24: the open shard closes before the group, which then fills the next. */
+  p = plan_ok(t, 9, 25, NULL);
+  const char *want2[] = {"norm ", "e.0.gate e.0.up e.1.gate e.1.up ", "e.0.down e.1.down head tail "};
+  expect_files(&p, t, want2, 3);
+  sd_plan_free(&p);
+  /* Counted one by one (no shared index), the same tensors split inside the fused parameter. */
+  for (size_t i = 0; i < 9; i++) t[i].index = (int64_t)i;
+  p = plan_ok(t, 9, 20, NULL);
+  const char *want3[] = {"e.0.gate e.0.up norm ", "e.0.down e.1.gate e.1.up ", "e.1.down head tail "};
+  expect_files(&p, t, want3, 3);
+  sd_plan_free(&p);
+}
+
+static void check_index(const sd_plan *p, const sd_tensor *t);
+
+/* transformers' index counts parameters, not the buffers saved beside them: given, it is kept;
+ * more than the elements saved is no checkpoint. */
+Test(plan, total_parameters_as_given) {
+  sd_tensor t[] = {u8("w", 6), u8("buffer", 2)};
+  /* 0: a model of buffers only; 9: more than the 8 elements saved */
+  static const struct {
+    uint64_t given;
+    int rc;
+  } cases[] = {{6, 0}, {0, 0}, {8, 0}, {9, SHARDD_E_INVALID_ARGUMENT}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    sd_plan p;
+    sd_error err = {0};
+    sd_plan_opts o = {.max_shard_size = 4, .total_parameters = cases[i].given, .has_total_parameters = 1};
+    cr_assert_eq(sd_plan_build(&p, t, 2, &o, &err), cases[i].rc, "%" PRIu64 ": %s", cases[i].given, err.msg);
+    if (cases[i].rc) {
+      cr_assert_str_eq(err.msg, "total_parameters 9 is more than the 8 elements of the tensors saved");
+      cr_assert_eq(p.nfiles, 0);
+      continue;
+    }
+    cr_assert_eq(p.total_parameters, cases[i].given);
+    cr_assert_eq(p.total_size, 8);
+    check_index(&p, t);
+    sd_plan_free(&p);
+  }
 }
 
 Test(plan, explicit_positions_come_first_in_position_order) {
@@ -214,6 +273,12 @@ Test(plan, explicit_positions_come_first_in_position_order) {
   sd_plan p = plan_ok(t, 5, 8, NULL);
   const char *want[] = {"c ", "e ", "a ", "b ", "d "};
   expect_files(&p, t, want, 5);
+  sd_plan_free(&p);
+  /* Tensors sharing a position sort there as one entry; those with none still come last, alone. */
+  t[1].index = 3;
+  p = plan_ok(t, 5, 16, NULL);
+  const char *grouped[] = {"c ", "b e ", "a d "};
+  expect_files(&p, t, grouped, 3);
   sd_plan_free(&p);
 }
 
@@ -285,33 +350,47 @@ static int walk_cmp(const void *pa, const void *pb) {
   return sd_natural_cmp(a->name, b->name);
 }
 
-/* for key, tensor in state_dict.items(): ... exactly as _base.py reads. */
-static size_t hf_reference(const uint32_t *order, const uint64_t *size, size_t n, uint64_t max,
-                           uint32_t *shard_of) {
+/* for key, tensor in state_dict.items(): ... exactly as _base.py reads, with
+ * get_storage_id: tensors of one index share a storage as large as all of
+ * them, and join the shard of its first name once the walk is done. */
+static size_t hf_reference(const sd_tensor *t, const uint32_t *order, const uint64_t *size, size_t n,
+                           uint64_t max, uint32_t *shard_of) {
   size_t nshards = 0;
-  uint32_t *cur = malloc((n + 1) * sizeof *cur);
+  uint32_t *cur = malloc((n + 1) * sizeof *cur), *first = malloc((n + 1) * sizeof *first);
   size_t ncur = 0;
   uint64_t cur_size = 0;
   for (size_t i = 0; i < n; i++) {
-    uint32_t t = order[i];
-    if (size[t] > max) {
-      shard_of[t] = (uint32_t)nshards++;
+    uint32_t x = order[i];
+    first[x] = x;
+    for (size_t j = 0; j < i && t[x].index >= 0; j++)
+      if (t[order[j]].index == t[x].index) {
+        first[x] = order[j];
+        break;
+      }
+    if (first[x] != x) continue; /* storage_id in storage_id_to_tensors */
+    uint64_t storage = size[x];
+    for (size_t k = 0; k < n && t[x].index >= 0; k++)
+      if (k != x && t[k].index == t[x].index) storage += size[k];
+    if (storage > max) {
+      shard_of[x] = (uint32_t)nshards++;
       continue;
     }
-    if (cur_size + size[t] > max) {
+    if (cur_size + storage > max) {
       for (size_t k = 0; k < ncur; k++) shard_of[cur[k]] = (uint32_t)nshards;
       nshards++;
       ncur = 0;
       cur_size = 0;
     }
-    cur[ncur++] = t;
-    cur_size += size[t];
+    cur[ncur++] = x;
+    cur_size += storage;
   }
   if (ncur > 0) {
     for (size_t k = 0; k < ncur; k++) shard_of[cur[k]] = (uint32_t)nshards;
     nshards++;
   }
+  for (size_t i = 0; i < n; i++) shard_of[order[i]] = shard_of[first[order[i]]];
   free(cur);
+  free(first);
   return nshards;
 }
 
@@ -438,7 +517,7 @@ Test(plan, randomized_against_the_reference, .timeout = 60) {
     for (size_t i = 0; i < n; i++) order[i] = (uint32_t)i;
     g_t = t;
     qsort(order, n, sizeof *order, walk_cmp);
-    size_t ns = n ? hf_reference(order, size, n, lim, shard_of) : 1;
+    size_t ns = n ? hf_reference(t, order, size, n, lim, shard_of) : 1;
     cr_assert_eq(p.nfiles, ns, "round %d", round);
     cr_assert_eq(p.needs_index, ns > 1);
 
@@ -463,7 +542,10 @@ Test(plan, randomized_against_the_reference, .timeout = 60) {
                      t[ti].name, f, shard_of[ti]);
         data += size[ti];
       }
-      cr_assert(data <= lim || pf->ntensors == 1, "file over the limit with several tensors");
+      int one_entry = 1; /* a single tensor, or tensors of one index */
+      for (size_t i = 1; i < pf->ntensors; i++)
+        one_entry &= t[pf->tensors[i]].index >= 0 && t[pf->tensors[i]].index == t[pf->tensors[0]].index;
+      cr_assert(data <= lim || one_entry, "file over the limit with several entries");
       cr_assert(n == 0 || pf->ntensors > 0, "no empty files");
       total += data;
       check_header(&p, f, t, &o);

@@ -439,7 +439,7 @@ class Client:
 
     def begin(self, save, dir, rank=0, world_size=1, max_shard_size=None, prefix=None,
               metadata=None, overwrite=False, nnodes=1, node_rank=0, leader=None, write_mode=None,
-              keep_last=None, join_timeout=None, idle_timeout=None):
+              keep_last=None, join_timeout=None, idle_timeout=None, total_parameters=None):
         """Joins (or creates) save `save`, writing to `dir` under the daemon's root.
 
         A save spanning nodes (one shardd per node, peers over TCP) gives
@@ -456,11 +456,18 @@ class Client:
         never): the save fails with "timeout" when not every rank has begun
         this long after the first, or when its unsealed ranks all stay silent
         this long. The first rank's begin sets them.
+
+        total_parameters: what the index's metadata.total_parameters says, the
+        same on every rank (None: the elements of every tensor saved); at
+        most those elements, else the save fails at seal with invalid_argument.
         """
         keep = []
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
                                       or keep_last < 1):
             raise ValueError("keep_last must be a whole number of at least 1, got %r" % (keep_last,))
+        if total_parameters is not None and (isinstance(total_parameters, bool) or
+                                             not isinstance(total_parameters, int) or total_parameters < 1):
+            raise ValueError("total_parameters must be a whole number of at least 1, got %r" % (total_parameters,))
         nnodes, node_rank = int(nnodes or 1), int(node_rank or 0)
         if nnodes > 1 and not leader:
             raise ValueError("begin: nnodes is %d but no leader (node 0's shardd HOST:PORT) is given"
@@ -471,7 +478,8 @@ class Client:
                         None if leader is None else _bytes(leader, "leader"),
                         None if write_mode is None else _bytes(write_mode, "write_mode"),
                         keep_last or 0,
-                        _deadline(join_timeout, "join_timeout"), _deadline(idle_timeout, "idle_timeout"))
+                        _deadline(join_timeout, "join_timeout"), _deadline(idle_timeout, "idle_timeout"),
+                        total_parameters or 0)
         if metadata:
             flat = []
             for k, v in metadata.items():

@@ -202,4 +202,17 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
         tensors, order = _saved_values(state_dict, _tables(model, saved_pieces(model, state_dict)))
     all_files = config_files(model)
     all_files.update(files or {})
-    return save(tensors, dir, max_shard_size=max_shard_size, files=all_files, ordered=order, **kwargs)
+    return save(tensors, dir, max_shard_size=max_shard_size, files=all_files, ordered=order,
+                total_parameters=num_parameters(model, state_dict) or None, **kwargs)
+
+
+def num_parameters(model, state_dict) -> int:
+    """model.num_parameters() of the unsharded model, which save_pretrained writes as the index's
+    total_parameters: its parameters' global elements, each tied parameter once, no buffers."""
+    import math
+
+    total = 0
+    for name, p in model.named_parameters():
+        value = state_dict.get(name, p)
+        total += math.prod(value.shape) if hasattr(value, "shape") else p.numel()
+    return total

@@ -33,6 +33,10 @@ class Piece(NamedTuple):
     start: Tuple[int, ...]
     count: Tuple[int, ...]
     dims: Tuple[Optional[int], ...]
+    # The storage the saved tensor is a view of in save_pretrained (the held tensor's, or a copy
+    # the conversion made of part of it): huggingface_hub's split keeps each storage's tensors
+    # in one shard and counts their bytes together.
+    storage: str = ""
 
     def is_whole(self, shape) -> bool:
         return (tuple(self.count) == tuple(shape) and not any(self.start)
@@ -46,7 +50,7 @@ class Piece(NamedTuple):
 
 def whole(key: str, shape: Sequence[int]) -> Piece:
     n = len(shape)
-    return Piece(key, (0,) * n, tuple(int(s) for s in shape), tuple(range(n)))
+    return Piece(key, (0,) * n, tuple(int(s) for s in shape), tuple(range(n)), key)
 
 
 def _conversion_op() -> str:
@@ -63,28 +67,47 @@ def _conversion_op() -> str:
 
 def _views_only_mode():
     """A TorchFunctionMode under which `.contiguous()`, `.clone()` and `.detach()` hand back their
-    input (the values are the same, and a copy would lose the view's offset and strides), and
-    which notes what made every other new tensor, for the refusal."""
+    input's view (the values are the same, and a copy would lose the view's offset and strides),
+    which notes what made every other new tensor, for the refusal, and which storage each tensor
+    would be in under the real conversion, for the split (storage_of)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     same = {torch.Tensor.contiguous, torch.Tensor.clone, torch.Tensor.detach, torch.clone, torch.detach}
+    copies = {torch.Tensor.clone, torch.clone}
 
     class ViewsOnly(TorchFunctionMode):
         def __init__(self):
             super().__init__()
             self.made = {}  # id(result) -> (result, what made it); the result kept so its id stays its own
+            self.storage = {}  # id(tensor) -> (tensor, its storage's tag); kept alive likewise
+
+        def storage_of(self, t, default):
+            return self.storage.get(id(t), (None, default))[1]
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if func in same and args and isinstance(args[0], torch.Tensor):
-                return args[0]
+                x = args[0]
+                fmt = kwargs.get("memory_format", args[1] if len(args) > 1 else torch.contiguous_format)
+                if func in copies or (func is torch.Tensor.contiguous and not x.is_contiguous(memory_format=fmt)):
+                    # The real op copies into a storage of its own, which huggingface_hub's split
+                    # counts apart: the same view, under a tag of its own.
+                    view = x.as_strided(x.size(), x.stride(), x.storage_offset())
+                    self.storage[id(view)] = (view, "%s/copy %d" % (self.storage_of(x, "?"), len(self.storage)))
+                    return view
+                return x
             out = func(*args, **kwargs)
             results = out if isinstance(out, (tuple, list)) else (out,)
             for t in results:
-                if isinstance(t, torch.Tensor) and t._base is None and not any(t is a for a in args):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                if t._base is None and not any(t is a for a in args):
                     name = getattr(func, "__name__", repr(func))
                     self.made[id(t)] = (t, "%s (torch.%s)" % (_conversion_op(), name))
+                elif first is not None and id(first) in self.storage:
+                    self.storage[id(t)] = (t, self.storage[id(first)][1])
             return out
 
     return ViewsOnly()
@@ -145,6 +168,7 @@ def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tupl
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers 4: no conversions on save
         return [(key, whole(key, shapes[key][0])) for key in kept if key in shapes]
+    mode = _views_only_mode()
     meta, key_of, by_stand_in = {}, {}, {}
     for key, stand_in in kept.items():
         if key not in shapes:  # not a tensor: transformers passes it through
@@ -155,8 +179,8 @@ def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tupl
             t = torch.empty(shape, dtype=dtype, device="meta")
             by_stand_in[id(stand_in)] = t
             key_of[id(t)] = key
+            mode.storage[id(t)] = (t, key)
         meta[key] = by_stand_in[id(stand_in)]
-    mode = _views_only_mode()
     with torch.no_grad(), mode:
         reverted = revert_weight_conversion(model, meta)
     model_name = type(model).__name__.removeprefix("FSDP")
@@ -174,7 +198,7 @@ def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tupl
         if t is base:
             out.append((name, whole(key, base.shape)))
         else:
-            out.append((name, Piece(key, *_box(name, base, t, model_name))))
+            out.append((name, Piece(key, *_box(name, base, t, model_name), mode.storage_of(t, key))))
     return out
 
 
@@ -245,7 +269,9 @@ class PieceTable(NamedTuple):
     """The pieces of one held tensor, as arrays, so that a rank's parts of all of them (a fused
     parameter's hundreds of experts) are found in a few numpy steps (table_parts)."""
     key: str
-    positions: List[int]  # each piece's place in save_pretrained's order
+    # each piece's index for the daemon: the place in save_pretrained's order of the first piece
+    # of the storage it views, as huggingface_hub's split counts a storage (PROTOCOL.md, put)
+    positions: List[int]
     names: List[str]
     pieces: List[Piece]
     starts: object  # numpy int64 (pieces, dims): each piece's start in the held tensor
@@ -258,8 +284,10 @@ def piece_tables(pieces) -> List[PieceTable]:
     import numpy as np
 
     groups: Dict[str, List[int]] = {}
+    first: Dict[str, int] = {}  # storage: its first piece's place
     for position, (_name, piece) in enumerate(pieces):
         groups.setdefault(piece.key, []).append(position)
+        first.setdefault(piece.storage or piece.key, position)
     out = []
     for key, positions in groups.items():
         mine = [pieces[p][1] for p in positions]
@@ -267,7 +295,8 @@ def piece_tables(pieces) -> List[PieceTable]:
         starts = np.array([p.start for p in mine], dtype=np.int64).reshape(len(mine), ndim)
         counts = np.array([p.count for p in mine], dtype=np.int64).reshape(len(mine), ndim)
         empty = np.nonzero((counts == 0).any(axis=1))[0].tolist()
-        out.append(PieceTable(key, positions, [pieces[p][0] for p in positions], mine, starts, starts + counts, empty))
+        places = [first[piece.storage or piece.key] for piece in mine]
+        out.append(PieceTable(key, places, [pieces[p][0] for p in positions], mine, starts, starts + counts, empty))
     return out
 
 

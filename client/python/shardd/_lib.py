@@ -25,6 +25,7 @@ class SaveOpts(ctypes.Structure):
         ("keep_last", ctypes.c_int),
         ("join_timeout", ctypes.c_int),
         ("idle_timeout", ctypes.c_int),
+        ("total_parameters", ctypes.c_int64),
     ]
 
 

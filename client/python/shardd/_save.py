@@ -288,7 +288,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
          write_mode: Optional[str] = None,
          progress: Optional[Progress] = None,
          keep_last: Optional[int] = None, join_timeout: Optional[float] = None,
-         idle_timeout: Optional[float] = None) -> Union[Dict[str, Any], PendingSave]:
+         idle_timeout: Optional[float] = None,
+         total_parameters: Optional[int] = None) -> Union[Dict[str, Any], PendingSave]:
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
@@ -323,7 +324,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     wait=False returns a PendingSave. timeout (seconds) applies to each wait;
     when the final wait (wait=True) times out, the save is aborted for every
     rank (nothing is published) and ShardError "timeout" raised, so no save
-    is left open in the daemon. join_timeout/idle_timeout: Client.begin.
+    is left open in the daemon. join_timeout/idle_timeout, total_parameters (the index's
+    metadata.total_parameters): Client.begin.
     progress(bytes_written, bytes_total) is called while waiting, from the
     daemon's status. keep_last=N: after the commit the daemon deletes this
     uid's older checkpoints beside dir beyond the newest N. Raises ShardError.
@@ -337,6 +339,7 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     topo = _topology(rank, world_size, nnodes, node_rank, leader)
     topo["write_mode"] = write_mode
     topo["join_timeout"], topo["idle_timeout"] = join_timeout, idle_timeout
+    topo["total_parameters"] = total_parameters
     if save_id is None:
         save_id = default_save_id(dir)
     if arena is not None and not isinstance(arena, Arena):

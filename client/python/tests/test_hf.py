@@ -148,6 +148,26 @@ def shards(folder):
     return out
 
 
+def check_same_files(test, ref, got, label):
+    """The folder got against transformers' ref: file names, each file's tensors bit for bit, and
+    the JSON files (the index, config.json, generation_config.json) equal, but for the index's
+    added checksums (each file's data CRC-32C, which from_pretrained ignores)."""
+    test.assertEqual(sorted(os.listdir(got)), sorted(os.listdir(ref)), label)
+    ref_shards, got_shards = shards(ref), shards(got)
+    test.assertEqual({f: sorted(t) for f, t in got_shards.items()}, {f: sorted(t) for f, t in ref_shards.items()},
+                     label)
+    test.assertEqual(got_shards, ref_shards, label + ": tensors differ")
+    for f in sorted(os.listdir(ref)):
+        if not f.endswith(".json"):
+            continue
+        with open(os.path.join(got, f)) as a, open(os.path.join(ref, f)) as b:
+            mine, theirs = json.load(a), json.load(b)
+        if f.endswith(".index.json"):
+            sums = mine["metadata"].pop("shardd_data_crc32c")
+            test.assertEqual(sums, {s: "%08x" % data_crc32c(os.path.join(got, s)) for s in got_shards}, label)
+        test.assertEqual(mine, theirs, "%s: %s" % (label, f))
+
+
 def logits(folder):
     m = AutoModelForCausalLM.from_pretrained(folder)
     ids = torch.arange(24).reshape(2, 12) % 200
@@ -173,20 +193,9 @@ class SavePretrained(unittest.TestCase):
 
     def check_folder(self, name, got):
         ref = os.path.join(self.ref, name)
-        self.assertEqual(sorted(os.listdir(got)), sorted(os.listdir(ref)), name)
-        ref_shards, got_shards = shards(ref), shards(got)
+        check_same_files(self, ref, got, name)
+        ref_shards = shards(ref)
         self.assertGreater(len(ref_shards), 2, "%s: max_shard_size gives one file" % name)
-        self.assertEqual({f: sorted(t) for f, t in got_shards.items()},
-                         {f: sorted(t) for f, t in ref_shards.items()}, name)
-        self.assertEqual(got_shards, ref_shards, name + ": tensors differ")
-        for f in ("model.safetensors.index.json", "config.json", "generation_config.json"):
-            with open(os.path.join(got, f)) as a, open(os.path.join(ref, f)) as b:
-                mine, theirs = json.load(a), json.load(b)
-                if f.endswith(".index.json"):
-                    # save_pretrained's index, plus each file's data CRC-32C (which from_pretrained ignores)
-                    sums = mine["metadata"].pop("shardd_data_crc32c")
-                    self.assertEqual(sums, {s: "%08x" % data_crc32c(os.path.join(got, s)) for s in ref_shards}, name)
-                self.assertEqual(mine, theirs, "%s: %s" % (name, f))
         self.assertTrue(any(len(t) == 1 and len(next(iter(t.values()))) > 20000
                             for t in ref_shards.values()), name + ": no tensor over the limit")
         # huggingface_hub's own split of the unsharded model's saved tensors, in state-dict order.

@@ -41,7 +41,7 @@ try:
     from transformers import modeling_utils
     from transformers.core_model_loading import Interleave, WeightConverter, revert_weight_conversion
     from huggingface_hub import split_torch_state_dict_into_shards
-    from test_hf import _ref_tensors, logits, shards
+    from test_hf import check_same_files, logits, shards
 except (ImportError, SystemExit) as e:
     print("torch >= 2.6, transformers >= 5 or safetensors is missing (%s): skipping; "
           "scripts/deps.sh shardd_venv makes the venv that has them" % e)
@@ -51,7 +51,6 @@ import suite
 import shardd
 import shardd.torch as st
 from shardd_daemon import Daemon
-from st_reader import data_crc32c
 from torch_world import WAIT, answer, init, raw, run_world
 
 transformers.logging.set_verbosity_error()
@@ -220,44 +219,15 @@ class MoE(unittest.TestCase):
         shutil.rmtree(cls.ref, ignore_errors=True)
 
     def check_folder(self, name, got, whole=False):
-        """got holds what save_pretrained writes: with its default max_shard_size the same file;
-        split, the same tensors, index and configs (the files split as below)."""
+        """got holds what save_pretrained writes: the same files (with its default max_shard_size
+        one, split one per storage as transformers splits them), holding the same tensors, the
+        same index (but shardd's checksums) and configs."""
         ref = os.path.join(self.ref, name + ("-whole" if whole else ""))
-        ref_shards, got_shards = shards(ref), shards(got)
-        if whole:
-            self.assertEqual(sorted(os.listdir(got)), sorted(os.listdir(ref)), name)
-            self.assertEqual(got_shards, ref_shards, name + ": tensors differ")
-        else:
-            self.assertGreater(len(got_shards), 2, "%s: max_shard_size gives one file" % name)
-            self.assertEqual(dict(kv for f in got_shards.values() for kv in f.items()),
-                             dict(kv for f in ref_shards.values() for kv in f.items()), name + ": tensors differ")
-        self.assertTrue(any(".experts.1." in t for f in ref_shards.values() for t in f), name)
-        files = ("config.json", "generation_config.json") + (() if whole else ("model.safetensors.index.json",))
-        for f in files:
-            with open(os.path.join(got, f)) as a, open(os.path.join(ref, f)) as b:
-                mine, theirs = json.load(a), json.load(b)
-            if f.endswith(".index.json"):
-                self.check_index(name, got, mine, theirs, got_shards)
-            else:
-                self.assertEqual(mine, theirs, "%s: %s" % (name, f))
+        check_same_files(self, ref, got, name)
+        if not whole:
+            self.assertGreater(len(shards(got)), 2, "%s: max_shard_size gives one file" % name)
+        self.assertTrue(any(".experts.1." in t for f in shards(ref).values() for t in f), name)
         self.assertTrue(torch.equal(logits(got), self.ref_logits[name]), name + ": logits differ")
-
-    def check_index(self, name, got, mine, theirs, got_shards):
-        # save_pretrained's index, plus each file's data CRC-32C (which from_pretrained ignores)
-        sums = mine["metadata"].pop("shardd_data_crc32c")
-        self.assertEqual(sums, {s: "%08x" % data_crc32c(os.path.join(got, s)) for s in got_shards}, name)
-        # shardd counts every tensor it writes; transformers its parameters, not the buffers
-        m = build(name, 0)
-        mine["metadata"]["total_parameters"] -= sum(b.numel() for k, b in m.named_buffers() if k in m.state_dict())
-        self.assertEqual(mine["metadata"], theirs["metadata"], name)
-        self.assertEqual(mine["weight_map"], {t: f for f, ts in got_shards.items() for t in ts}, name)
-        # huggingface_hub's split of the same tensors in the same order, each counted by itself.
-        # (transformers' own split differs: its per-expert tensors are views of one storage, which
-        # huggingface_hub keeps in one file and counts once, whole, at the first of them.)
-        tensors = _ref_tensors(self.ref, name)
-        order = revert_weight_conversion(m, modeling_utils.remove_tied_weights_from_state_dict(m.state_dict(), m))
-        split = split_torch_state_dict_into_shards({k: tensors[k] for k in order}, max_shard_size=MAX_SHARD)
-        self.assertEqual(split.tensor_to_filename, mine["weight_map"], name)
 
     def test_layouts(self):
         previous = self.ref
@@ -281,6 +251,45 @@ class MoE(unittest.TestCase):
                           % (layout, world, sorted({p for r in out[0][layout].values() for p in r["placements"]}),
                              len(MODELS), os.path.basename(previous)))
                 previous = os.path.join(self.d.root, layout)
+
+
+class SplitSizes(unittest.TestCase):
+    """One rank, every family, max_shard_size values that split the experts of one fused
+    parameter (transformers' per-expert views of one storage) at other places: the files, index
+    and tensors transformers writes."""
+
+    SIZES = ("4KB", "8KB", "20KB", "50KB")
+
+    def test_sizes(self):
+        d = Daemon()
+        ref = tempfile.mkdtemp(prefix="shardd-moe-split-")
+        try:
+            for name in MODELS:
+                m = build(name, 7)
+                for size in self.SIZES:
+                    with self.subTest(model=name, max_shard_size=size):
+                        m.save_pretrained(os.path.join(ref, name + size), max_shard_size=size)
+                        st.save_pretrained(m, name + size, max_shard_size=size, socket=d.socket, rank=0,
+                                           world_size=1, timeout=WAIT)
+                        check_same_files(self, os.path.join(ref, name + size), os.path.join(d.root, name + size),
+                                         "%s at %s" % (name, size))
+                # The sizes matter: counted tensor by tensor, the same walk splits elsewhere.
+                alone = revert_weight_conversion(m, modeling_utils.remove_tied_weights_from_state_dict(
+                    m.state_dict(), m))
+                alone = {k: v.clone() for k, v in alone.items()}
+                elsewhere = []
+                for size in self.SIZES:
+                    with open(os.path.join(ref, name + size, "model.safetensors.index.json")) as f:
+                        theirs = json.load(f)["weight_map"]
+                    if theirs != split_torch_state_dict_into_shards(alone, max_shard_size=size).tensor_to_filename:
+                        elsewhere.append(size)
+                self.assertTrue(elsewhere, name)
+                print("%s: %s files at %s, as transformers splits them (tensor by tensor: elsewhere at %s)" % (
+                    name, [len(shards(os.path.join(ref, name + size))) for size in self.SIZES], self.SIZES,
+                    elsewhere))
+        finally:
+            shutil.rmtree(ref, ignore_errors=True)
+            self.assertEqual(d.stop(), 0)
 
 
 class InterleavedMoe(transformers.Qwen3MoeForCausalLM):
