@@ -14,9 +14,13 @@ from_pretrained logits that are torch.equal. Each layout loads the
 previous layout's folder with load_state_dict(model=) and dcp.load
 (StorageReader(model=)) into other weights, bit-exact, and saves its state
 dict with dcp.save and dcp.async_save (fused names), read back by dcp.load.
-A conversion that is not a view of one tensor, and experts an
-expert-parallel module holds as plain local tensors (no record of which
-they are), are refused before the daemon hears of the save.
+transformers' own expert parallel (DistributedConfig: enable_expert_parallel,
+ep_size with FSDP2 and TP) on 2 and 4 ranks is saved the same way and loaded
+back into its layout. Every family is also saved from one rank at
+max_shard_size values that split the experts of one fused parameter: the
+files transformers writes. A conversion that is not a view of one tensor,
+and experts an expert-parallel module holds as plain local tensors (no
+record of which they are), are refused before the daemon hears of the save.
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6,
 transformers >= 5, safetensors. `--worker JSON` is one rank.
@@ -162,7 +166,10 @@ def untied(name):
 
 
 def worker(args):
-    """Every layout of args["layouts"] in turn, each loading the folders the one before saved."""
+    """Every layout of args["layouts"] in turn, each loading the folders the one before saved; or
+    transformers' own expert parallel (args["transformers_ep"])."""
+    if "transformers_ep" in args:
+        return transformers_ep(args)
     rank, world = init()
     ref_sd = {name: {k: raw(v) for k, v in build(name, 1234).state_dict().items()} for name in MODELS}
     out, previous = {}, args["from"]
@@ -294,6 +301,93 @@ class SplitSizes(unittest.TestCase):
 
 class InterleavedMoe(transformers.Qwen3MoeForCausalLM):
     """A Qwen3-MoE whose checkpoint keeps the router's rows interleaved: saving computes them."""
+
+
+# transformers' own expert parallel: {name: (world size, DistributedConfig(**kwargs), models)}.
+# enable_expert_parallel is the flag the issue names (deprecated in 5.x for ep_size=tp_size,
+# tp_plan={}): experts Shard(0) over the ranks, the rest whole on each. Then EP beside FSDP2 (the
+# experts _StridedShard on ep x efsdp, token dispatch), and beside TP and FSDP2 on four ranks.
+# Mixtral's three experts do not split over two ranks: transformers itself refuses it.
+TRANSFORMERS_EP = {
+    "enable_ep2": (2, dict(enable_expert_parallel=True, tp_size=2),
+                   ("qwen3moe-tied-bf16", "deepseekv3-bf16", "qwen2moe-tied-f32")),
+    "ep2_fsdp2": (2, dict(ep_size=2, fsdp_size=2), ("qwen3moe-tied-bf16", "deepseekv3-bf16")),
+    "ep2_tp2_fsdp2": (4, dict(ep_size=2, tp_size=2, fsdp_size=2), ("deepseekv3-bf16",)),
+}
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def transformers_ep(args):
+    """Each config: every model from_pretrained under transformers' DistributedConfig, saved split
+    and whole, then every local tensor zeroed and filled back from the split folder."""
+    from transformers.distributed import DistributedConfig
+
+    init()
+    out = {}
+    for config in args["transformers_ep"]:
+        _world, kwargs, names = TRANSFORMERS_EP[config]
+        out[config] = {}
+        for name in names:
+            m = AutoModelForCausalLM.from_pretrained(os.path.join(args["ref"], name + "-whole"),
+                                                     distributed_config=DistributedConfig(**kwargs))
+            folder = "%s/%s" % (config, name)
+            st.save_pretrained(m, folder, max_shard_size=MAX_SHARD, timeout=WAIT)
+            st.save_pretrained(m, folder + "-whole", timeout=WAIT)
+            sd = m.state_dict()
+            before = {k: raw(local(v)) for k, v in sd.items()}
+            with torch.no_grad():
+                for v in sd.values():
+                    local(v).zero_()
+            cleared = sum(raw(local(v)) != before[k] for k, v in sd.items())
+            loaded = list(st.load_state_dict(os.path.join(args["root"], folder), sd, model=m))
+            out[config][name] = {"placements": placements(m), "loaded": loaded, "cleared": cleared,
+                                 "differ": sorted(k for k, v in sd.items() if raw(local(v)) != before[k])}
+    return out
+
+
+class TransformersEP(unittest.TestCase):
+    """transformers' own expert parallel (DistributedConfig): its experts are DTensors Shard(0) on
+    its ep mesh (and _StridedShard beside FSDP2), so each rank's experts are exactly the ones its
+    mesh coordinate says. Saved split and whole: the files, index and tensors transformers'
+    save_pretrained writes for the unsharded model, equal logits from from_pretrained; loaded back
+    into the same layout with load_state_dict, bit-exact."""
+
+    def test_distributed_config(self):
+        try:
+            import accelerate  # noqa: F401  from_pretrained(distributed_config=) requires it
+        except ImportError:
+            self.skipTest("accelerate is missing: scripts/deps.sh shardd_venv installs it")
+        models = sorted({n for _, _, names in TRANSFORMERS_EP.values() for n in names})
+        d = Daemon()
+        ref = tempfile.mkdtemp(prefix="shardd-moe-tep-")
+        try:
+            for name in models:
+                build(name, 1234).save_pretrained(os.path.join(ref, name), max_shard_size=MAX_SHARD)
+                build(name, 1234).save_pretrained(os.path.join(ref, name + "-whole"))
+            for world in sorted({w for w, _, _ in TRANSFORMERS_EP.values()}):
+                configs = [c for c, (w, _, _) in TRANSFORMERS_EP.items() if w == world]
+                out = run_world(__file__, world, {"transformers_ep": configs, "ref": ref, "root": d.root},
+                                {"SHARDD_SOCKET": d.socket})
+                for config in configs:
+                    for name in TRANSFORMERS_EP[config][2]:
+                        with self.subTest(config=config, model=name):
+                            for suffix in ("", "-whole"):
+                                got = os.path.join(d.root, config, name + suffix)
+                                check_same_files(self, os.path.join(ref, name + suffix), got, config + ": " + name)
+                                self.assertTrue(torch.equal(logits(got), logits(os.path.join(ref, name))), name)
+                            for rank, r in enumerate(out):
+                                self.assertEqual((r[config][name]["loaded"], r[config][name]["differ"]),
+                                                 ([[], []], []), "%s %s rank %d" % (config, name, rank))
+                                self.assertGreater(r[config][name]["cleared"], 10, "nothing was zeroed to load")
+                    print("transformers %s: %d ranks, experts %s; %s saved as save_pretrained does, loaded back"
+                          % (config, world, sorted({p for r in out[0][config].values() for p in r["placements"]}),
+                             ", ".join(TRANSFORMERS_EP[config][2])))
+        finally:
+            shutil.rmtree(ref, ignore_errors=True)
+            self.assertEqual(d.stop(), 0)
 
 
 class Refused(unittest.TestCase):
