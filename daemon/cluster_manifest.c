@@ -63,8 +63,13 @@ static int emit_box(framer *f, uint32_t ti, const sd_save_tensor *t, sd_slice **
   json_array_append_new(e, json_integer((json_int_t)cs->nboxes));
   json_array_append_new(e, json_integer(mem[0]->rank));
   for (uint32_t d = 0; d < 2 * t->ndim; d++) json_array_append_new(e, json_integer((json_int_t)dims[d]));
-  /* Merged: each part's count along dim 0, should the leader have to check it part by part. */
-  for (size_t i = 0; n > 1 && i < n; i++) json_array_append_new(e, json_integer((json_int_t)mem[i]->dims[t->ndim]));
+  /* Merged: each part's count along dim 0, should the leader have to check it part by part; one
+   * value c when the parts are c, c, ..., and a last of at most c (an even split, as FSDP's). */
+  int even = n > 1;
+  for (size_t i = 1; even && i < n; i++)
+    even = i + 1 < n ? mem[i]->dims[t->ndim] == mem[0]->dims[t->ndim] : mem[i]->dims[t->ndim] <= mem[0]->dims[t->ndim];
+  for (size_t i = 0; n > 1 && i < (even ? 1 : n); i++)
+    json_array_append_new(e, json_integer((json_int_t)mem[i]->dims[t->ndim]));
   if (json_array_append_new(f->boxes, e) != 0) return -1;
   cs->nboxes++;
   cs->nslices += n;

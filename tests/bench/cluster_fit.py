@@ -34,51 +34,63 @@ def rows(paths):
     return out
 
 
-def fit(points, key, scale):
-    """y = a + b*nodes + c*tensors + d*nodes*tensors/1e5, by least squares over the points that
-    measured key; the terms the points cannot tell apart (one tensor count) are left out."""
-    pts = [p for p in points if p[key] >= 0 and p["nodes"] > 1]
+def lstsq(pts, key, scale, feats):
+    """Least squares of key (times scale) on the features (name, function of a point); a feature
+    the points cannot tell apart from the others is left out. None with fewer than 2 points."""
+    pts = [p for p in pts if p[key] >= 0 and p["nodes"] > 1 and p["boxes"] >= 0]
     if len(pts) < 2:
         return None
-    n = np.array([p["nodes"] for p in pts])
-    t = np.array([p["tensors"] for p in pts]) / 1e5
     y = np.array([p[key] for p in pts]) * scale
-    cols, names = [np.ones_like(n), n], ["1", "N"]
-    if len(set(t)) > 1:
-        cols += [t, n * t]
-        names += ["T", "N*T"]
+    names, cols = ["1"], [np.ones(len(pts))]
+    for name, f in feats:
+        col = np.array([f(p) for p in pts], dtype=float)
+        trial = np.stack(cols + [col], axis=1)
+        if len(pts) > len(cols) and np.linalg.matrix_rank(trial) > len(cols):
+            names.append(name)
+            cols.append(col)
     a = np.stack(cols, axis=1)
-    if len(pts) < a.shape[1]:
-        a, names = a[:, :2], names[:2]
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    pred = a @ coef
-    ss = float(((y - pred) ** 2).sum())
+    ss = float(((y - a @ coef) ** 2).sum())
     tot = float(((y - y.mean()) ** 2).sum()) or 1.0
     return dict(zip(names, coef)), 1 - ss / tot, len(pts)
 
 
-def predict(c, nodes, tensors):
-    t = tensors / 1e5
-    return c.get("1", 0) + c.get("N", 0) * nodes + c.get("T", 0) * t + c.get("N*T", 0) * nodes * t
+def show(c, r2, n):
+    return " ".join(f"{v:+.4g}*{k}" if k != "1" else f"{v:.4g}" for k, v in c.items()) + f"  (R^2 {r2:.3f}, {n} pts)"
 
 
 def main():
     pts = rows(sys.argv[1:])
     if not pts:
         sys.exit("cluster_fit: no rows (bench_cluster --csv FILE writes them)")
+    # Against nodes (N) and tensors (T, in units of 1e5), as measured on the scaled model; and against
+    # the boxes the leader planned with (B, in 1e6) and T, which is what the leader's work follows.
+    # The prediction for real shapes: every node holds a slab of every tensor under FSDP2 or HSDP
+    # (merged per node), so B = N x T; the scaled model's dims leave most boxes empty at large N.
+    by_n = [("N", lambda p: p["nodes"]), ("T", lambda p: p["tensors"] / 1e5),
+            ("N*T", lambda p: p["nodes"] * p["tensors"] / 1e5)]
+    by_b = [("B", lambda p: p["boxes"] / 1e6), ("T", lambda p: p["tensors"] / 1e5)]
     for layout in sorted({p["layout"] for p in pts}):
         mine = [p for p in pts if p["layout"] == layout]
         tcounts = sorted({int(p["tensors"]) for p in mine})
         print(f"{layout}: {len(mine)} points, tensors {tcounts}, nodes {sorted({int(p['nodes']) for p in mine})}")
         for key, scale, label in METRICS:
-            f = fit(mine, key, scale)
+            f = lstsq(mine, key, scale, by_n)
             if not f:
                 continue
-            c, r2, n = f
-            terms = " ".join(f"{v:+.4g}*{k}" if k != "1" else f"{v:.4g}" for k, v in c.items())
-            preds = "  ".join(f"N={nn},T={tt}: {predict(c, nn, tt):.4g}" for nn in (64, 512) for tt in tcounts)
-            print(f"  {label:42s} = {terms}  (T in 1e5 tensors; R^2 {r2:.3f}, {n} pts)")
-            print(f"  {'':42s}   predicts {preds}")
+            print(f"  {label}")
+            print(f"    by nodes:  {show(*f)}")
+            g = lstsq(mine, key, scale, by_b)
+            if not g:
+                continue
+            print(f"    by boxes:  {show(*g)}")
+            c = g[0]
+            preds = []
+            for nn in (64, 512):
+                for tt in tcounts:
+                    v = c["1"] + c.get("B", 0) * nn * tt / 1e6 + c.get("T", 0) * tt / 1e5
+                    preds.append(f"N={nn} T={tt} (B={nn * tt / 1e6:.2f}M): {v:.4g}")
+            print("    predicts (real shapes, B = N x T): " + "; ".join(preds))
 
 
 if __name__ == "__main__":
