@@ -214,11 +214,9 @@ void sd_node_to_leader(sd_csave *cs, json_t *m) {
  * The end of a node's save
  * ------------------------------------------------------------------------ */
 void sd_node_close_files(sd_csave *cs) {
-  for (size_t i = 0; i < cs->nfiles; i++)
-    if (cs->files[i].fd >= 0) {
-      close(cs->files[i].fd);
-      cs->files[i].fd = -1;
-    }
+  if (cs->fds) sd_fdpool_unwait(sd_fdset_pool(cs->fds), &cs->fdwait);
+  sd_fdset_free(cs->fds);
+  cs->fds = NULL;
   if (cs->tmp_fd >= 0) close(cs->tmp_fd);
   cs->tmp_fd = -1;
 }

@@ -102,7 +102,6 @@ typedef struct {
 typedef struct {
   uint32_t f;              /* the plan's file index */
   char *name;
-  int fd;
   uint64_t size, hdr_len, data;  /* header bytes and data bytes this node writes into it */
   uint64_t done;           /* of hdr_len + data */
   int sync;                /* 0 not yet, 1 queued, 2 durable */
@@ -144,6 +143,8 @@ typedef struct sd_rbuf {
   uint8_t *data;
   size_t len;
   unsigned refs;
+  size_t run_next;         /* its first run not yet handed to the ring (every file descriptor was busy) */
+  uint64_t run_pos;        /* ... where that run's bytes start in data */
   struct sd_rbuf *next;
 } sd_rbuf;
 
@@ -175,6 +176,17 @@ typedef struct sd_csave {
   int32_t *fmap;           /* plan file -> files[] or -1 */
   sd_cfile *files;
   size_t nfiles;
+  /* files[]' descriptors for the ring, opened by name when a request needs
+   * one, under the writer's max_open_files (fdpool.h); a request that finds
+   * every descriptor busy waits (fdwait) and goes on in sd_xfer_progress */
+  sd_fdset *fds;
+  const char **fnames;     /* files[i].name, for fds */
+  sd_fdwaiter fdwait;
+  size_t hdr_next;         /* headers: the file whose header blocks go next, and where in it, and in hdrs */
+  uint64_t hdr_at, hdr_off;
+  sd_rbuf *recv_wait, **recv_wait_tail; /* received frames with runs not yet on the ring */
+  uint32_t *sync_q;        /* files[] whole and not yet fsynced, in the order they became whole */
+  size_t sync_head, sync_tail, nsynced;
   uint8_t *hdrs;
   sd_lop *ops;
   size_t nops, op_next, ops_done;
@@ -285,12 +297,25 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err);
 /* ------------------------------------------------------------------------ *
  * cluster_xfer.c: the participant's bytes through the ring
  * ------------------------------------------------------------------------ */
-/* Issues what the window and the ring allow, fsyncs finished files, reports done. */
+/* Once the files are known (open_files): their descriptors to be opened on
+ * demand (cs->fds), the fsync queue. 0 or an error code. */
+int sd_xfer_open(sd_csave *cs);
+/* Issues what the window, the ring and the descriptors allow (the header
+ * bytes that fall outside own blocks first, f->own known), fsyncs finished
+ * files, reports done. */
 void sd_xfer_progress(sd_csave *cs);
-/* A data frame for this save: checked, then written in place. */
+/* len more bytes of files[lf] are written; a file whole goes to the fsync queue. */
+void sd_xfer_wrote(sd_csave *cs, uint32_t lf, uint64_t len);
+/* Queues the header bytes that fall outside own blocks (f->own known), in
+ * the order of the files, as far as descriptors allow (sd_xfer_progress
+ * queues the rest). 0, or -errno of the request for files[*bad] that could
+ * not be made. */
+int sd_xfer_queue_headers(sd_csave *cs, uint32_t *bad);
+/* A data frame for this save: checked, then written in place (or queued
+ * until descriptors are free, unacknowledged meanwhile). */
 void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb);
-/* Queues the header bytes that fall outside own blocks (f->own known). 0, or -1 out of memory. */
-int sd_xfer_queue_headers(sd_csave *cs);
+/* A failed save lets go of the frames still queued. */
+void sd_xfer_drop_waiting(sd_csave *cs);
 /* A rank of this node whose segment is now shorter than when it was
  * attached (a write from it faulted, or a read came up short): that rank's
  * doing, out_of_range naming its region, rather than a disk error. 1 when

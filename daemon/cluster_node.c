@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cluster_int.h"
@@ -88,6 +89,7 @@ int sd_node_fail(sd_csave *cs) {
     r = n;
   }
   cs->pending = NULL;
+  sd_xfer_drop_waiting(cs);
   /* The file set of its own blocks sees the stop only when the writer polls it, and an idle one is
    * polled by nothing else: a failure from outside it (a mixed block's rank, the leader) left it, and
    * the save, waiting forever. */
@@ -102,6 +104,7 @@ void sd_node_free(sd_csave *cs) {
   if (!cs) return;
   if (cs->save->err.code && !cs->cl->shutting) sd_cl_remember_failure(cs->cl, cs->save);
   if (cs->io) sd_log_error("save '%s': freed with %u writes in flight", cs->save->id, cs->io);
+  sd_xfer_drop_waiting(cs);
   sd_node_close_files(cs);
   if (cs->parent_fd >= 0) close(cs->parent_fd);
   for (size_t i = 0; i < cs->nfiles; i++) {
@@ -109,6 +112,8 @@ void sd_node_free(sd_csave *cs) {
     free(cs->files[i].own);
   }
   free(cs->files);
+  free(cs->fnames);
+  free(cs->sync_q);
   for (size_t i = 0; i < cs->ndests; i++) free(cs->dests[i].runs);
   free(cs->dests);
   for (sd_rbuf *r = cs->pending; r;) {
@@ -217,12 +222,12 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
   }
   size_t n = json_array_size(files);
   cs->files = calloc(n ? n : 1, sizeof *cs->files);
-  if (!cs->files) return SHARDD_E_NO_MEMORY;
+  cs->fnames = calloc(n ? n : 1, sizeof *cs->fnames);
+  if (!cs->files || !cs->fnames) return SHARDD_E_NO_MEMORY;
   uint64_t hoff = 0;
   for (size_t i = 0; i < n; i++) {
     json_t *o = json_array_get(files, i);
     sd_cfile *f = &cs->files[cs->nfiles];
-    f->fd = -1;
     uint64_t fi = 0;
     const char *name = json_string_value(json_object_get(o, "name"));
     if (json_u64(json_object_get(o, "f"), &fi) || fi >= cs->plan_files || cs->fmap[fi] >= 0 || !name ||
@@ -235,15 +240,20 @@ static int open_files(sd_csave *cs, json_t *files, size_t plen, char *why, size_
     f->f = (uint32_t)fi;
     f->name = strdup(name);
     if (!f->name) return SHARDD_E_NO_MEMORY;
+    cs->fnames[cs->nfiles] = f->name;
     cs->fmap[fi] = (int32_t)cs->nfiles++;
-    f->fd = sd_openat_beneath(cs->tmp_fd, name, O_WRONLY, 0);
-    if (f->fd < 0) {
-      snprintf(why, wn, "cannot open %s/%s: %s", save->dir, name, strerror(-f->fd));
-      return f->fd == -ENOENT ? GONE : sd_err_from_errno(-f->fd);
+    /* There, and a file the leader made: opened only when written (sd_xfer_progress), so a node
+     * holds no more descriptors than max_open_files allows, however many files it writes. */
+    struct stat st;
+    int bad = fstatat(cs->tmp_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : EINVAL;
+    if (bad) {
+      snprintf(why, wn, "cannot open %s/%s: %s", save->dir, name,
+               bad == EINVAL ? "not a regular file" : strerror(bad));
+      return bad == ENOENT ? GONE : sd_err_from_errno(bad);
     }
     hoff += f->hdr_len;
   }
-  return 0;
+  return sd_xfer_open(cs) ? SHARDD_E_NO_MEMORY : 0;
 }
 
 static int take_assignment(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen, char *why, size_t wn) {

@@ -65,6 +65,7 @@ static void on_io(void *ud, int res) {
   sd_csave *cs = c->cs;
   sd_cluster *cl = cs->cl;
   cs->io--;
+  if (cs->fds) sd_fdset_put(cs->fds, c->lf);
   if (res < 0 && !cs->failing) {
     const sd_cfile *f = &cs->files[c->lf];
     int code = sd_err_from_errno(-res);
@@ -91,11 +92,11 @@ static void on_io(void *ud, int res) {
   switch (c->kind) {
     case IO_SYNC:
       f->sync = 2;
-      close(f->fd);
-      f->fd = -1;
+      cs->nsynced++;
+      sd_fdset_close(cs->fds, c->lf);
       break;
     case IO_RECV:
-      f->done += c->len;
+      sd_xfer_wrote(cs, c->lf, c->len);
       cs->bytes_written += c->len;
       cs->bytes_recv += c->len;
       cl->bytes_recv += c->len;
@@ -112,7 +113,7 @@ static void on_io(void *ud, int res) {
       cl->bytes_local += c->len;
       /* fall through */
     default:
-      f->done += c->len;
+      sd_xfer_wrote(cs, c->lf, c->len);
       cs->bytes_written += c->len;
       break;
   }
@@ -120,28 +121,67 @@ static void on_io(void *ud, int res) {
   sd_xfer_progress(cs);
 }
 
+/* 0, -EAGAIN when every descriptor max_open_files allows is busy (cs waits
+ * for one: sd_xfer_progress goes on), or another -errno. */
 static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint64_t len, uint64_t off, sd_rbuf *rb,
                   sd_lop *op) {
+  sd_writer *w = cs->cl->d->writer;
+  if (!w || !cs->fds) return -ESHUTDOWN;
   cio *c = calloc(1, sizeof *c);
   if (!c) return -ENOMEM;
+  int fd = sd_fdset_get(cs->fds, lf);
+  if (fd < 0) {
+    free(c);
+    if (fd == -EAGAIN) sd_fdpool_wait(sd_fdset_pool(cs->fds), &cs->fdwait);
+    return fd;
+  }
   c->cs = cs;
   c->op = op;
   c->kind = kind;
   c->lf = lf;
   c->len = len;
   c->rb = rb;
-  int fd = cs->files[lf].fd;
-  sd_writer *w = cs->cl->d->writer;
-  int rc = !w               ? -ESHUTDOWN
-           : kind == IO_SYNC ? sd_writer_raw_fsync(w, fd, on_io, c)
-                             : sd_writer_raw_write(w, fd, src, len, off, on_io, c);
+  int rc = kind == IO_SYNC ? sd_writer_raw_fsync(w, fd, on_io, c) : sd_writer_raw_write(w, fd, src, len, off, on_io, c);
   if (rc < 0) {
+    sd_fdset_put(cs->fds, lf);
     free(c);
     return rc;
   }
   cs->io++;
   if (rb) rb->refs++;
   return 0;
+}
+
+/* A request on files[lf] could not be made (rc: -errno, never -EAGAIN): the save fails. */
+static void submit_failed(sd_csave *cs, uint32_t lf, const char *what, int rc) {
+  sd_node_fail_held(cs, sd_err_from_errno(-rc), "node %u ('%s'): %s/%s: cannot %s: %s", cs->node_rank, cs->cl->node,
+                    cs->save->dir, cs->files[lf].name, what, strerror(-rc));
+}
+
+/* There is a descriptor to be had again. */
+static void fd_room(sd_fdwaiter *w) {
+  sd_csave *cs = (sd_csave *)((char *)w - offsetof(sd_csave, fdwait));
+  sd_xfer_progress(cs);
+}
+
+int sd_xfer_open(sd_csave *cs) {
+  sd_writer *w = cs->cl->d->writer;
+  if (!w) return SHARDD_E_SHUTTING_DOWN;
+  cs->fdwait.cb = fd_room;
+  cs->recv_wait_tail = &cs->recv_wait;
+  if (!(cs->sync_q = malloc((cs->nfiles ? cs->nfiles : 1) * sizeof *cs->sync_q)) ||
+      sd_fdset_new(sd_writer_fdpool(w), cs->tmp_fd, cs->fnames, cs->nfiles, O_WRONLY, &cs->fds))
+    return SHARDD_E_NO_MEMORY;
+  for (size_t i = 0; i < cs->nfiles; i++)
+    if (cs->files[i].hdr_len + cs->files[i].data == 0) cs->sync_q[cs->sync_tail++] = (uint32_t)i;
+  return 0;
+}
+
+void sd_xfer_wrote(sd_csave *cs, uint32_t lf, uint64_t len) {
+  sd_cfile *f = &cs->files[lf];
+  f->done += len;
+  /* whole: its fsync goes next (a queue, not a scan of every file at every completion) */
+  if (len && f->done == f->hdr_len + f->data) cs->sync_q[cs->sync_tail++] = lf;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -307,7 +347,12 @@ static int pump_local(sd_csave *cs) {
       local_fault(cs, o);
       return 1;
     }
-    if (submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL, o) != 0) return 0;
+    int rc = submit(cs, IO_LOCAL, o->lf, o->src, o->len, o->off, NULL, o);
+    if (rc == -EAGAIN) return 0;
+    if (rc) {
+      submit_failed(cs, o->lf, "write", rc);
+      return 1;
+    }
     cs->op_next++;
   }
   return 0;
@@ -343,9 +388,68 @@ static void send_done(sd_csave *cs) {
   sd_node_to_leader(cs, m);
 }
 
+int sd_xfer_queue_headers(sd_csave *cs, uint32_t *bad) {
+  for (; cs->hdr_next < cs->nfiles; cs->hdr_next++, cs->hdr_at = 0) {
+    uint32_t i = (uint32_t)cs->hdr_next;
+    const sd_cfile *f = &cs->files[i];
+    while (cs->hdr_at < f->hdr_len) {
+      uint64_t a = cs->hdr_at, b = a / SD_XFER_BLOCK, e = (b + 1) * SD_XFER_BLOCK;
+      if (e > f->hdr_len) e = f->hdr_len;
+      if (!f->own || !f->own[b]) {
+        int rc = submit(cs, IO_HDR, i, cs->hdrs + cs->hdr_off + a, e - a, a, NULL, NULL);
+        if (rc == -EAGAIN) return 0;
+        if (rc) {
+          *bad = i;
+          return rc;
+        }
+      }
+      cs->hdr_at = e;
+    }
+    cs->hdr_off += f->hdr_len;
+  }
+  return 0;
+}
+
+/* The headers left (sd_xfer_queue_headers). 1 when the save failed. */
+static int pump_headers(sd_csave *cs) {
+  uint32_t bad = 0;
+  int rc = sd_xfer_queue_headers(cs, &bad);
+  if (rc) submit_failed(cs, bad, "write", rc);
+  return rc != 0;
+}
+
+static int recv_runs(sd_csave *cs, sd_rbuf *rb);
+
+/* Received frames whose runs waited for descriptors, in the order they came. 1 when the save failed. */
+static int pump_received(sd_csave *cs) {
+  while (cs->recv_wait) {
+    sd_rbuf *rb = cs->recv_wait;
+    if (!(cs->recv_wait = rb->next)) cs->recv_wait_tail = &cs->recv_wait;
+    rb->next = NULL;
+    int rc = recv_runs(cs, rb);
+    if (rc < 0) return 1;
+    if (rc > 0) { /* still waiting: first again */
+      if (!(rb->next = cs->recv_wait)) cs->recv_wait_tail = &rb->next;
+      cs->recv_wait = rb;
+      return 0;
+    }
+  }
+  return 0;
+}
+
+void sd_xfer_drop_waiting(sd_csave *cs) {
+  if (!cs->recv_wait_tail) return; /* no assignment was taken */
+  while (cs->recv_wait) {
+    sd_rbuf *rb = cs->recv_wait;
+    cs->recv_wait = rb->next;
+    rbuf_put(cs, rb, 0);
+  }
+  cs->recv_wait_tail = &cs->recv_wait;
+}
+
 void sd_xfer_progress(sd_csave *cs) {
   if (cs->failing || cs->stalled || cs->phase != SD_CP_WRITING) return;
-  if (pump_local(cs)) return;
+  if (pump_received(cs) || pump_headers(cs) || pump_local(cs)) return;
   int sent_all = 1, acked_all = 1;
   for (size_t i = 0; i < cs->ndests; i++) {
     if (pump_dest(cs, &cs->dests[i])) return;
@@ -358,15 +462,18 @@ void sd_xfer_progress(sd_csave *cs) {
     cs->released = 1;
     sd_save_released(cs->save);
   }
-  int durable = 1;
-  for (size_t i = 0; i < cs->nfiles; i++) {
-    sd_cfile *f = &cs->files[i];
-    if (f->sync == 0 && f->done == f->hdr_len + f->data) {
-      if (submit(cs, IO_SYNC, (uint32_t)i, NULL, 0, 0, NULL, NULL) == 0) f->sync = 1;
+  while (cs->sync_head < cs->sync_tail) {
+    uint32_t i = cs->sync_q[cs->sync_head];
+    int rc = submit(cs, IO_SYNC, i, NULL, 0, 0, NULL, NULL);
+    if (rc == -EAGAIN) break;
+    if (rc) {
+      submit_failed(cs, i, "fsync", rc);
+      return;
     }
-    if (f->sync != 2) durable = 0;
+    cs->files[i].sync = 1;
+    cs->sync_head++;
   }
-  if (durable && acked_all && cs->io == 0) send_done(cs);
+  if (cs->nsynced == cs->nfiles && acked_all && cs->io == 0) send_done(cs);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -419,23 +526,38 @@ void sd_xfer_recv_apply(sd_csave *cs, sd_rbuf *rb) {
   }
   cs->recv_expect -= rb->len;
   rb->refs = 1; /* ours, until every run is queued */
-  pos = 0;
-  for (size_t i = 0; i < n; i++) {
-    json_t *e = json_array_get(runs, i);
+  rb->run_next = rb->run_pos = 0;
+  /* behind the frames already waiting for descriptors, in the order they came */
+  if (cs->recv_wait || recv_runs(cs, rb) > 0) {
+    *cs->recv_wait_tail = rb;
+    cs->recv_wait_tail = &rb->next;
+  }
+}
+
+/* Hands rb's runs (checked) to the ring from rb->run_next on: 0 when all
+ * are, 1 when the rest waits for a descriptor, -1 when the save failed. */
+static int recv_runs(sd_csave *cs, sd_rbuf *rb) {
+  json_t *runs = json_object_get(rb->hdr, "runs");
+  size_t n = json_array_size(runs);
+  for (; rb->run_next < n; rb->run_next++) {
+    json_t *e = json_array_get(runs, rb->run_next);
     uint32_t f = (uint32_t)json_integer_value(json_array_get(e, 0));
     uint64_t off = (uint64_t)json_integer_value(json_array_get(e, 1));
     uint64_t len = (uint64_t)json_integer_value(json_array_get(e, 2));
     uint32_t lf = (uint32_t)cs->fmap[f];
-    if (submit(cs, IO_RECV, lf, rb->data + pos, len, off, rb, NULL) != 0) {
+    int rc = submit(cs, IO_RECV, lf, rb->data + rb->run_pos, len, off, rb, NULL);
+    if (rc == -EAGAIN) return 1;
+    if (rc) {
       rbuf_put(cs, rb, 0);
-      sd_node_fail_held(cs, SHARDD_E_NO_MEMORY, "save '%s': out of memory queueing received bytes", cs->save->id);
-      return;
+      submit_failed(cs, lf, "write", rc);
+      return -1;
     }
     /* forwarded bytes count where they are written, from the frame they came in */
-    if (cs->sums) cs->sums[lf] ^= sd_crc32c_piece(rb->data + pos, len, cs->files[lf].size - (off + len));
-    pos += len;
+    if (cs->sums) cs->sums[lf] ^= sd_crc32c_piece(rb->data + rb->run_pos, len, cs->files[lf].size - (off + len));
+    rb->run_pos += len;
   }
   rbuf_put(cs, rb, 1);
+  return 0;
 }
 
 void sd_node_on_data(sd_cluster *cl, sd_peer *p, json_t *hdr, uint8_t *payload, size_t plen) {
@@ -493,21 +615,4 @@ void sd_node_on_ack(sd_cluster *cl, sd_peer *p, json_t *hdr) {
     sd_xfer_progress(cs);
     return;
   }
-}
-
-/* Header bytes outside own blocks (they sit in the payload in the order of the file list). */
-int sd_xfer_queue_headers(sd_csave *cs) {
-  uint64_t hoff = 0;
-  for (size_t i = 0; i < cs->nfiles; i++) {
-    sd_cfile *f = &cs->files[i];
-    for (uint64_t a = 0; a < f->hdr_len;) {
-      uint64_t b = a / SD_XFER_BLOCK, e = (b + 1) * SD_XFER_BLOCK;
-      if (e > f->hdr_len) e = f->hdr_len;
-      if ((!f->own || !f->own[b]) && submit(cs, IO_HDR, (uint32_t)i, cs->hdrs + hoff + a, e - a, a, NULL, NULL) != 0)
-        return -1;
-      a = e;
-    }
-    hoff += f->hdr_len;
-  }
-  return 0;
 }

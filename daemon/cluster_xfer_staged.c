@@ -1,14 +1,11 @@
 /* A node's part of a multi-node save, its own blocks: the regions made only of its bytes, written through a file set (fileset.c) as a single-node save's files are, zero-copy and O_DIRECT where they can. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cluster_int.h"
 #include "fileset.h"
 #include "log.h"
-#include "pathsafe.h"
 #include "region.h"
 #include "sd_checksum.h"
 #include "sd_grow.h"
@@ -29,11 +26,8 @@ typedef struct sd_xstaged {
   size_t n, cap;           /* regions */
   uint32_t *lf;            /* region -> files[] */
   uint64_t *bases;         /* region -> its offset in the file */
-  int *fds;
-  const char **names;
+  const char **names;      /* region -> its file's name: the set opens a descriptor of its own for each (O_DIRECT) */
   sd_fill_file *files;
-  int *extra;              /* per files[]: a second descriptor (O_DIRECT) for a file also written buffered, or -1 */
-  size_t nextra;
   sd_write_op *ops;
   size_t nops, opcap;
   sd_shm_span *spans;
@@ -44,12 +38,8 @@ typedef struct sd_xstaged {
 
 static void xs_free(sd_xstaged *xs) {
   if (!xs) return;
-  for (size_t i = 0; i < xs->nextra; i++)
-    if (xs->extra[i] >= 0) close(xs->extra[i]);
-  free(xs->extra);
   free(xs->lf);
   free(xs->bases);
-  free(xs->fds);
   free(xs->names);
   free(xs->files);
   free(xs->ops);
@@ -89,7 +79,7 @@ static void on_staged(void *ud, const sd_error *err) {
   /* cs->bytes_written and bytes_zero_copy grew as the job wrote */
   for (size_t k = 0; k < xs->n; k++) {
     sd_cfile *f = &cs->files[xs->lf[k]];
-    f->done += xs->files[k].size;
+    sd_xfer_wrote(cs, xs->lf[k], xs->files[k].size);
     /* a region's share counts against its own end: moved to the file's */
     if (xs->sums) cs->sums[xs->lf[k]] ^= sd_crc32c_shift(xs->sums[k], f->size - (xs->bases[k] + xs->files[k].size));
   }
@@ -125,17 +115,16 @@ static size_t region_of(const sd_xstaged *xs, uint32_t lf, uint64_t off) {
   return lo - 1;
 }
 
-static int add_region(sd_xstaged *xs, uint32_t lf, int fd, const char *name, uint64_t base, uint64_t size,
+static int add_region(sd_xstaged *xs, uint32_t lf, const char *name, uint64_t base, uint64_t size,
                       const uint8_t *head, uint64_t head_len) {
-  /* five arrays of one length: each grows from the same capacity to the same one */
-  size_t a = xs->cap, b = a, c = a, d = a, e = a, need = xs->n + 1;
-  if (SD_GROW(xs->lf, a, need, 16) || SD_GROW(xs->bases, b, need, 16) || SD_GROW(xs->fds, c, need, 16) ||
-      SD_GROW(xs->names, d, need, 16) || SD_GROW(xs->files, e, need, 16))
+  /* four arrays of one length: each grows from the same capacity to the same one */
+  size_t a = xs->cap, b = a, d = a, e = a, need = xs->n + 1;
+  if (SD_GROW(xs->lf, a, need, 16) || SD_GROW(xs->bases, b, need, 16) || SD_GROW(xs->names, d, need, 16) ||
+      SD_GROW(xs->files, e, need, 16))
     return -1;
   xs->cap = a;
   xs->lf[xs->n] = lf;
   xs->bases[xs->n] = base;
-  xs->fds[xs->n] = fd;
   xs->names[xs->n] = name;
   xs->files[xs->n] = (sd_fill_file){head, head_len, size};
   xs->n++;
@@ -171,12 +160,6 @@ static int find_regions(sd_csave *cs, sd_xstaged *xs) {
     uint64_t nown = 0;
     for (uint64_t b = 0; b < nb; b++) nown += f->own[b] = cov[b] == (uint32_t)blk_len(f, b);
     free(cov);
-    int fd = f->fd;
-    if (nown && nown < nb) {
-      /* Also written through the page cache: the direct writes get a descriptor of their own. */
-      fd = xs->extra[i] = sd_openat_beneath(cs->tmp_fd, f->name, O_WRONLY, 0);
-      if (fd < 0) memset(f->own, 0, nb), nown = 0;
-    }
     if (!nown) {
       free(f->own);
       f->own = NULL;
@@ -191,7 +174,7 @@ static int find_regions(sd_csave *cs, sd_xstaged *xs) {
       while (e < nb && f->own[e]) e++;
       uint64_t base = b * SD_XFER_BLOCK, end = e * SD_XFER_BLOCK < f->size ? e * SD_XFER_BLOCK : f->size;
       uint64_t hl = f->hdr_len > base ? f->hdr_len - base : 0;
-      if (add_region(xs, (uint32_t)i, fd, f->name, base, end - base, head + (hl ? base : 0), hl < end - base ? hl : end - base))
+      if (add_region(xs, (uint32_t)i, f->name, base, end - base, head + (hl ? base : 0), hl < end - base ? hl : end - base))
         return -1;
       b = e;
     }
@@ -253,20 +236,20 @@ static int collect_spans(sd_csave *cs, sd_xstaged *xs) {
 int sd_xfer_begin(sd_csave *cs, sd_error *err) {
   sd_xstaged *xs = calloc(1, sizeof *xs);
   int rc = 0;
-  if (xs) xs->extra = malloc((cs->nfiles ? cs->nfiles : 1) * sizeof *xs->extra);
-  if (!xs || !xs->extra) {
+  if (!xs) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
     goto out;
   }
-  xs->nextra = cs->nfiles;
-  for (size_t i = 0; i < cs->nfiles; i++) xs->extra[i] = -1;
   if (find_regions(cs, xs) != 0 || collect_spans(cs, xs) != 0 || split_ops(cs, xs) != 0 ||
       (cs->sums && xs->n && !(xs->sums = calloc(xs->n, sizeof *xs->sums)))) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory");
     goto out;
   }
-  if (sd_xfer_queue_headers(cs) != 0) {
-    rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory queueing a header");
+  /* the headers first, as before the file set's own writes */
+  uint32_t bad = 0;
+  if ((rc = sd_xfer_queue_headers(cs, &bad)) != 0) {
+    rc = sd_fail(err, sd_err_from_errno(-rc), "cannot write %s/%s: %s", cs->save->dir, cs->files[bad].name,
+                 strerror(-rc));
     goto out;
   }
   if (xs->n) {
@@ -276,7 +259,9 @@ int sd_xfer_begin(sd_csave *cs, sd_error *err) {
       goto out;
     }
     xs->cs = cs;
-    sd_fileset_req r = {.fds = xs->fds, .names = xs->names, .files = xs->files, .bases = xs->bases,
+    /* by name: each region's descriptor opened when written, under max_open_files; its own, so
+     * O_DIRECT on it leaves the ring's buffered writes to the same file alone */
+    sd_fileset_req r = {.by_name = 1, .dir_fd = cs->tmp_fd, .names = xs->names, .files = xs->files, .bases = xs->bases,
                         .nfiles = xs->n, .ops = xs->ops, .nops = xs->nops, .spans = xs->spans,
                         .nspans = xs->nspans, .dir = cs->save->dir, .point = "filejob", .stop = &cs->failing,
                         .bytes_written = &cs->bytes_written, .bytes_zero_copy = &cs->bytes_zero_copy, .tag = cs->save->id,

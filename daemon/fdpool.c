@@ -28,6 +28,43 @@ void sd_fdpool_init(sd_fdpool *p, unsigned cap) {
   *p = (sd_fdpool){.cap = cap};
 }
 
+void sd_fdpool_wait(sd_fdpool *p, sd_fdwaiter *w) {
+  if (w->queued) return;
+  w->queued = 1;
+  w->prev = NULL;
+  w->next = p->waiters;
+  if (p->waiters) p->waiters->prev = w;
+  p->waiters = w;
+}
+
+void sd_fdpool_unwait(sd_fdpool *p, sd_fdwaiter *w) {
+  if (!w->queued) return;
+  w->queued = 0;
+  if (w->prev) w->prev->next = w->next;
+  else p->waiters = w->next;
+  if (w->next) w->next->prev = w->prev;
+  w->prev = w->next = NULL;
+}
+
+void sd_fdpool_wake(sd_fdpool *p) {
+  /* The ones waiting now, each taken off before its call, which may queue it
+   * again (no room left for it): those wait for the next wake. */
+  sd_fdwaiter *w = p->waiters;
+  for (sd_fdwaiter *x = w; x; x = x->next) x->queued = 0;
+  p->waiters = NULL;
+  while (w && (!p->cap || p->nopen < p->cap || p->idle_head)) {
+    sd_fdwaiter *next = w->next;
+    w->prev = w->next = NULL;
+    w->cb(w);
+    w = next;
+  }
+  while (w) { /* no room after all: back in the queue */
+    sd_fdwaiter *next = w->next;
+    sd_fdpool_wait(p, w);
+    w = next;
+  }
+}
+
 static void idle_unlink(sd_fdpool *p, sd_fdent *e) {
   if (!e->idle) return;
   e->idle = 0;
@@ -112,6 +149,10 @@ int sd_fdset_get(sd_fdset *s, uint32_t i) {
 void sd_fdset_put(sd_fdset *s, uint32_t i) {
   sd_fdent *e = &s->e[i];
   if (e->busy && --e->busy == 0 && e->fd >= 0) idle_append(s->pool, e);
+}
+
+sd_fdpool *sd_fdset_pool(sd_fdset *s) {
+  return s->pool;
 }
 
 int sd_fdset_fd(const sd_fdset *s, uint32_t i) {

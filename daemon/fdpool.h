@@ -19,14 +19,32 @@
 typedef struct sd_fdent sd_fdent;
 typedef struct sd_fdset sd_fdset;
 
+/* One who found every descriptor busy and waits for one (a node's writes
+ * through the ring, which nothing else asks again): embedded in its owner. */
+typedef struct sd_fdwaiter {
+  void (*cb)(struct sd_fdwaiter *w);
+  struct sd_fdwaiter *prev, *next;
+  int queued;
+} sd_fdwaiter;
+
 typedef struct {
   unsigned cap;            /* descriptors open at once; 0: no cap */
   unsigned nopen, peak;    /* open now, the most at once since the start */
   uint64_t opens, closes_idle; /* opened; closed while idle to make room (reopened later if needed) */
   sd_fdent *idle_head, *idle_tail; /* open and idle, the longest idle first */
+  sd_fdwaiter *waiters;    /* waiting for room */
 } sd_fdpool;
 
 void sd_fdpool_init(sd_fdpool *p, unsigned cap);
+/* w->cb is called (once) by sd_fdpool_wake when there is room again;
+ * queueing one already queued does nothing. */
+void sd_fdpool_wait(sd_fdpool *p, sd_fdwaiter *w);
+void sd_fdpool_unwait(sd_fdpool *p, sd_fdwaiter *w);
+/* Calls the waiters if a descriptor can be had: the writer calls it after
+ * each batch of completions, which is when busy descriptors become idle. */
+void sd_fdpool_wake(sd_fdpool *p);
+/* The pool a set draws from. */
+sd_fdpool *sd_fdset_pool(sd_fdset *s);
 
 /* A set's file i was opened as fd / is about to be closed (the hooks of
  * sd_fdset_hooks, so the owner can set O_DIRECT, register it with the ring,

@@ -126,6 +126,7 @@ static void poll_jobs(sd_writer *w) {
     j = next;
   }
   w->polling = 0;
+  sd_fdpool_wake(&w->files); /* completions made busy descriptors idle */
   if (w->closing && !w->jobs && w->inflight == 0 && w->trips_busy == 0 && w->pins_busy == 0) finish_close(w);
 }
 
