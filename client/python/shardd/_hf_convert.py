@@ -202,27 +202,45 @@ def reverted_pieces(model, kept: Dict[str, object], shapes: Dict[str, Tuple[Tupl
     return out
 
 
+def _config_experts(model) -> Optional[int]:
+    """How many routed experts the model's config says each MoE layer has, if it says."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    for attr in ("n_routed_experts", "num_local_experts", "num_experts"):
+        n = getattr(config, attr, None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
 def refuse_local_experts(model, state_dict) -> None:
-    """NotImplementedError for experts held as plain local tensors by a module that says it is
-    expert parallel: which experts they are is recorded nowhere shardd can read exactly, and
-    numbering them from 0 would write other experts' names. DTensors (transformers 5's own EP,
-    torchtitan's) carry their place and are taken apart as any other."""
+    """NotImplementedError for experts held as plain local tensors: by a module that says it is
+    expert parallel, or one whose fused tensor holds its num_experts, fewer than the config's.
+    Which experts they are is recorded nowhere shardd can read exactly, and numbering them from
+    0 would write other experts' names. DTensors (transformers 5's own EP, torchtitan's) carry
+    their place and are taken apart as any other."""
     from ._dtensor import is_dtensor
 
+    experts = _config_experts(model)
     for key, value in state_dict.items():
         owner = key.rpartition(".")[0]
-        if is_dtensor(value) or not owner:
+        if is_dtensor(value) or not owner or not hasattr(value, "shape"):
             continue
         try:
             module = model.get_submodule(owner)
         except AttributeError:
             continue
-        if getattr(module, "_is_expert_parallel", False):
+        here = getattr(module, "num_experts", None)
+        share = (isinstance(here, int) and experts is not None and len(value.shape) >= 2
+                 and value.shape[0] == here < experts)
+        if getattr(module, "_is_expert_parallel", False) or share:
             raise NotImplementedError(
-                "%s: %r is a plain local tensor of an expert-parallel module (%d experts here): which "
+                "%s: %r is a plain local tensor of an expert-parallel module (%d experts here%s): which "
                 "global experts it holds is not recorded; make it a DTensor with Shard(0) on the "
                 "expert-parallel mesh (DTensor.from_local) so each rank's experts are known"
-                % (type(model).__name__, key, getattr(module, "num_experts", value.shape[0])))
+                % (type(model).__name__, key, here if isinstance(here, int) else value.shape[0],
+                   ", %d in the config" % experts if experts else ""))
 
 
 def _to_saved(piece: Piece, held_view):

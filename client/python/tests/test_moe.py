@@ -432,7 +432,16 @@ class Refused(unittest.TestCase):
         e = m.model.layers[1].mlp.experts
         e.gate_up_proj = torch.nn.Parameter(e.gate_up_proj.data[2:].clone())
         e.num_experts, e._is_expert_parallel = 2, True
-        self.refused(m, ["Qwen3MoeForCausalLM", "'model.layers.1.mlp.experts.gate_up_proj' is a plain local tensor"])
+        self.refused(m, ["Qwen3MoeForCausalLM", "'model.layers.1.mlp.experts.gate_up_proj' is a plain local tensor",
+                         "2 experts here, 4 in the config"])
+        # The same share with no mark but its count: fewer experts than the config's is refused too.
+        m = build("deepseekv3-bf16", 0)
+        e = m.model.layers[1].mlp.experts
+        e.down_proj = torch.nn.Parameter(e.down_proj.data[:2].clone())
+        e.gate_up_proj = torch.nn.Parameter(e.gate_up_proj.data[:2].clone())
+        e.num_experts = 2
+        self.refused(m, ["DeepseekV3ForCausalLM", "'model.layers.1.mlp.experts.gate_up_proj' is a plain local tensor",
+                         "2 experts here, 4 in the config"])
 
 
 def main():
