@@ -140,6 +140,18 @@ class SaveTest(unittest.TestCase):
             wm = json.load(f)["weight_map"]
         self.assertEqual(wm["a"], "model-00001-of-00003.safetensors")
         self.assertEqual(wm["z"], "model-00003-of-00003.safetensors")
+        # Names given one index are one entry (the views of one storage): z and a, 800 bytes
+        # together, stay in one file; total_parameters is what the index records.
+        shardd.save(t, "shared", client=self.client, max_shard_size=400, ordered={"z": 0, "a": 0, "m": 1},
+                    total_parameters=250, timeout=WAIT)
+        with open(path("shared", "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        self.assertEqual(index["weight_map"], {"z": "model-00001-of-00002.safetensors",
+                                               "a": "model-00001-of-00002.safetensors",
+                                               "m": "model-00002-of-00002.safetensors"})
+        self.assertEqual(index["metadata"]["total_parameters"], 250)
+        with self.assertRaises(ValueError):
+            shardd.save(t, "shared-bad", client=self.client, total_parameters=0)
 
     def test_two_rank_processes_save_slices(self):
         procs = [subprocess.Popen([sys.executable, __file__, "--worker",
