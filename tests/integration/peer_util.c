@@ -87,6 +87,28 @@ void start_node_env(int i, const char *token, const char *const *extra, const ch
 
 int log_has(int i, const char *needle) { return f_log_count(N[i].d.log, needle) > 0; }
 
+/* The ranks node i's log says it described to the leader for save `save`. */
+static int described(int i, const char *save) {
+  char needle[256];
+  snprintf(needle, sizeof needle, "save '%s': described ", save);
+  char *log = h_slurp(N[i].d.log, NULL);
+  int n = 0;
+  for (const char *p = log; p && (p = strstr(p, needle)); p += strlen(needle)) n += atoi(p + strlen(needle));
+  free(log);
+  return n;
+}
+
+void await_described(int i, const char *save, int n) {
+  int64_t deadline = f_now_ms() + H_WAIT_MS;
+  while (described(i, save) < n) {
+    if (f_now_ms() > deadline) {
+      f_dump_log(&N[i].d);
+      cr_assert_fail("node %d never described %d ranks of save '%s' to the leader", i, n, save);
+    }
+    f_sleep_ms(5);
+  }
+}
+
 void peer_rank(int idx, void *arg) {
   h_script *s = arg;
   int node = rank_node[idx];

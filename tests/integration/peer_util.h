@@ -38,6 +38,10 @@ void start_node_with(int i, const char *token, const char *const *extra);
 /* The same with "K=V" entries (NULL-terminated, may be NULL) added to its environment. */
 void start_node_env(int i, const char *token, const char *const *extra, const char *const *env);
 int log_has(int i, const char *needle);
+/* Waits (up to H_WAIT_MS, asserting) until node i has handed the leader's connection what n of its
+ * ranks hold for save `save`: its debug log's "described K ranks to the leader" lines add up to n.
+ * The frame is written at once if the connection is up, else when it comes up. */
+void await_described(int i, const char *save, int n);
 
 /* Ranks scripted by the harness, each pointed at its node's daemon (rank_node). */
 void peer_rank(int idx, void *arg);

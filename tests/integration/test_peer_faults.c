@@ -164,6 +164,16 @@ static int leader_joined(const char *id) {
   return n;
 }
 
+/* The leader has heard every node join `save`, and node i's sealed ranks are described to it, before
+ * a node is stopped or killed: otherwise the leader waits for what the lost node never sent instead.
+ * A busy machine can take longer than any fixed pause to bring a connection up; once it is, a node
+ * writes its queued frames in order, so the join's arrival means the manifest left with it. */
+static void await_told(const char *save, int i) {
+  for (int64_t until = f_now_ms() + H_WAIT_MS; leader_joined(save) < NODES && f_now_ms() < until;) sleep_ms(10);
+  cr_assert_eq(leader_joined(save), NODES, "the leader never heard every node begin '%s'", save);
+  await_described(i, save, PER_NODE);
+}
+
 /* Every rank not on `victim` ends by itself and exits 0 (its outcome is in the script's results). */
 static void reap_survivors(const pid_t *pids, int victim) {
   for (int r = 0; r < WORLD; r++) {
@@ -201,11 +211,8 @@ static double lose_node(const char *save, int victim, int late, int sig, const c
   pid_t pids[H_MAX_RANKS];
   start_ranks(&s, pids);
   cr_assert_eq(h_await(s.sh, C_SEALED, WORLD - PER_NODE), 0, "the early ranks did not seal");
-  /* The leader must know every node before one dies, or it waits for the dead one's join instead
-   * (a busy machine can take longer than any fixed pause to bring a node's connection up). */
-  for (int i = 0; i < 1000 && leader_joined(save) < NODES; i++) sleep_ms(10);
-  cr_assert_eq(leader_joined(save), NODES, "the leader never heard every node begin '%s'", save);
-  sleep_ms(200); /* let their manifests reach the leader */
+  for (int i = 0; i < NODES; i++)
+    if (i != late) await_told(save, i);
   double t0 = now_s();
   kill_node(victim, sig);
   /* With SIGSTOP the late ranks seal now: the leader plans, and the frozen node never answers. */
@@ -262,6 +269,12 @@ Test(peers, a_silent_node_during_writing_fails_the_save) {
  * `observer` reports its part "writing", `victim` gets SIGKILL and the frozen
  * node resumes. Every surviving rank must get peer_lost naming `needle`. */
 static void lose_during_writing(const char *save, int frozen, int victim, int observer, const char *needle) {
+  /* Every node restarted with a peer timeout no busy machine reaches: the frozen node must stay in
+   * the save, not be dropped as silent, until the others have planned and started writing. The
+   * kill is heard as a closed connection, at once. */
+  static const char *const patient[] = {"--peer-timeout", "120", NULL};
+  for (int i = 0; i < NODES; i++) f_stop(&N[i].d, 1);
+  for (int i = 0; i < NODES; i++) start_node_with(i, token_path, patient);
   char dir[64], state[32] = "";
   snprintf(dir, sizeof dir, "ck/%s", save);
   h_script s = {.opts = cluster_opts(save, dir, 0), .puts = fail_puts, .nputs = 6, .hook = hold_late,
@@ -272,13 +285,13 @@ static void lose_during_writing(const char *save, int frozen, int victim, int ob
   pid_t pids[H_MAX_RANKS];
   start_ranks(&s, pids);
   cr_assert_eq(h_await(s.sh, C_SEALED, PER_NODE), 0, "node %d's ranks did not seal", frozen);
-  sleep_ms(200); /* their manifest reaches the leader */
+  await_told(save, frozen);
   kill_node(frozen, SIGSTOP);
   h_signal(s.sh, C_GO);
   /* The leader plans and assigns; the observer starts writing and waits for the frozen node. */
   /* Its ranks may not have begun yet on a busy machine: only a save seen in flight that then
    * leaves is one that failed. */
-  for (int i = 0, seen = 0; i < 3000; i++) {
+  for (int64_t until = f_now_ms() + H_WAIT_MS, seen = 0; f_now_ms() < until;) {
     save_state(observer, save, state, sizeof state);
     if (!strcmp(state, "writing") || (seen && !state[0])) break;
     seen = seen || state[0];

@@ -176,7 +176,9 @@ Test(outcome, after_the_rename_over_an_old_checkpoint) {
 /* The leader is not dead but cut off (stopped) after every node's done: the nodes withdraw the folder
  * and say failed; once it runs again its rename finds nothing, and its own ranks hear failed too. */
 Test(outcome, leader_cut_off_after_every_done_publishes_nothing) {
-  start_cluster("SHARDD_TEST_STALL_AT=lead_index:1:1500", NULL, NULL);
+  /* The stall only holds the leader where the test stops it: it must outlast the test's noticing
+   * the log line, seconds on a busy machine (its rest runs out after SIGCONT). */
+  start_cluster("SHARDD_TEST_STALL_AT=lead_index:1:6000", NULL, NULL);
   h_script s;
   char dir[64];
   snprintf(dir, sizeof dir, "ck/cut");
