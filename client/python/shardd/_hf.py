@@ -145,11 +145,11 @@ def _saved_values(state_dict, tables) -> Tuple[Dict[str, Any], Dict[str, int]]:
         held = [(found[0][0].storage_offset(), i) for i, found in enumerate(parts) if found]
         held.sort()
         for _offset, i in held:
-            name, shape = table.names[i], table.pieces[i].shape
-            out[name] = [Slice(view, shape, start) for view, start, _ in parts[i]]
+            name, shape = table.names[i], table.shapes[i]
+            out[name] = [Slice.of(view, shape, start) for view, start, _ in parts[i]]
             order[name] = table.positions[i]
         for i in table.empty:
-            shape = table.pieces[i].shape
+            shape = table.shapes[i]
             out[table.names[i]] = Slice(local.new_empty((0,) * len(shape)), shape, (0,) * len(shape))
             order[table.names[i]] = table.positions[i]
     return out, order

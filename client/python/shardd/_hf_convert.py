@@ -292,9 +292,11 @@ class PieceTable(NamedTuple):
     positions: List[int]
     names: List[str]
     pieces: List[Piece]
+    shapes: List[Tuple[int, ...]]  # each piece's saved shape
     starts: object  # numpy int64 (pieces, dims): each piece's start in the held tensor
     ends: object    # start + count
     empty: List[int]  # the pieces with no elements, which no box holds
+    dims: Optional[Tuple[Optional[int], ...]]  # the dims every piece shares, None if they differ
 
 
 def piece_tables(pieces) -> List[PieceTable]:
@@ -314,8 +316,21 @@ def piece_tables(pieces) -> List[PieceTable]:
         counts = np.array([p.count for p in mine], dtype=np.int64).reshape(len(mine), ndim)
         empty = np.nonzero((counts == 0).any(axis=1))[0].tolist()
         places = [first[piece.storage or piece.key] for piece in mine]
-        out.append(PieceTable(key, places, [pieces[p][0] for p in positions], mine, starts, starts + counts, empty))
+        dims = {p.dims for p in mine}
+        out.append(PieceTable(key, places, [pieces[p][0] for p in positions], mine, [p.shape for p in mine],
+                              starts, starts + counts, empty, dims.pop() if len(dims) == 1 else None))
     return out
+
+
+def _columns(a, dims, fill):
+    """Rows of a (pieces, held dims) array in the saved dims: column d for each saved dim that
+    runs along held dim d, `fill` for one of size 1 the held tensor has not."""
+    import numpy as np
+
+    if all(d is not None for d in dims):
+        return a[:, list(dims)].tolist()
+    return np.stack([a[:, d] if d is not None else np.full(len(a), fill, dtype=a.dtype) for d in dims],
+                    axis=1).reshape(len(a), len(dims)).tolist()
 
 
 def table_parts(table: PieceTable, local, boxes) -> List[list]:
@@ -340,6 +355,14 @@ def table_parts(table: PieceTable, local, boxes) -> List[list]:
             continue
         lo, hi = lo[hit], hi[hit]
         offsets = (base + ((lo - b + np.array(lstart, dtype=np.int64)) * stride_of).sum(axis=1)).tolist()
+        if table.dims is not None:  # one fused parameter's experts: every column at once
+            dims = table.dims
+            step = tuple(1 if d is None else strides[d] for d in dims)
+            sizes = _columns(hi - lo, dims, 1)
+            starts = _columns(lo - table.starts[hit], dims, 0)
+            for i, offset, size, start in zip(hit.tolist(), offsets, sizes, starts):
+                out[i].append((torch.as_strided(local, size, step, offset), tuple(start), tuple(size)))
+            continue
         for i, offset, low, high in zip(hit.tolist(), offsets, lo.tolist(), hi.tolist()):
             piece = table.pieces[i]
             size = tuple(1 if d is None else high[d] - low[d] for d in piece.dims)

@@ -15,7 +15,7 @@ from . import _arena_pool, _lib
 from ._client import Arena, Client, _Descs, _place
 from ._errors import ShardError, _error, parse_size
 from ._lib import SaveOpts
-from ._tensors import Slice, check_shared_memory, copy_all, prepare, wants_pinned_memory
+from ._tensors import Slice, _span, check_shared_memory, copy_all, prepare, wants_pinned_memory
 
 # progress(bytes_written, bytes_total), called from the waiting thread.
 Progress = Callable[[int, int], None]
@@ -368,9 +368,11 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         offsets, end = _place(descs, max_shard_size)
         items = [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
                  in zip(prepared, offsets.tolist())]
-        check_shared_memory([(name, src) for name, src, _offset in items])
+        spans = [_span(src) for _name, src, _offset in items]
+        check_shared_memory([(name, src) for name, src, _offset in items], spans)
 
-    args = (save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata, overwrite, files, keep_last)
+    args = (save_id, dir, topo, items, spans, descs, offsets, max_shard_size, prefix, metadata, overwrite, files,
+            keep_last)
     if client is None and arena is None:
         # The default path: this process's pooled connection and arenas (_arena_pool), so a
         # save costs a copy; its wait goes over a connection of its own.
@@ -443,7 +445,7 @@ def _boxes(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, Slice) for v in value)
 
 
-def _run(client, arena, save_id, dir, topo, items, descs, offsets, max_shard_size, prefix, metadata,
+def _run(client, arena, save_id, dir, topo, items, spans, descs, offsets, max_shard_size, prefix, metadata,
          overwrite, files, keep_last=None):
     try:
         client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
@@ -454,7 +456,7 @@ def _run(client, arena, save_id, dir, topo, items, descs, offsets, max_shard_siz
     try:
         with paused_gc():
             buf = arena.buffer
-            copy_all(buf, items)
+            copy_all(buf, items, spans)
             del buf
             # Every slice in a few request lines (puts), not a round trip each.
             client._put_descs(save_id, arena, descs, offsets)

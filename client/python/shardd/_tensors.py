@@ -87,6 +87,14 @@ class Slice:
         self.shape = tuple(int(s) for s in shape)
         self.start = tuple(int(s) for s in start)
 
+    @classmethod
+    def of(cls, array, shape, start):
+        """A Slice of shape and start given as tuples of ints already, taken as they are (an MoE
+        save makes tens of thousands)."""
+        s = cls.__new__(cls)
+        s.array, s.shape, s.start = array, shape, start
+        return s
+
     def __repr__(self):
         return "Slice(<%s>, shape=%s, start=%s)" % (type(self.array).__name__, list(self.shape),
                                                     list(self.start))
@@ -97,21 +105,32 @@ def _is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+# torch dtype -> safetensors name, filled as dtypes are met: str(dtype) costs more than the lookup.
+_TORCH_BY_DTYPE = {}
+
+
 def _torch_source(name, t):
-    """(safetensors dtype, shape, tensor) of a torch tensor on any device, ready for copy_into."""
+    """(safetensors dtype, shape, tensor) of a torch tensor on any device, ready for copy_into.
+    It runs for every slice of a save (tens of thousands for an MoE model): nothing is made
+    unless it must be (a detached or resolved tensor)."""
     torch = sys.modules["torch"]
+    dt = _TORCH_BY_DTYPE.get(t.dtype)
+    if dt is None:
+        dt = _TORCH.get(str(t.dtype))
+        if dt is None:
+            raise TypeError("tensor %r: torch dtype %s has no safetensors equivalent" % (name, t.dtype))
+        _TORCH_BY_DTYPE[t.dtype] = dt
     if t.layout != torch.strided:
         raise ValueError("tensor %r has layout %s: only dense tensors can be saved" % (name, t.layout))
-    if t.device.type == "meta":
+    if t.is_meta:
         raise ValueError("tensor %r is on the meta device: it has no data to save" % (name,))
-    dt = _TORCH.get(str(t.dtype))
-    if dt is None:
-        raise TypeError("tensor %r: torch dtype %s has no safetensors equivalent" % (name, t.dtype))
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     # Lazy conjugate/negative views would otherwise be saved unresolved.
-    for fix in ("resolve_conj", "resolve_neg"):
-        if hasattr(t, fix):
-            t = getattr(t, fix)()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
     return dt, tuple(t.shape), t
 
 
@@ -144,6 +163,8 @@ def _span(src):
             return None
         size = src.element_size()
         lo = src.data_ptr()
+        if src.is_contiguous():
+            return str(src.device), lo, lo + src.numel() * size
         # torch strides are never negative: the last element is the furthest.
         last = sum((n - 1) * st for n, st in zip(src.shape, src.stride()))
         return str(src.device), lo, lo + (last + 1) * size
@@ -160,19 +181,18 @@ def _span(src):
     return "cpu", lo, hi
 
 
-def check_shared_memory(named_srcs):
-    """ValueError naming two entries whose memory overlaps (tied weights).
+def check_shared_memory(named_srcs, spans=None):
+    """ValueError naming two entries whose memory overlaps (tied weights). spans: each src's
+    _span, where the caller has them already.
 
     Such a pair would be written twice and come back as two untied tensors;
     safetensors refuses it too. Entries that only share a storage without
     overlapping (views of one fused tensor) are fine.
     """
-    spans = []
-    for name, src in named_srcs:
-        span = _span(src)
-        if span is not None:
-            spans.append(span + (name, src))
-    spans.sort(key=operator.itemgetter(0, 1))
+    if spans is None:
+        spans = [_span(src) for _name, src in named_srcs]
+    spans = sorted((span + (name, src) for (name, src), span in zip(named_srcs, spans) if span is not None),
+                   key=operator.itemgetter(0, 1))
     # A sweep: only spans that overlap as address ranges are compared element by element. While
     # no span reaches past the next one's start (the common case) nothing is kept but that reach.
     open_spans, device, reach = [], None, 0
@@ -220,43 +240,35 @@ def copy_into(buf, offset, src):
     np.copyto(dst, src, casting="equiv")
 
 
-def _run_of(src):
-    """(storage address, first byte, bytes, dtype, device) of a contiguous torch tensor, whose bytes
-    may be copied together with its neighbours'; None for anything else."""
-    if not _is_torch(src) or not src.is_contiguous() or not src.numel():
-        return None
-    size = src.element_size()
-    return src.untyped_storage().data_ptr(), src.storage_offset() * size, src.numel() * size, src.dtype, src.device
-
-
-def copy_all(buf, items):
-    """copy_into for every (name, src, offset) of items, in order. Neighbours that are contiguous
-    pieces of one storage, laid side by side in it and in buf (one fused MoE parameter's
-    experts, handed over expert by expert), are copied by one copy: a DeepSeek-V3-shaped
-    model's rank holds 11,136 of them in 174 local tensors."""
+def copy_all(buf, items, spans):
+    """copy_into for every (name, src, offset) of items, in order; spans: each src's _span.
+    Neighbours that are contiguous pieces of one storage, laid side by side in it and in buf
+    (one fused MoE parameter's experts, handed over expert by expert), are copied by one
+    copy: a DeepSeek-V3-shaped model's rank holds 11,136 of them in 174 local tensors."""
     torch = sys.modules.get("torch")
-    pending = None  # [first src, its offset in buf, (storage, end byte, dtype, device), bytes so far]
-    for _name, src, offset in items:
-        run = _run_of(src)
-        if pending is not None:
-            key = pending[2]
-            if (run is not None and run[0] == key[0] and run[1] == key[1] and run[3] == key[2] and
-                    run[4] == key[3] and offset == pending[1] + pending[3]):
-                pending[2] = (key[0], key[1] + run[2], key[2], key[3])
-                pending[3] += run[2]
-                continue
-            _copy_run(torch, buf, pending)
-            pending = None
+    run = None  # [first src, its offset in buf, (device, end address), bytes so far]
+    for (_name, src, offset), span in zip(items, spans):
+        if span is None:
+            continue
         if run is not None:
-            pending = [src, offset, (run[0], run[1] + run[2], run[3], run[4]), run[2]]
-        elif nbytes(src):
+            if (span[1] == run[2][1] and span[0] == run[2][0] and offset == run[1] + run[3] and
+                    _is_torch(src) and src.dtype == run[0].dtype and src.is_contiguous() and
+                    src.untyped_storage().data_ptr() == run[0].untyped_storage().data_ptr()):
+                run[2] = (span[0], span[2])
+                run[3] += span[2] - span[1]
+                continue
+            _copy_run(torch, buf, run)
+            run = None
+        if _is_torch(src) and src.is_contiguous():
+            run = [src, offset, (span[0], span[2]), span[2] - span[1]]
+        else:
             copy_into(buf, offset, src)
-    if pending is not None:
-        _copy_run(torch, buf, pending)
+    if run is not None:
+        _copy_run(torch, buf, run)
 
 
-def _copy_run(torch, buf, pending):
-    first, offset, _key, size = pending
+def _copy_run(torch, buf, run):
+    first, offset, _end, size = run
     n = size // first.element_size()
     copy_into(buf, offset, first if n == first.numel() else
               torch.as_strided(first, (n,), (1,), first.storage_offset()))
