@@ -8,12 +8,13 @@ import hashlib
 import mmap
 import os
 import re
+import threading
 import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from . import _arena_pool, _lib
 from ._client import Arena, Client, _Descs, _place
-from ._errors import ShardError, _error, parse_size
+from ._errors import ShardError, _error, parse_size, refusal
 from ._lib import SaveOpts
 from ._tensors import Slice, _span, check_shared_memory, copy_all, prepare, wants_pinned_memory
 
@@ -148,8 +149,40 @@ def _topology(rank, world_size, nnodes, node_rank, leader):
     return topo
 
 
+# This process's saves still being handed over in the background (save(..., wait=False)): a
+# later save waits for them first, so that a pooled connection and arena serve one at a time.
+_handovers: "list[_HandOver]" = []
+
+
+class _HandOver(threading.Thread):
+    """The rest of a wait=False save's hand-over once its bytes are in the arena: the puts, the
+    files and the seal. Describing tens of thousands of slices costs the daemon a round of work
+    on every rank's lines (a DeepSeek-V3-shaped model's 45,395 tensors); the caller need not
+    wait for it. Releases the pooled lane when done; `error` is what it raised."""
+
+    def __init__(self, rest, lane):
+        super().__init__(name="shardd-handover", daemon=False)
+        self._rest, self._lane = rest, lane
+        self.error: Optional[BaseException] = None
+
+    def run(self):
+        try:
+            self._rest()
+        except BaseException as e:  # kept for the waiter: a thread has nobody to raise to
+            self.error = e
+        finally:
+            self._rest = None
+            self._lane.lock.release()
+
+
+def _join_handovers() -> None:
+    while _handovers:
+        _handovers[0].join()
+        _handovers.pop(0)
+
+
 class PendingSave:
-    """A save this rank has sealed but not waited for (save(..., wait=False)).
+    """A save this rank has handed over but not waited for (save(..., wait=False)).
 
     Future-like: done(), result(timeout) and exception(timeout) behave as
     concurrent.futures.Future's do (TimeoutError when the save is still
@@ -157,8 +190,9 @@ class PendingSave:
     """
 
     def __init__(self, client: Optional[Client], save_id: str, arena: Optional[Arena], owns_client: bool,
-                 progress: Optional[Progress] = None, pool=None):
+                 progress: Optional[Progress] = None, pool=None, handover: Optional[_HandOver] = None):
         self._client = client
+        self._handover = handover  # the background rest of the hand-over, if any
         self.save_id = save_id
         self.arena = arena
         self._owns = owns_client
@@ -233,6 +267,15 @@ class PendingSave:
             return self._result
         if self._exception is not None:
             raise self._exception
+        if self._handover is not None:
+            self._handover.join(timeout)
+            if self._handover.is_alive():
+                raise refusal("timeout", "save %s: still being handed over after %s s" % (self.save_id, timeout))
+            error, self._handover = self._handover.error, None
+            if error is not None:
+                self._exception = error
+                self._close_owned()
+                raise error
         try:
             self._result = self._wait_once(timeout)
         except ShardError as e:
@@ -376,8 +419,9 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     if client is None and arena is None:
         # The default path: this process's pooled connection and arenas (_arena_pool), so a
         # save costs a copy; its wait goes over a connection of its own.
-        lane = _run_pooled(socket, end, items, timeout, args)
-        return _finish(PendingSave(None, save_id, None, True, progress, lane), wait, timeout)
+        _join_handovers()
+        lane, handover = _run_pooled(socket, end, items, timeout, args, later=not wait)
+        return _finish(PendingSave(None, save_id, None, True, progress, lane, handover), wait, timeout)
     if client is None:
         client = arena.client
     temp_arena = None
@@ -403,8 +447,11 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
             temp_arena.close()
 
 
-def _run_pooled(socket, end, items, timeout, args):
+def _run_pooled(socket, end, items, timeout, args, later=False):
+    """(lane, _HandOver or None): later=True leaves the puts and the seal to a thread, which
+    keeps the lane until it has sealed."""
     lane = _arena_pool.borrow(socket, args[0])
+    handover = None
     try:
         for attempt in (0, 1):
             client = lane.connect(fresh=attempt == 1)
@@ -416,15 +463,25 @@ def _run_pooled(socket, end, items, timeout, args):
                     raise
                 if wants_pinned_memory(src for _name, src, _offset in items):
                     arena.pin()
-                _run(client, arena, *args)
-                return lane
+                rest = _run(client, arena, *args, later=later)
+                if rest is not None:
+                    handover = _HandOver(rest, lane)
+                    try:
+                        handover.start()
+                    except RuntimeError:  # no thread to be had: the rest is done here
+                        handover = None
+                        rest()
+                    else:
+                        _handovers.append(handover)
+                return lane, handover
             except ShardError as e:
                 # A daemon restarted since the last save closed the kept connection: until begin
                 # has gone through nothing of this save reached any daemon, so it starts over, once.
                 if attempt or e.name != "connect_failed" or not getattr(e, "before_begin", False):
                     raise
     finally:
-        lane.lock.release()
+        if handover is None:
+            lane.lock.release()
 
 
 def _finish(pending, wait, timeout):
@@ -446,30 +503,44 @@ def _boxes(value) -> bool:
 
 
 def _run(client, arena, save_id, dir, topo, items, spans, descs, offsets, max_shard_size, prefix, metadata,
-         overwrite, files, keep_last=None):
+         overwrite, files, keep_last=None, later=False):
+    """Begins, copies every slice into the arena, then puts, sends the files and seals; with
+    later=True returns the puts-to-seal part as a function instead of running it."""
     try:
         client.begin(save_id, dir, max_shard_size=max_shard_size, prefix=prefix, metadata=metadata,
                      overwrite=overwrite, keep_last=keep_last, **topo)
     except ShardError as e:
         e.before_begin = True  # no daemon heard of this save: it may be retried
         raise
-    try:
+    def declare():
+        # Every slice in a few request lines (puts), not a round trip each.
+        client._put_descs(save_id, arena, descs, offsets)
+        for path, data in (files or {}).items():
+            client.file(save_id, path, data)
+        client.seal(save_id)
+
+    def or_abort(step):
+        try:
+            step()
+        except BaseException:
+            # Other ranks would otherwise wait for a seal that never comes.
+            try:
+                client.abort(save_id)
+            except Exception:
+                pass
+            raise
+
+    def copy():
         with paused_gc():
             buf = arena.buffer
             copy_all(buf, items, spans)
             del buf
-            # Every slice in a few request lines (puts), not a round trip each.
-            client._put_descs(save_id, arena, descs, offsets)
-        for path, data in (files or {}).items():
-            client.file(save_id, path, data)
-        client.seal(save_id)
-    except BaseException:
-        # Other ranks would otherwise wait for a seal that never comes.
-        try:
-            client.abort(save_id)
-        except Exception:
-            pass
-        raise
+
+    or_abort(copy)
+    if later:
+        return lambda: or_abort(declare)
+    or_abort(declare)
+    return None
 
 
 def delete(dir: Union[str, "os.PathLike[str]"], client: Optional[Client] = None,

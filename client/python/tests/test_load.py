@@ -373,6 +373,27 @@ class ArenaPoolTest(unittest.TestCase):
         self.assertEqual(len(self.lanes()), 2)
         self.assertEqual(shardd.load(path("pool", "r"))["w"].tobytes(), w[:20].tobytes())
 
+    def test_wait_false_hands_over_in_the_background_and_wait_raises_a_refusal(self):
+        # wait=False returns once the bytes are in the arena; the puts and the seal go on in a
+        # thread. A slice the daemon refuses there is the PendingSave's exception (the save is
+        # aborted, nothing published), and the pooled lane serves the next save.
+        shardd.release_arenas()
+        w = np.arange(1000, dtype=np.float32)
+        p = shardd.save({"w": w, "__metadata__": np.zeros(1, np.float32)}, "pool/refused", socket=D.socket,
+                        wait=False)
+        with self.assertRaises(shardd.ShardError) as cm:
+            p.wait(WAIT)
+        self.assertEqual((cm.exception.name, cm.exception.index), ("invalid_argument", 1))
+        self.assertIn("__metadata__", cm.exception.message)
+        self.assertIs(p.exception(0), cm.exception)
+        self.assertTrue(p.done())
+        self.assertFalse(os.path.exists(path("pool", "refused")))
+        q = shardd.save({"w": w}, "pool/after", socket=D.socket, wait=False)
+        w[:] = -1  # copied before save() returned
+        self.assertEqual(q.result(WAIT)["tensors"], 1)
+        self.assertEqual(shardd.load(path("pool", "after"))["w"].tobytes(), np.arange(1000, dtype=np.float32).tobytes())
+        self.assertEqual(len(self.lanes()), 1)
+
     def test_a_restarted_daemon_and_a_forked_child(self):
         import shutil
         import tempfile
