@@ -96,7 +96,7 @@ typedef struct {
  * sizes"): a leader parses and drops each before the next, whatever the model. */
 #define SD_MANIFEST_BOXES 8192
 /* A merged box is made of at most this many of its ranks' boxes (its parts). */
-#define SD_MERGE_MAX 64
+#define SD_MERGE_MAX SD_CPARTS_MAX
 #define SD_TABLE_TENSORS 1024
 
 typedef struct {

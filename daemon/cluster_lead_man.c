@@ -40,18 +40,8 @@ static int apply_box(sd_lead *L, uint32_t k, const ltable *tab, const uint64_t *
   const sd_ctensor *t = L->man.tensors[ti];
   if (n < 3 + 2 * (size_t)t->ndim)
     return sd_fail(err, SHARDD_E_INTERNAL, "tensor '%s': node %u sent a malformed slice", t->name, k);
-  size_t np = n - 3 - 2 * (size_t)t->ndim; /* a merged box's parts */
+  size_t np = n - 3 - 2 * (size_t)t->ndim; /* a merged box's parts, or one count for an even split */
   const uint64_t *parts = v + 3 + 2 * t->ndim, *count = v + 3 + t->ndim;
-  uint64_t even[SD_MERGE_MAX];
-  if (np == 1 && t->ndim && parts[0]) {
-    /* One value c: parts of c along dim 0 and a last of the rest (at most c). */
-    uint64_t c = parts[0], whole = count[0] / c + (count[0] % c != 0);
-    if (whole < 2 || whole > SD_MERGE_MAX)
-      return sd_fail(err, SHARDD_E_INTERNAL, "tensor '%s': node %u sent a malformed slice", t->name, k);
-    for (uint64_t i = 0; i < whole; i++) even[i] = i + 1 < whole ? c : count[0] - c * (whole - 1);
-    parts = even;
-    np = whole;
-  }
   return sd_cmanifest_box(&L->man, ti, k, (uint32_t)v[2], v[1], v + 3, count, parts, (uint32_t)np, err);
 }
 

@@ -79,7 +79,10 @@ int sd_cmanifest_box(sd_cmanifest *m, uint32_t ti, uint32_t node, uint32_t rank,
   uint32_t ndim = t->ndim;
   uint64_t psum = 0;
   for (uint32_t p = 0; p < nparts; p++) psum += parts[p] < count[0] ? parts[p] : count[0] + 1;
-  if (nparts == 1 || (nparts && (ndim == 0 || psum != count[0])))
+  /* One count c: an even split of count[0] into 2 to SD_CPARTS_MAX parts. */
+  uint64_t even = nparts == 1 && ndim && parts[0] ? count[0] / parts[0] + (count[0] % parts[0] != 0) : 0;
+  if (nparts > SD_CPARTS_MAX || (nparts && ndim == 0) ||
+      (nparts == 1 ? even < 2 || even > SD_CPARTS_MAX : nparts && psum != count[0]))
     return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': node %u's box is cut into parts that are not it",
                    t->name, node);
   sd_box box;
@@ -115,9 +118,22 @@ int sd_cmanifest_box(sd_cmanifest *m, uint32_t ti, uint32_t node, uint32_t rank,
 /* t's merged boxes replaced by their parts, each a box of its own naming its part: what the nodes
  * put, for a check that told a partial overlap of merged boxes (a part may be another node's
  * replica). 0, or -1 out of memory. */
+/* The parts of s: how many, and each one's count along dim 0 into c (SD_CPARTS_MAX of room). */
+static uint32_t parts_of(const sd_cslice *s, uint32_t nd, uint64_t *c) {
+  const uint64_t *v = s->dims + 2 * nd;
+  if (s->nparts != 1) {
+    memcpy(c, v, s->nparts * sizeof *c);
+    return s->nparts;
+  }
+  uint64_t whole = s->dims[nd] / v[0] + (s->dims[nd] % v[0] != 0);
+  for (uint64_t i = 0; i < whole; i++) c[i] = i + 1 < whole ? v[0] : s->dims[nd] - v[0] * (whole - 1);
+  return (uint32_t)whole;
+}
+
 static int split_parts(sd_cmanifest *m, sd_ctensor *t) {
   size_t n = 0;
-  for (size_t j = 0; j < t->nslices; j++) n += t->slices[j]->nparts ? t->slices[j]->nparts : 1;
+  uint64_t cnt[SD_CPARTS_MAX];
+  for (size_t j = 0; j < t->nslices; j++) n += t->slices[j]->nparts ? parts_of(t->slices[j], t->ndim, cnt) : 1;
   sd_cslice **v = malloc(n * sizeof *v);
   if (!v) return -1;
   size_t k = 0;
@@ -129,7 +145,8 @@ static int split_parts(sd_cmanifest *m, sd_ctensor *t) {
       continue;
     }
     uint64_t at = s->dims[0], per = s->dims[nd] ? s->len / s->dims[nd] : 0; /* bytes per unit of dim 0 */
-    for (uint32_t p = 0; p < s->nparts; p++) {
+    uint32_t np = parts_of(s, nd, cnt);
+    for (uint32_t p = 0; p < np; p++) {
       sd_cslice *c = carve(m, sizeof *c + 2 * nd * sizeof(uint64_t));
       if (!c) {
         free(v);
@@ -140,7 +157,7 @@ static int split_parts(sd_cmanifest *m, sd_ctensor *t) {
       c->part = p + 1;
       memcpy(c->dims, s->dims, 2 * nd * sizeof(uint64_t));
       c->dims[0] = at;
-      c->dims[nd] = s->dims[2 * nd + p];
+      c->dims[nd] = cnt[p];
       c->len = per * c->dims[nd];
       at += c->dims[nd];
       v[k++] = c;
@@ -297,9 +314,12 @@ static int build_groups(sd_cmanifest *m, const sd_cslice ***members_out, group *
                         size_t *ngroups_out, sd_error *err) {
   /* Room for the parts of merged boxes, should some tensor need them split. */
   size_t room = 0;
+  uint64_t cnt[SD_CPARTS_MAX];
   for (size_t i = 0; i < m->ntensors; i++)
-    for (size_t j = 0; j < m->tensors[i]->nslices; j++)
-      room += m->tensors[i]->slices[j]->nparts ? m->tensors[i]->slices[j]->nparts : 1;
+    for (size_t j = 0; j < m->tensors[i]->nslices; j++) {
+      const sd_cslice *s = m->tensors[i]->slices[j];
+      room += s->nparts ? parts_of(s, m->tensors[i]->ndim, cnt) : 1;
+    }
   const sd_cslice **members = malloc((room ? room : 1) * sizeof *members);
   group *groups = malloc((room ? room : 1) * sizeof *groups);
   sd_box *boxes = NULL;

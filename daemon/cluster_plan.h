@@ -25,7 +25,7 @@ typedef struct {
   uint32_t rank;           /* global rank that put it */
   uint64_t id;             /* the holder's own slice id */
   uint64_t len;            /* bytes */
-  uint32_t nparts;         /* a node's boxes merged along dim 0: how many (0: one box as put) */
+  uint32_t nparts;         /* a node's boxes merged along dim 0: the counts kept (0: a box as put; 1: an even split) */
   uint32_t part;           /* 0: the whole box; p + 1: part p of box id alone */
   uint64_t dims[];         /* start[ndim], then count[ndim], then each part's count along dim 0 */
 } sd_cslice;
@@ -66,10 +66,14 @@ typedef struct {
  * tensor, both ranks and their nodes. */
 int sd_cmanifest_tensor(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
                         int64_t index, uint32_t node, uint32_t rank, uint32_t *ti, sd_error *err);
+/* A merged box has at most this many parts. */
+#define SD_CPARTS_MAX 64
 /* Adds one box of tensor ti, held by node (rank: a rank of it that holds the box), checked against
- * the tensor's shape. parts (nparts of them, 0 or at least 2): the node merged boxes that meet
- * along dim 0 into this one, each part's count along dim 0 in order; should the box overlap another
- * node's partly, the plan checks and writes it part by part (a part may be another's replica). */
+ * the tensor's shape. parts (nparts of them): the node merged boxes that meet along dim 0 into this
+ * one, each part's count along dim 0 in order (at least 2, at most SD_CPARTS_MAX), or one count c
+ * for parts of c each but a last of at most c (an even split, kept so); none: a box as put. Should
+ * the box overlap another node's partly, the plan checks and writes it part by part (a part may be
+ * another's replica). */
 int sd_cmanifest_box(sd_cmanifest *m, uint32_t ti, uint32_t node, uint32_t rank, uint64_t id, const uint64_t *start,
                      const uint64_t *count, const uint64_t *parts, uint32_t nparts, sd_error *err);
 /* Both at once: one slice. */

@@ -343,11 +343,12 @@ Test(cluster_plan, a_done_must_match_the_assignment_exactly) {
 Test(cluster_plan, merged_boxes_are_checked_part_by_part_where_they_overlap) {
   uint64_t shape[2] = {8, 4}, s0[2] = {0, 0}, c8[2] = {8, 4}, c4[2] = {4, 4}, parts[2] = {4, 4};
   sd_error err = {0};
-  for (int bad = 0; bad < 2; bad++) {
+  for (int round = 0; round < 3; round++) {
+    int bad = round == 2, even = round == 1; /* even: the parts as one count, an even split */
     sd_cmanifest m = {0};
     uint32_t ti;
     cr_assert_eq(sd_cmanifest_tensor(&m, "w", SD_DT_F32, 2, shape, -1, 0, 0, &ti, &err), 0, "%s", err.msg);
-    cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, parts, 2, &err), 0, "%s", err.msg);
+    cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, parts, even ? 1 : 2, &err), 0, "%s", err.msg);
     uint64_t s1[2] = {bad ? 2 : 0, 0};
     cr_assert_eq(sd_cmanifest_tensor(&m, "w", SD_DT_F32, 2, shape, -1, 1, 2, &ti, &err), 0, "%s", err.msg);
     cr_assert_eq(sd_cmanifest_box(&m, ti, 1, 2, 3, s1, c4, NULL, 0, &err), 0, "%s", err.msg);
@@ -377,5 +378,7 @@ Test(cluster_plan, merged_boxes_are_checked_part_by_part_where_they_overlap) {
   uint64_t wrong[2] = {4, 3};
   cr_assert_eq(sd_cmanifest_tensor(&m, "w", SD_DT_F32, 2, shape, -1, 0, 0, &ti, &err), 0);
   cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, wrong, 2, &err), SHARDD_E_INVALID_ARGUMENT);
+  uint64_t one[1] = {8}; /* an even split into one part is no split */
+  cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, one, 1, &err), SHARDD_E_INVALID_ARGUMENT);
   sd_cmanifest_free(&m);
 }
