@@ -35,6 +35,13 @@ typedef struct {
 /* Bounds that only stop a hung test; no test asserts a duration. */
 #define F_ACCEPT_MS 60000
 #define F_STOP_MS 60000
+#define F_WAIT_MS 60000
+
+/* Polls every 10 ms until cond holds or F_WAIT_MS have passed; the caller then asserts what it
+ * needs. Only for what a passing run always reaches: a busy machine makes it later, never absent. */
+#define F_POLL(cond)                                                                   \
+  for (int64_t f_poll_until_ = f_now_ms() + F_WAIT_MS; !(cond) && f_now_ms() < f_poll_until_;) \
+  f_sleep_ms(10)
 
 void f_sleep_ms(int ms);
 int64_t f_now_ms(void);

@@ -120,7 +120,8 @@ void h_reap_ok(pid_t pid, const char *what) {
   cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s (pid %d) ended with status 0x%x", what, (int)pid, st);
 }
 
-void h_await_begun(const char *id, int n) {
+/* Polls status until save `id` is in flight with field (ranks_begun, ranks_sealed) at least n. */
+static void await_ranks(const char *id, const char *field, int n) {
   shardd_client *c = NULL;
   cr_assert_eq(shardd_connect(H.sock, &c), 0, "%s", shardd_last_error(NULL));
   int64_t deadline = f_now_ms() + H_WAIT_MS;
@@ -131,18 +132,22 @@ void h_await_begun(const char *id, int n) {
     shardd_free(js);
     json_t *v;
     size_t i;
-    json_int_t begun = -1;
+    json_int_t got = -1;
     json_array_foreach(json_object_get(st, "saves"), i, v) {
       const char *sid = json_string_value(json_object_get(v, "save"));
-      if (sid && !strcmp(sid, id)) begun = json_integer_value(json_object_get(v, "ranks_begun"));
+      if (sid && !strcmp(sid, id)) got = json_integer_value(json_object_get(v, field));
     }
     json_decref(st);
-    if (begun >= n) break;
-    cr_assert(f_now_ms() < deadline, "save '%s' never had %d ranks begun", id, n);
+    if (got >= n) break;
+    cr_assert(f_now_ms() < deadline, "save '%s' never had %s %d", id, field, n);
     f_sleep_ms(2);
   }
   shardd_close(c);
 }
+
+void h_await_begun(const char *id, int n) { await_ranks(id, "ranks_begun", n); }
+
+void h_await_sealed(const char *id, int n) { await_ranks(id, "ranks_sealed", n); }
 
 int h_wait_registered(shardd_client *c, const char *save) {
   int rc = shardd_wait(c, save, 0, NULL);
@@ -259,6 +264,13 @@ void h_rank_main(int rank, void *arg) {
 
   shardd_save_opts o = s->opts;
   o.rank = rank;
+  if (s->begin_together) {
+    h_signal(s->sh, H_SYNC_READY);
+    if (h_await(s->sh, H_SYNC_READY, s->begin_together)) {
+      h_result_fail(r, "sync", SHARDD_E_TIMEOUT, NULL);
+      goto failed;
+    }
+  }
   asked = 1;
   rc = shardd_begin(c, &o);
   if (rc) {

@@ -20,6 +20,8 @@
  * itself waits for all to have begun, or a late rank would get save_failed
  * instead of the failure the test is about. */
 #define H_SYNC_BEGUN (H_MAX_SYNC - 1)
+/* Counter of ranks ready to begin (h_script.begin_together). */
+#define H_SYNC_READY (H_MAX_SYNC - 2)
 
 /* ------------------------------------------------------------------------ *
  * The daemon under test
@@ -86,8 +88,9 @@ int h_reap(pid_t pid);
 void h_reap_ok(pid_t pid, const char *what);
 
 /* Polls status until save `id` is in flight with at least n ranks begun
- * (asserts it happens within H_WAIT_MS). */
+ * (asserts it happens within H_WAIT_MS); h_await_sealed: n ranks sealed. */
 void h_await_begun(const char *id, int n);
+void h_await_sealed(const char *id, int n);
 
 /* Child side: sends a wait for save and makes sure the daemon has taken it
  * (a status round trip behind it), without blocking on the save's end. A
@@ -150,6 +153,9 @@ struct h_script {
   int no_ready;            /* H_DEFERRED puts: no shardd_ready calls, only the seal */
   int arena_if_bytes;      /* a rank whose puts hold no byte creates no arena: its puts name none */
   int place;               /* arena offsets from shardd_place (zero-copy placement), not packed */
+  int begin_together;      /* n > 0: a rank connected, its arena made, waits for n ranks to be so before
+                            * its begin, so a deadline from the first begin does not count the others'
+                            * start on a busy machine */
   h_hook_fn hook;
   void *ud;
   h_shared *sh;            /* results; set by h_run */
@@ -214,6 +220,9 @@ int h_exists(const char *path);
 int h_dir_count(const char *path);
 /* Number of `.shardd-tmp-*` entries anywhere under the root. */
 int h_tmp_count(void);
+/* Polls until h_tmp_count() is 0 (F_POLL's bound): a multi-node save's folders go once every node
+ * has stopped its writes, after the ranks heard the failure. The caller asserts. */
+void h_await_no_tmp(void);
 /* The save failed cleanly: ROOT/rel is absent and no temporary folder is left. */
 void h_expect_unpublished(const char *rel);
 /* The daemon still serves: status answers with no save in flight and a

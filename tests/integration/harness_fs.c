@@ -77,6 +77,8 @@ int h_tmp_count(void) {
   return tmp_found;
 }
 
+void h_await_no_tmp(void) { F_POLL(h_tmp_count() == 0); }
+
 void h_expect_unpublished(const char *rel) {
   char p[PATH_MAX];
   cr_assert(!h_exists(h_path(p, sizeof p, rel)), "%s exists after a failed save", p);

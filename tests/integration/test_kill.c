@@ -441,8 +441,7 @@ Test(kill, a_rank_sigkilled_at_random_moments_fails_the_others_within_their_dead
     scan_root();
   }
   /* the failed saves' temporary folders go once their writes are cancelled */
-  int64_t until = f_now_ms() + 10000;
-  while (h_tmp_count() && f_now_ms() < until) f_sleep_ms(10);
+  h_await_no_tmp();
   cr_assert_eq(h_tmp_count(), 0, "a failed save left its temporary folder");
   x_serving();
   printf("kill: %d saves from 2-4 ranks, %d rank kills at random moments (%d times the victim had already ended), "

@@ -36,7 +36,7 @@ static void kill_node(int i, int sig) {
 
 /* ROOT/rel is absent and, once the leader's clean-up ran, no temporary folder is left. */
 static void expect_clean(const char *rel) {
-  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_await_no_tmp();
   h_expect_unpublished(rel);
 }
 

@@ -77,7 +77,7 @@ static void run_save(h_script *s, const char *save, char *dir, size_t n) {
 static void restart_leader(void) {
   f_reap_killed(&N[0].d);
   start_node(0, token_path);
-  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_await_no_tmp();
 }
 
 static void print_moment(const char *moment, const h_script *s, const char *dir) {
@@ -200,7 +200,7 @@ Test(outcome, leader_cut_off_after_every_done_publishes_nothing) {
   expect_node(&s, 1, SHARDD_E_PEER_LOST, "nothing was published");
   expect_node(&s, 2, SHARDD_E_PEER_LOST, "nothing was published");
   expect_node(&s, 0, SHARDD_E_PEER_LOST, "withdrew the temporary folder");
-  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_await_no_tmp();
   h_expect_unpublished(dir);
   h_shared_free(s.sh);
 }

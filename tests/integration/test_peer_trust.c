@@ -307,7 +307,7 @@ Test(peer_trust, an_assignment_naming_a_checkpoint_as_its_folder_is_refused) {
               "node0 took 'keep' as the temporary folder to %s: %s", cases[i].how, why ? why : "(nothing)");
     json_decref(m);
     fake_done(&F);
-    for (int k = 0; k < 100 && h_tmp_count() > 0; k++) sleep_ms(10);
+    h_await_no_tmp();
     cr_assert_eq(x_tree_hash(keep), before, "the checkpoint changed (%s)", cases[i].how);
     h_verify_ok("ck/keep");
   }
@@ -420,7 +420,7 @@ Test(peer_trust, a_done_that_differs_from_the_assignment_fails_the_save_naming_t
     json_decref(r);
     char dir[64];
     snprintf(dir, sizeof dir, "trust/%s", cases[i].save);
-    for (int k = 0; k < 200 && h_tmp_count() > 0; k++) sleep_ms(10);
+    h_await_no_tmp();
     h_expect_unpublished(dir);
   }
   x_close(rank);
@@ -463,7 +463,7 @@ Test(peer_trust, one_node_cannot_fill_the_leaders_room_with_ghost_joins) {
   x_ok(x_callf(rank, "{\"op\":\"begin\",\"save\":\"real\",\"dir\":\"g/real\",\"rank\":0,\"world_size\":2,\"nnodes\":2,"
                      "\"node_rank\":0,\"leader\":\"%s\"}", N[0].addr), "begin");
   int found = 0;
-  for (int k = 0; k < 100 && !found; k++) {
+  for (int64_t until = f_now_ms() + F_WAIT_MS; !found && f_now_ms() < until;) {
     json_t *st = node_status(0);
     json_t *ls = json_object_get(json_object_get(st, "peers"), "leader_saves");
     for (size_t i = 0; i < json_array_size(ls); i++)
@@ -545,7 +545,7 @@ Test(peer_trust, a_done_past_its_plans_size_is_refused_unread) {
   cr_assert(strstr(jstr(json_object_get(r, "error"), "message"), "node 1 (127.0.0.1:1)"), "rank 0 hears which node");
   json_decref(r);
   x_close(rank);
-  for (int k = 0; k < 200 && h_tmp_count() > 0; k++) sleep_ms(10);
+  h_await_no_tmp();
   h_expect_unpublished("trust/bigdone");
 }
 

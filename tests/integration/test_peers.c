@@ -517,7 +517,7 @@ Test(peers, a_malformed_checksum_share_fails_the_save_naming_the_node) {
   cr_assert(strstr(r->wmsg, "node 1 ('fake1'") && strstr(r->wmsg, "malformed checksum share"), "rank 0: %s", r->wmsg);
   cr_assert(log_has(0, "failed (protocol_error)"), "the leader fails it as a protocol error");
   /* the leader removes its folder once the rank has heard */
-  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_await_no_tmp();
   h_expect_unpublished("ck/badsum");
   close(fd);
   h_shared_free(s.sh);

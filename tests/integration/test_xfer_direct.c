@@ -153,7 +153,7 @@ Test(xfer_direct, a_segment_shrunk_under_a_nodes_direct_writes_fails_the_save_ev
   run_ranks(&s);
   unsetenv("SHARDD_ARENA");
   h_expect_failed(&s, SHARDD_E_OUT_OF_RANGE, "shrank", NULL);
-  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_await_no_tmp();
   h_expect_unpublished("xd/shrink");
   cr_assert(log_has(1, "stall point filejob:1 reached"), "node 1 never started its file job");
   h_shared_free(s.sh);
@@ -204,7 +204,7 @@ static void torn_on_node1(const char *save, const char *dir, const h_put *puts, 
     printf("xfer_direct torn at %s: rank %d: %s\n", stall, r, s.sh->r[r].wmsg[0] ? s.sh->r[r].wmsg : s.sh->r[r].msg);
   h_expect_failed(&s, SHARDD_E_BAD_STATE, "node 1 ('", "rank 3 changed its memory while the daemon was writing it",
                   "released", NULL);
-  for (int i = 0; i < 1500 && h_tmp_count() > 0; i++) sleep_ms(10);
+  h_await_no_tmp();
   h_expect_unpublished(dir);
   h_shared_free(s.sh);
 }
