@@ -330,6 +330,18 @@ class Hosts(unittest.TestCase):
         stray = [f for f in os.listdir(parent) if f.startswith(".shardd-tmp-")] if os.path.isdir(parent) else []
         self.assertEqual(stray, [], "temporary folders left after the failure")
 
+    def await_sealed(self, dir, hosts):
+        """Until the rank on each of `hosts` has sealed the save into `dir` and waits (its daemon's
+        status; a busy machine can take longer than any fixed pause)."""
+        import shardd
+
+        deadline = time.monotonic() + 30
+        for i in hosts:
+            with shardd.Client(self.daemons[i].socket) as c:
+                while not any(s["dir"] == dir and s["ranks_sealed"] >= 1 for s in c.status()["saves"]):
+                    self.assertLess(time.monotonic(), deadline, "host %d's rank never sealed %s" % (i, dir))
+                    time.sleep(0.02)
+
     def held_failure(self, dir, act, undo, frozen=False):
         """Host 2's rank holds its seal; `act` breaks host 2; every rank must fail within the peer timeout.
 
@@ -342,7 +354,7 @@ class Hosts(unittest.TestCase):
         while not os.path.exists(hold + ".ready"):
             self.assertLess(time.monotonic(), deadline, "rank 2 never reached its seal")
             time.sleep(0.02)
-        time.sleep(0.3)  # ranks 0 and 1 have sealed and wait
+        self.await_sealed(dir, (0, 1))
         t0 = time.monotonic()
         act()
         open(hold + ".go", "w").close()
