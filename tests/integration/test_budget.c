@@ -67,8 +67,7 @@ Test(budget, connection_flood_under_1024_descriptors_leaves_the_socket_answering
   start_capped(flags);
   x_conn **c = flood();
   /* the daemon took what its budget allows and refused the rest out loud */
-  int tries = 0;
-  while (x_log_count("too many open descriptors") == 0 && tries++ < 500) nap(10);
+  F_POLL(x_log_count("too many open descriptors") > 0);
   cr_assert(x_log_count("too many open descriptors") >= 1, "no log line for the connections refused");
   /* the last of the flood may still wait in the listen queue: counted as they come */
   int refused = 0;
@@ -95,15 +94,14 @@ Test(budget, without_a_reserve_the_spare_descriptor_keeps_the_listener_alive) {
   start_capped(flags);
   x_conn **c = flood();
   /* The table filled up: the connections past it were taken off the queue and closed, and it was said. */
-  int tries = 0;
-  while (x_log_count("out of descriptors") == 0 && tries++ < 500) nap(10);
+  F_POLL(x_log_count("out of descriptors") > 0);
   cr_assert_eq(x_log_count("out of descriptors"), 1, "the spare-descriptor line is missing or not rate-limited");
   cr_assert(x_log_count("with the spare descriptor") == 1);
   cr_assert_leq(x_fd_count(H.pid), FD_LIMIT);
   flood_end(c);
   /* once the flood is gone everything is normal again */
   int ok = 0;
-  for (tries = 0; tries < 500 && !ok; tries++) {
+  for (int64_t until = f_now_ms() + F_WAIT_MS; !ok && f_now_ms() < until;) {
     ok = status_answered();
     if (!ok) nap(10);
   }
