@@ -52,6 +52,10 @@ static sd_io *next_request(sd_writer *w) {
   }
   io = w->free_slots;
   if (!io || !w->jobs) return NULL;
+  /* The free list's link lives in the slot the job fills: kept aside, or
+   * clearing the slot would cut the list to this one slot (one request in
+   * flight however deep the ring). */
+  sd_io *rest = io->next;
   sd_wjob *start = w->rr ? w->rr : w->jobs, *j = start;
   do {
     sd_wjob *nj = j->next ? j->next : w->jobs;
@@ -70,7 +74,7 @@ static sd_io *next_request(sd_writer *w) {
         /* A job's write without a staging chunk is a zero-copy one (retries not counted again); the raw job's
          * buffers are its callers' own, not clients' segments. */
         if (io->kind == SD_IO_WRITE && !io->chunk && j != &w->raw.job) w->st.writes_zero_copy++;
-        w->free_slots = w->free_slots->next;
+        w->free_slots = rest;
         io->job = j;
         io->next = NULL;
         j->inflight++;
@@ -81,6 +85,7 @@ static sd_io *next_request(sd_writer *w) {
     }
     j = nj;
   } while (j != start);
+  io->next = rest;
   return NULL;
 }
 

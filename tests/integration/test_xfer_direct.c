@@ -170,6 +170,9 @@ static void *scribble(void *arg) {
   return NULL;
 }
 
+/* Bytes of rank 3's segment scribbled on from its start (0: all of it). */
+static size_t scribble_len;
+
 static void scribble_after_seal(const h_script *s, int rank, int point, shardd_client *c) {
   (void)c;
   if (rank != 3 || point != H_AT_SEAL) return;
@@ -177,7 +180,7 @@ static void scribble_after_seal(const h_script *s, int rank, int point, shardd_c
   int fd = shm_open(s->sh->r[rank].shm, O_RDWR, 0);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) return;
-  m.len = (size_t)st.st_size;
+  m.len = scribble_len && scribble_len < (size_t)st.st_size ? scribble_len : (size_t)st.st_size;
   m.p = mmap(NULL, m.len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   pthread_t th;
@@ -222,6 +225,10 @@ Test(xfer_direct, a_rank_writing_into_its_arena_under_a_mixed_block_fails_the_sa
   for (size_t i = 0; i < sizeof mixed / sizeof *mixed; i++)
     if (!strcmp(mixed[i].name, "c.w") && mixed[i].rank == 1) mixed[i].count[0] = 200;
     else if (!strcmp(mixed[i].name, "c.w") && mixed[i].rank == 2) mixed[i].count[0] = 0;
+  /* Only the first page of rank 3's segment, the start of its c.w rows, which lie in the mixed block
+   * (file offsets 823,296 on, up to the block's end at 1 MiB): its own blocks' zero-copy writes,
+   * in flight beside the mixed block's, never see a change and cannot fail the save first. */
+  scribble_len = 4096;
   torn_on_node1("xd-torn-mixed", "xd/torn-mixed", mixed, sizeof mixed / sizeof *mixed, "filejob_mixed");
 }
 

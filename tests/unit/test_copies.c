@@ -214,7 +214,8 @@ Test(copies, a_shrunken_segment_under_parallel_trips, .init = setup, .fini = fr_
   fr_outcome o = {0};
   fc_publish(&c, "shrunk", &o, NULL);
   cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
-  cr_expect_not_null(strstr(o.msg, "SIGBUS"), "%s", o.msg);
+  /* a staged copy faults, or a zero-copy write in flight beside it gets EFAULT first */
+  cr_expect(strstr(o.msg, "SIGBUS") || strstr(o.msg, "Bad address"), "%s", o.msg);
   struct stat st;
   char dir[PATH_MAX];
   snprintf(dir, sizeof dir, "%s/shrunk", FR.root);
@@ -339,7 +340,8 @@ Test(copies, fileset_stops_when_told, .init = setup, .fini = fr_teardown, .timeo
 }
 
 /* A rank's segment cut short under the job: the job fails naming the file,
- * through the descriptor (short read) or the mapping (SIGBUS). */
+ * through the descriptor (short read) or the mapping (SIGBUS), or by a
+ * zero-copy write from the mapping that gets EFAULT first. */
 Test(copies, fileset_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr_teardown, .timeout = 60) {
   make_writer(2, 1 << 20, 64 << 10);
   size_t len = 4u << 20;
@@ -355,7 +357,7 @@ Test(copies, fileset_a_shrunken_segment_fails_the_job, .init = setup, .fini = fr
     run_fileset(&c, with_span ? &span : NULL, NULL, 0, &o, fds);
     cr_expect_eq(o.code, SHARDD_E_IO, "%s", o.msg);
     cr_expect_not_null(strstr(o.msg, c.plan.files[0].name), "%s", o.msg);
-    cr_expect_not_null(strstr(o.msg, with_span ? "came up short" : "SIGBUS"), "%s", o.msg);
+    cr_expect(strstr(o.msg, with_span ? "came up short" : "SIGBUS") || strstr(o.msg, "Bad address"), "%s", o.msg);
     fc_free(&c);
     munmap(m, len);
     close(fd);
