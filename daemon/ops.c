@@ -17,6 +17,12 @@
 typedef json_t *(*op_fn)(sd_session *s, json_t *req, json_t *id);
 
 static json_t *fail(json_t *id, const sd_error *err) { return sd_msg_error_from(id, err); }
+/* An error of a request on a save names the save's dir beside its id (sd_save_err_dir), unless
+ * the request ended the save, whose own failure already did. */
+static json_t *fail_in(sd_session *s, json_t *id, const sd_save *save, sd_error *err) {
+  if (save && sd_save_alive(s->d, save)) sd_save_err_dir(save, err);
+  return fail(id, err);
+}
 
 /* ------------------------------------------------------------------------ *
  * Finding the save a request names
@@ -241,12 +247,12 @@ static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
   memset(&a, 0, sizeof a);
   if (find_rank(s, req, &save, &rank, &err) || parse_tensor(req, s->d->cfg->max_name_len, s->d->cfg->max_dims, &a, &err) || parse_source(s, req, &a, &err)) {
     free(a.data);
-    return fail(id, &err);
+    return fail_in(s, id, save, &err);
   }
   uint64_t len = a.len;
   int rc = sd_save_put(save, rank, &a, &err); /* may end (and free) the save */
   free(a.data);
-  if (rc) return fail(id, &err);
+  if (rc) return fail_in(s, id, save, &err);
   s->d->counters.puts++;
   s->d->counters.bytes_put += len;
   json_t *m = sd_msg_ok(id);
@@ -261,8 +267,9 @@ static const char *slice_name(const json_t *slice) {
   return name && strlen(name) <= SD_NAME_MAX && sd_name_check(name, strlen(name), &ignored) == 0 ? name : NULL;
 }
 
-static json_t *puts_reply(json_t *id, const sd_error *err, size_t accepted, uint64_t bytes) {
-  json_t *m = err ? fail(id, err) : sd_msg_ok(id);
+static json_t *puts_reply(sd_session *s, json_t *id, const sd_save *save, sd_error *err, size_t accepted,
+                          uint64_t bytes) {
+  json_t *m = err ? fail_in(s, id, save, err) : sd_msg_ok(id);
   json_object_set_new(m, "accepted", json_integer((json_int_t)accepted));
   if (!err) json_object_set_new(m, "bytes", json_integer((json_int_t)bytes));
   return m;
@@ -279,7 +286,7 @@ static json_t *op_puts(sd_session *s, json_t *req, json_t *id) {
   size_t n = 0, accepted = 0;
   uint64_t bytes = 0;
   if (find_rank(s, req, &save, &rank, &err) || sd_req_puts_slices(req, &slices, &n, &err))
-    return puts_reply(id, &err, 0, 0);
+    return puts_reply(s, id, save, &err, 0, 0);
   for (; accepted < n; accepted++) {
     const json_t *slice = json_array_get(slices, accepted);
     sd_put_args a;
@@ -295,7 +302,7 @@ static json_t *op_puts(sd_session *s, json_t *req, json_t *id) {
   }
   s->d->counters.puts += accepted;
   s->d->counters.bytes_put += bytes;
-  return puts_reply(id, err.code ? &err : NULL, accepted, bytes);
+  return puts_reply(s, id, save, err.code ? &err : NULL, accepted, bytes);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -311,9 +318,9 @@ static json_t *op_file(sd_session *s, json_t *req, json_t *id) {
   if (find_rank(s, req, &save, &rank, &err) || sd_msg_str(req, "path", 1, &path, NULL, &err) < 0 ||
       sd_path_check_name(path, &err) || sd_artifact_name_check(save->prefix, path, &err) ||
       sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0)
-    return fail(id, &err);
-  if (sd_req_data(data, dlen, "file", path, &bytes, &got, &err) != 0) return fail(id, &err);
-  if (sd_save_file(save, rank, path, bytes, got, &err) != 0) return fail(id, &err);
+    return fail_in(s, id, save, &err);
+  if (sd_req_data(data, dlen, "file", path, &bytes, &got, &err) != 0) return fail_in(s, id, save, &err);
+  if (sd_save_file(save, rank, path, bytes, got, &err) != 0) return fail_in(s, id, save, &err);
   json_t *m = sd_msg_ok(id);
   json_object_set_new(m, "bytes", json_integer((json_int_t)got));
   return m;
@@ -323,7 +330,7 @@ static json_t *op_seal(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   sd_save *save = NULL;
   uint32_t rank = 0;
-  if (find_rank(s, req, &save, &rank, &err) || sd_save_seal(save, rank, &err)) return fail(id, &err);
+  if (find_rank(s, req, &save, &rank, &err) || sd_save_seal(save, rank, &err)) return fail_in(s, id, save, &err);
   /* Reply first: planning may end the save at once, and its wait answers
    * must not overtake this reply. */
   sd_session_send(s, sd_msg_ok(id));
@@ -339,7 +346,7 @@ static json_t *op_declared(sd_session *s, json_t *req, json_t *id) {
   sd_error err = {0};
   sd_save *save = NULL;
   uint32_t rank = 0;
-  if (find_rank(s, req, &save, &rank, &err) || sd_save_declared(save, rank, &err)) return fail(id, &err);
+  if (find_rank(s, req, &save, &rank, &err) || sd_save_declared(save, rank, &err)) return fail_in(s, id, save, &err);
   /* Reply first, as for seal: planning may end the save at once. */
   sd_session_send(s, sd_msg_ok(id));
   sd_session_flush(s);
@@ -354,18 +361,18 @@ static json_t *op_ready(sd_session *s, json_t *req, json_t *id) {
   uint64_t rid = 0, upto = 0;
   if (find_rank(s, req, &save, &rank, &err) || sd_msg_u64(req, "region", 1, 0, &rid, &err) < 0 ||
       sd_msg_u64(req, "upto", 1, 0, &upto, &err) < 0)
-    return fail(id, &err);
+    return fail_in(s, id, save, &err);
   sd_region *r = sd_region_table_get(&s->regions, rid);
   if (!r) {
     sd_fail(&err, SHARDD_E_NO_SUCH_REGION, "ready: no region %llu on this connection", (unsigned long long)rid);
-    return fail(id, &err);
+    return fail_in(s, id, save, &err);
   }
   if (upto > r->size) {
     sd_fail(&err, SHARDD_E_OUT_OF_RANGE, "ready: 'upto' %llu is past the end of region %llu ('%s', %llu bytes)",
             (unsigned long long)upto, (unsigned long long)rid, r->name, (unsigned long long)r->size);
-    return fail(id, &err);
+    return fail_in(s, id, save, &err);
   }
-  if (sd_save_ready(save, rank, r, upto, &err)) return fail(id, &err);
+  if (sd_save_ready(save, rank, r, upto, &err)) return fail_in(s, id, save, &err);
   return sd_msg_ok(id);
 }
 
@@ -393,7 +400,7 @@ static json_t *op_abort(sd_session *s, json_t *req, json_t *id) {
   if (rc == 0 && s->uid != save->owner_uid) {
     sd_fail(&err, SHARDD_E_PERMISSION, "save '%s' belongs to uid %u; uid %u may not abort it", save->id,
             (unsigned)save->owner_uid, (unsigned)s->uid);
-    return fail(id, &err);
+    return fail_in(s, id, save, &err);
   }
   if (rc == 0) {
     int r = sd_session_rank_of(s, save);

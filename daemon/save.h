@@ -236,7 +236,12 @@ int sd_save_ready(sd_save *save, uint32_t rank, const sd_region *r, uint64_t upt
 void sd_save_maybe_start(sd_save *save);
 /* Fails the save for every rank; the first error wins. */
 void sd_save_fail(sd_save *save, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-void sd_save_fail_err(sd_save *save, const sd_error *err);
+/* err's message gets the save's dir beside its id first (sd_save_err_dir), for the caller too. */
+void sd_save_fail_err(sd_save *save, sd_error *err);
+/* Names the save's dir after the first "save 'ID'" of err's message that does not name it yet. */
+void sd_save_err_dir(const sd_save *save, sd_error *err);
+/* Whether save is still in flight (a call may have ended and freed it). */
+int sd_save_alive(sd_daemon *d, const sd_save *save);
 /* Registers a waiter for the end of the save (id is borrowed); it hears
  * through the owner's `waited`. */
 int sd_save_add_waiter(sd_save *save, void *owner, json_t *id, sd_error *err);

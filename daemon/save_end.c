@@ -119,7 +119,8 @@ static void finalize(sd_save *save, const char *final_path) {
 /* ------------------------------------------------------------------------ *
  * Failure
  * ------------------------------------------------------------------------ */
-void sd_save_fail_err(sd_save *save, const sd_error *err) {
+void sd_save_fail_err(sd_save *save, sd_error *err) {
+  sd_save_err_dir(save, err);
   if (save->err.code) return;
   save->err = *err;
   if (!save->err.code) save->err.code = SHARDD_E_INTERNAL;

@@ -4,8 +4,6 @@
 
 #include "save.h"
 
-/* 1 while save is still in the daemon's table (a callback may have ended it). */
-int sd_save_alive(sd_daemon *d, const sd_save *save);
 /* A new save from a's fields (copied), in no table yet; NULL when out of memory. */
 sd_save *sd_save_new(sd_daemon *d, const sd_begin_args *a);
 /* Lets go of everything the save holds, the multi-node part included. */

@@ -1,4 +1,5 @@
 /* A save's memory: lookup, creation and teardown, the finished results kept for late waits, status figures. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +21,22 @@ int sd_save_alive(sd_daemon *d, const sd_save *save) {
   for (sd_save *s = d->saves; s; s = s->next)
     if (s == save) return 1;
   return 0;
+}
+
+/* shardd.save derives a save's id from its dir ("runs:step-3", or a readable part and a hash):
+ * an id alone means little to a user who only ever named the dir, so a message that names the
+ * save by its id names the dir beside it. The message is cut, if it must be, at its end. */
+void sd_save_err_dir(const sd_save *save, sd_error *err) {
+  char needle[160], dir_named[240];
+  snprintf(needle, sizeof needle, "save '%.128s'", save->id);
+  snprintf(dir_named, sizeof dir_named, "dir '%.200s", save->dir);
+  char *at = strstr(err->msg, needle);
+  if (!at || strncmp(at + strlen(needle), " (dir '", 7) == 0 || strstr(err->msg, dir_named)) return;
+  at += strlen(needle);
+  char rest[SD_ERRMSG_MAX];
+  snprintf(rest, sizeof rest, "%s", at);
+  size_t head = (size_t)(at - err->msg);
+  snprintf(at, sizeof err->msg - head, " (%s')%s", dir_named, rest);
 }
 
 const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id) {

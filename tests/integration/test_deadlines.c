@@ -57,6 +57,10 @@ static double lone_rank(h_script *s, const char *id, const char *dir) {
   h_reap_ok(p, "rank 0");
   double secs = now_s() - t0;
   expect_rank(s, 0, SHARDD_E_TIMEOUT, "rank 1 of 2 never began within join_timeout 2 s");
+  /* The id may be one the library derived from the dir: the message names the dir too. */
+  char named[300];
+  snprintf(named, sizeof named, "save '%s' (dir '%s'): rank 1 of 2 never began", id, dir);
+  expect_rank(s, 0, SHARDD_E_TIMEOUT, named);
   h_expect_unpublished(dir);
   cr_assert_eq(save_count(), 0, "the failed save is still in flight");
   return secs;
@@ -141,12 +145,12 @@ Test(deadlines, silent_ranks_past_idle_timeout_fail_the_save_naming_them, ONE_NO
   pids[1] = h_fork(h_rank_main, 1, &s);
   h_reap_ok(pids[0], "rank 0");
   double secs = now_s() - t0;
-  expect_rank(&s, 0, SHARDD_E_TIMEOUT, "rank 1 of 2 sent nothing");
+  expect_rank(&s, 0, SHARDD_E_TIMEOUT, "save 'idle' (dir 'idle/1'): rank 1 of 2 sent nothing");
   cr_assert(strstr(s.sh->r[0].wmsg, "idle_timeout 2 s") && strstr(s.sh->r[0].wmsg, "rank 0 sealed"), "%s",
             s.sh->r[0].wmsg);
   h_signal(s.sh, C_GO); /* the silent rank wakes to a save that is over */
   h_reap_ok(pids[1], "rank 1");
-  expect_rank(&s, 1, SHARDD_E_TIMEOUT, "sent nothing");
+  expect_rank(&s, 1, SHARDD_E_TIMEOUT, "save 'idle' (dir 'idle/1'): rank 1 of 2 sent nothing");
   h_expect_unpublished("idle/1");
   cr_assert_eq(save_count(), 0);
   printf("deadlines: idle_timeout 2 s, sealed rank 0 heard timeout %.2f s after the ranks started\n", secs);

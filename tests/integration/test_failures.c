@@ -412,7 +412,7 @@ Test(failures, abort_by_a_rank_reaches_the_others) {
                 .hook = rank1_aborts, .wait_after_fail = 1};
   h_run(&s);
   cr_assert_str_eq(s.sh->r[1].step, "seal", "rank 1 aborted, then its seal fails: %s", s.sh->r[1].msg);
-  h_expect_failed(&s, SHARDD_E_ABORTED, "save 'self' aborted by rank 1", (char *)NULL);
+  h_expect_failed(&s, SHARDD_E_ABORTED, "save 'self' (dir 'self') aborted by rank 1", (char *)NULL);
   h_expect_unpublished("self");
   /* A late wait from another connection learns the same; aborting again is a no-op. */
   shardd_client *c;

@@ -414,7 +414,8 @@ class SaveTest(unittest.TestCase):
         with self.assertRaises(shardd.ShardError) as cm:
             c.wait("alone", timeout=WAIT)
         self.assertEqual(cm.exception.name, "timeout")
-        self.assertIn("rank 1 of 2 never began within join_timeout 1 s", str(cm.exception))
+        self.assertIn("save 'alone' (dir 'alone'): rank 1 of 2 never began within join_timeout 1 s",
+                      str(cm.exception))
         with shardd.Client(D.socket) as late:
             with self.assertRaises(shardd.ShardError) as cm:
                 late.begin("alone", "alone", rank=1, world_size=2)
