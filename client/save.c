@@ -325,6 +325,7 @@ static int put_arena(shardd_client *c, const char *save, const shardd_tensor_des
 
 typedef struct {
   const char *save;
+  const char *prefix;       /* every slice's file prefix; NULL: the save's */
   const shardd_tensor_desc *t;
   const uint64_t *offsets;
   const uint8_t *in_region; /* per slice, from arena_check */
@@ -360,6 +361,10 @@ static void put_slice(sd_buf *b, const puts_lines *l, size_t i) {
   if (t->index >= 0) {
     sd_buf_puts(b, ",\"index\":");
     sd_buf_put_u64(b, (uint64_t)t->index);
+  }
+  if (l->prefix) {
+    sd_buf_puts(b, ",\"prefix\":");
+    sd_buf_json_str(b, l->prefix, strlen(l->prefix));
   }
   if (l->in_region[i]) {
     sd_buf_puts(b, ",\"region\":");
@@ -400,6 +405,8 @@ static int puts_line(shardd_client *c, void *ctx, size_t k, json_int_t id, sd_bu
 static int puts_check(shardd_client *c, puts_lines *l, uint8_t *in_region, size_t *failed) {
   if (!sd_utf8_valid(l->save, strlen(l->save), NULL))
     return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put_many: save id is not valid UTF-8");
+  sd_error err = {0};
+  if (l->prefix && sd_prefix_check(l->prefix, &err)) return sd_client_fail(c, err.code, "put_many: %s", err.msg);
   for (size_t i = 0; i < l->n; i++) {
     uint64_t nbytes = 0;
     int sliced = 0, in = 0, rc = desc_check(c, l->save, &l->t[i], &nbytes, &sliced);
@@ -421,13 +428,15 @@ static int puts_check(shardd_client *c, puts_lines *l, uint8_t *in_region, size_
 }
 
 /* Older daemons (no max_puts in their hello): one put line per slice, pipelined. */
-static int put_many_singly(shardd_client *c, const char *save, const shardd_tensor_desc *t,
+static int put_many_singly(shardd_client *c, const char *save, const char *prefix, const shardd_tensor_desc *t,
                            const uint64_t *offsets, size_t n, shardd_arena *a, int deferred, size_t *failed) {
   json_t **reqs = calloc(n ? n : 1, sizeof *reqs);
   if (!reqs) return sd_client_fail(c, SHARDD_E_NO_MEMORY, "put_many: cannot hold %zu requests", n);
   int rc = 0;
-  for (size_t i = 0; i < n && !rc; i++) rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0,
-                                                           deferred ? PUT_DEFERRED : PUT_IN_PLACE, &reqs[i]);
+  for (size_t i = 0; i < n && !rc; i++) {
+    rc = arena_request(c, save, &t[i], a, offsets[i], NULL, 0, deferred ? PUT_DEFERRED : PUT_IN_PLACE, &reqs[i]);
+    if (!rc && prefix) json_object_set_new(reqs[i], "prefix", json_string(prefix));
+  }
   if (!rc) rc = sd_client_request_many(c, reqs, n, failed);
   else for (size_t k = 0; k < n; k++) json_decref(reqs[k]);
   free(reqs);
@@ -437,20 +446,26 @@ static int put_many_singly(shardd_client *c, const char *save, const shardd_tens
 SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
                                   size_t *failed) {
+  return shardd_put_many_prefix(c, save, NULL, t, offsets, n, a, deferred, failed);
+}
+
+SHARDD_EXPORT int shardd_put_many_prefix(shardd_client *c, const char *save, const char *prefix,
+                                         const shardd_tensor_desc *t, const uint64_t *offsets, size_t n,
+                                         shardd_arena *a, int deferred, size_t *failed) {
   size_t failed_at = 0;
   if (failed) *failed = 0;
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!save) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put: save id is NULL");
   if (n && (!t || !offsets)) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "put_many: tensors or offsets is NULL");
   if (n == 0) return sd_client_ok(c);
-  puts_lines l = {.save = save, .t = t, .offsets = offsets, .n = n, .a = a, .deferred = deferred};
+  puts_lines l = {.save = save, .prefix = prefix, .t = t, .offsets = offsets, .n = n, .a = a, .deferred = deferred};
   uint8_t *in_region = malloc(n);
   /* Lines hold a slice each at least: n lines at most. */
   l.first = malloc(n * sizeof *l.first);
   int rc = !in_region || !l.first ? sd_client_fail(c, SHARDD_E_NO_MEMORY, "put_many: cannot hold %zu slices", n)
                                   : puts_check(c, &l, in_region, &failed_at);
   if (!rc && !c->max_puts) {
-    rc = put_many_singly(c, save, t, offsets, n, a, deferred, &failed_at);
+    rc = put_many_singly(c, save, prefix, t, offsets, n, a, deferred, &failed_at);
   } else if (!rc) {
     l.in_region = in_region;
     l.line_bytes = c->max_line && c->max_line < PUTS_LINE_BYTES ? (size_t)c->max_line : PUTS_LINE_BYTES;

@@ -185,10 +185,12 @@ static int table_entry(sd_lead *L, uint32_t k, ltable *tab, json_t *e, sd_error 
   const char *name = json_string_value(json_array_get(e, 0));
   const char *dtype = json_string_value(json_array_get(e, 1));
   json_t *shape = json_array_get(e, 2), *ji = json_array_get(e, 3), *jr = json_array_get(e, 4);
+  const char *prefix = json_string_value(json_array_get(e, 5)); /* a file series of its own */
   uint64_t dims[SD_MAX_DIMS];
   sd_dtype dt;
   size_t nd = json_array_size(shape);
-  int ok = json_array_size(e) == 5 && name && !sd_name_check(name, strlen(name), err) && dtype &&
+  int ok = (json_array_size(e) == 5 || (json_array_size(e) == 6 && prefix && !sd_prefix_check(prefix, err))) && name &&
+           !sd_name_check(name, strlen(name), err) && dtype &&
            !sd_dtype_parse(dtype, &dt, err) && json_is_array(shape) && nd <= SD_MAX_DIMS && json_is_integer(ji) &&
            json_integer_value(ji) >= -1 && json_is_integer(jr);
   for (size_t d = 0; ok && d < nd; d++) {
@@ -202,9 +204,10 @@ static int table_entry(sd_lead *L, uint32_t k, ltable *tab, json_t *e, sd_error 
     return sd_fail(err, SHARDD_E_CONFLICT, "tensor '%s': node %u names rank %lld, not one of its own", name, k,
                    (long long)rank);
   int64_t index = json_integer_value(ji);
-  sd_ctable_hash_add(tab->hash, name, dt, (uint32_t)nd, dims, index);
-  return sd_cmanifest_tensor(&L->man, name, dt, (uint32_t)nd, dims, index, k, (uint32_t)rank, &tab->map[tab->filled++],
-                             err);
+  sd_ctable_hash_add(tab->hash, name, dt, (uint32_t)nd, dims, index, prefix);
+  int rc = sd_cmanifest_tensor(&L->man, name, dt, (uint32_t)nd, dims, index, k, (uint32_t)rank, &tab->map[tab->filled++],
+                               err);
+  return rc ? rc : sd_cmanifest_prefix(&L->man, name, prefix, k, err);
 }
 
 int sd_lead_table(sd_lead *L, uint32_t k, json_t *h, int *ready, sd_error *err) {

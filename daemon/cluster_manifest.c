@@ -163,7 +163,7 @@ void sd_node_sealed(sd_csave *cs) {
     for (size_t j = 0; j < t->nslices; j++)
       if (fresh[t->slices[j]->rank]) {
         tab->t[tab->n++] = t;
-        sd_ctable_hash_add(hash, t->name, t->dtype, t->ndim, t->shape, t->index);
+        sd_ctable_hash_add(hash, t->name, t->dtype, t->ndim, t->shape, t->index, t->prefix);
         break;
       }
   }
@@ -234,13 +234,15 @@ void sd_node_send_table(sd_csave *cs, json_t *h) {
                       cs->save->id);
     return;
   }
-  /* [name, dtype, shape, index (-1: none), the rank that declared it first] */
+  /* [name, dtype, shape, index (-1: none), the rank that declared it first, and its file prefix if it has one] */
   for (size_t at = 0; at < tab->n || at == 0; at += SD_TABLE_TENSORS) {
     json_t *ts = json_array();
     for (size_t i = at; i < tab->n && i < at + SD_TABLE_TENSORS; i++) {
       const sd_save_tensor *t = tab->t[i];
-      json_array_append_new(ts, json_pack("[s,s,o,I,i]", t->name, sd_dtype_name(t->dtype), u64_array(t->shape, t->ndim),
-                                          (json_int_t)(t->index >= 0 ? t->index : -1), (int)t->first_rank));
+      json_t *e = json_pack("[s,s,o,I,i]", t->name, sd_dtype_name(t->dtype), u64_array(t->shape, t->ndim),
+                            (json_int_t)(t->index >= 0 ? t->index : -1), (int)t->first_rank);
+      if (e && t->prefix) json_array_append_new(e, json_string(t->prefix));
+      json_array_append_new(ts, e);
     }
     json_t *m = json_pack("{s:s,s:s,s:I,s:o}", "t", "table", "digest", hex, "from", (json_int_t)at, "tensors", ts);
     if (m && at + SD_TABLE_TENSORS < tab->n) json_object_set_new(m, "more", json_true());

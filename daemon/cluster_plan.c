@@ -195,7 +195,7 @@ static void put_le(uint8_t *b, uint64_t v) {
 }
 
 void sd_ctable_hash_add(sd_ctable_hash *h, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
-                        int64_t index) {
+                        int64_t index, const char *prefix) {
   if (!h) return;
   uint8_t b[8 * (3 + SD_MAX_DIMS)];
   size_t n = 0;
@@ -205,6 +205,7 @@ void sd_ctable_hash_add(sd_ctable_hash *h, const char *name, sd_dtype dtype, uin
   put_le(b + n, (uint64_t)(index < 0 ? -1 : index)), n += 8;
   EVP_DigestUpdate((EVP_MD_CTX *)h, name, strlen(name) + 1);
   EVP_DigestUpdate((EVP_MD_CTX *)h, b, n);
+  if (prefix) EVP_DigestUpdate((EVP_MD_CTX *)h, prefix, strlen(prefix) + 1);
 }
 
 int sd_ctable_hash_end(sd_ctable_hash *h, uint8_t out[SD_CTABLE_DIGEST]) {
@@ -260,11 +261,27 @@ int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, si
   return 0;
 }
 
+int sd_cmanifest_prefix(sd_cmanifest *m, const char *name, const char *prefix, uint32_t node, sd_error *err) {
+  sd_ctensor *t = tensor_find(m, name);
+  if (!t) return sd_fail(err, SHARDD_E_INTERNAL, "tensor '%s': node %u gives a prefix before any slice", name, node);
+  if (!t->prefix_given) {
+    t->prefix_given = 1;
+    if (prefix && !(t->prefix = strdup(prefix)))
+      return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", name);
+    return 0;
+  }
+  if (!prefix == !t->prefix && (!prefix || strcmp(prefix, t->prefix) == 0)) return 0;
+  return sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': node %u puts it in files of prefix '%.100s', rank %u (node %u) "
+                 "in '%.100s' ('' is the save's own)", name, node, prefix ? prefix : "", t->first_rank, t->first_node,
+                 t->prefix ? t->prefix : "");
+}
+
 void sd_cmanifest_free(sd_cmanifest *m) {
   for (size_t i = 0; i < m->ntensors; i++) {
     sd_ctensor *t = m->tensors[i];
     free(t->slices);
     free(t->name);
+    free(t->prefix);
     free(t);
   }
   for (size_t i = 0; i < m->nfiles; i++) {
@@ -445,7 +462,8 @@ int sd_cplan_build(sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const s
   p->ntensors = m->ntensors;
   for (size_t i = 0; i < m->ntensors; i++) {
     const sd_ctensor *t = m->tensors[i];
-    p->tensors[i] = (sd_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .index = t->index};
+    p->tensors[i] = (sd_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .index = t->index,
+                                .prefix = t->prefix};
     memcpy(p->tensors[i].shape, t->shape, sizeof t->shape);
   }
   rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, opts, err);

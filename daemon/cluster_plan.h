@@ -36,6 +36,8 @@ typedef struct {
   uint32_t ndim;
   uint64_t shape[SD_MAX_DIMS];
   int64_t index;           /* -1: natural order */
+  char *prefix;            /* its own file series' prefix; NULL: the save's */
+  int prefix_given;        /* a node described its prefix (or its absence) already */
   uint32_t first_rank, first_node;
   sd_cslice **slices;
   size_t nslices, cap;
@@ -83,18 +85,22 @@ int sd_cmanifest_slice(sd_cmanifest *m, const char *name, sd_dtype dtype, uint32
 /* A node's tensor table (the name, dtype, shape and index of each tensor its ranks declared, in
  * its order) is sent to the leader once per distinct table, known by this digest (SHA-256 over
  * the entries, each name NUL-terminated, then dtype, ndim, the shape and the index as
- * little-endian integers): node and leader compute it the same way. */
+ * little-endian integers, then a file prefix NUL-terminated where the tensor has one): node and
+ * leader compute it the same way. */
 #define SD_CTABLE_DIGEST 32
 typedef struct sd_ctable_hash sd_ctable_hash;
 sd_ctable_hash *sd_ctable_hash_new(void);
 void sd_ctable_hash_add(sd_ctable_hash *h, const char *name, sd_dtype dtype, uint32_t ndim, const uint64_t *shape,
-                        int64_t index);
+                        int64_t index, const char *prefix);
 /* The digest into out, and h freed; h NULL (out of memory): -1. */
 int sd_ctable_hash_end(sd_ctable_hash *h, uint8_t out[SD_CTABLE_DIGEST]);
 /* A digest in hex, as the messages carry it (out: 2 * SD_CTABLE_DIGEST + 1 bytes), and back (-1: not one). */
 void sd_ctable_hex(const uint8_t digest[SD_CTABLE_DIGEST], char *out);
 int sd_ctable_unhex(const char *hex, uint8_t digest[SD_CTABLE_DIGEST]);
 
+/* The file prefix a node gives tensor `name` (described already; NULL: the save's own). Every
+ * node must give the same: SHARDD_E_MISMATCH names the tensor, the node and the prefixes. */
+int sd_cmanifest_prefix(sd_cmanifest *m, const char *name, const char *prefix, uint32_t node, sd_error *err);
 /* A `file` artifact (data copied); the same name with other bytes: SHARDD_E_CONFLICT. */
 int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank,
                       sd_error *err);

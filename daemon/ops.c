@@ -208,6 +208,7 @@ static int parse_tensor(const json_t *req, unsigned max_name, unsigned max_dims,
   memcpy(a->start, t.start, sizeof a->start);
   memcpy(a->count, t.count, sizeof a->count);
   a->index = t.index;
+  a->prefix = t.prefix;
   a->len = t.len;
   return 0;
 }

@@ -171,6 +171,7 @@ int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
     o->ndim = t->ndim;
     memcpy(o->shape, t->shape, sizeof o->shape);
     o->index = t->index;
+    o->prefix = t->prefix;
   }
   int rc = check_coverage(save, keep, err);
   if (rc) goto out;

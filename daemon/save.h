@@ -36,6 +36,7 @@ typedef struct {
   uint32_t ndim;
   uint64_t shape[SD_MAX_DIMS];
   int64_t index;           /* -1: natural name order */
+  const char *prefix;      /* a file series of its own: one of the save's series[]; NULL: the save's prefix */
   uint32_t first_rank;     /* who declared dtype/shape first, for messages */
   sd_slice **slices;
   size_t nslices, cap;
@@ -75,6 +76,8 @@ typedef struct sd_save {
   struct sd_save *next;
   sd_daemon *d;
   char *id, *dir, *prefix;
+  char *series[SD_MAX_SERIES - 1]; /* the other file prefixes its puts name, each kept once */
+  size_t nseries;
   uint32_t world_size;
   uint64_t max_shard_size; /* 0: default */
   sd_kv *metadata;         /* owned strings */
@@ -154,6 +157,7 @@ typedef struct {
   uint64_t shape[SD_MAX_DIMS];
   uint64_t start[SD_MAX_DIMS], count[SD_MAX_DIMS];
   int64_t index;
+  const char *prefix;      /* its file series' prefix (borrowed); NULL: the save's */
   sd_region *region;       /* borrowed; the save takes its own reference */
   uint64_t offset;
   uint8_t *data;           /* taken over by the save on success */

@@ -205,11 +205,32 @@ static int rank_reserve_pending(sd_rank *rk) {
   return SD_GROW(rk->pending, rk->pcap, rk->npending + 1, 16);
 }
 
+/* The save's own copy of a put's file prefix, kept once however many tensors name it (NULL for
+ * the save's own prefix), so a tensor's prefix is compared by pointer. */
+static int series_of(sd_save *save, const sd_put_args *a, const char **out, sd_error *err) {
+  *out = NULL;
+  if (!a->prefix || strcmp(a->prefix, save->prefix) == 0) return 0;
+  for (size_t i = 0; i < save->nseries; i++)
+    if (strcmp(save->series[i], a->prefix) == 0) {
+      *out = save->series[i];
+      return 0;
+    }
+  if (save->nseries == SD_MAX_SERIES - 1)
+    return sd_fail(err, SHARDD_E_LIMIT, "tensor '%s': save '%s' already names %d file prefixes besides '%s'; "
+                   "prefix '%s' refused", a->name, save->id, SD_MAX_SERIES - 1, save->prefix, a->prefix);
+  if (!(save->series[save->nseries] = strdup(a->prefix)))
+    return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording tensor '%s'", a->name);
+  *out = save->series[save->nseries++];
+  return 0;
+}
+
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   sd_save_touch(save);
   if (save->ranks[rank].declared)
     return sd_fail(err, SHARDD_E_BAD_STATE, "tensor '%s': rank %u has declared its puts complete in save '%s'",
                    a->name, rank, save->id);
+  const char *series = NULL;
+  if (series_of(save, a, &series, err)) return err->code;
   sd_save_tensor *t = tensor_find(save, a->name);
   const sd_config *cfg = save->d->cfg;
   if (cfg && !t && save->ntensors >= cfg->max_tensors)
@@ -231,6 +252,12 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     if (a->index >= 0 && t->index >= 0 && a->index != t->index) {
       sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u gives index %lld, an earlier put gave %lld",
               a->name, rank, (long long)a->index, (long long)t->index);
+      sd_save_fail_err(save, err);
+      return err->code;
+    }
+    if (series != t->prefix) {
+      sd_fail(err, SHARDD_E_MISMATCH, "tensor '%s': rank %u puts it in files of prefix '%s', rank %u in '%s'",
+              a->name, rank, series ? series : save->prefix, t->first_rank, t->prefix ? t->prefix : save->prefix);
       sd_save_fail_err(save, err);
       return err->code;
     }
@@ -256,6 +283,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
     t->ndim = a->ndim;
     memcpy(t->shape, a->shape, a->ndim * sizeof(uint64_t));
     t->index = -1;
+    t->prefix = series;
     t->first_rank = rank;
   }
   if (SD_GROW(t->slices, t->cap, t->nslices + 1, 2)) {

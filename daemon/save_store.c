@@ -96,6 +96,7 @@ void sd_save_free(sd_save *save) {
   free(save->id);
   free(save->dir);
   free(save->prefix);
+  for (size_t i = 0; i < save->nseries; i++) free(save->series[i]);
   free(save);
 }
 

@@ -106,6 +106,85 @@ static size_t hf_split(const uint32_t *ord, const uint64_t *nbytes, const sd_ten
 }
 
 /* ------------------------------------------------------------------------ *
+ * File series: the tensors of each prefix split apart
+ * ------------------------------------------------------------------------ */
+typedef struct {
+  const char *prefix[SD_MAX_SERIES]; /* [0]: the plan's own */
+  size_t nseries;
+  size_t first_file[SD_MAX_SERIES], files[SD_MAX_SERIES];
+  size_t nfiles;
+} series_split;
+
+/* The walk order regrouped series by series (stable within each), then each series split as
+ * save_pretrained splits a state dict; shard_of[i] is ord[i]'s file, numbered across series. */
+static int split_series(const sd_tensor *t, uint32_t *ord, size_t n, const uint64_t *nbytes, uint64_t max,
+                        uint32_t *shard_of, uint32_t *group_final, series_split *ss, sd_error *err) {
+  uint8_t *series = NULL;
+  uint32_t *regrouped = NULL;
+  size_t count[SD_MAX_SERIES] = {0};
+  for (size_t i = 0; i < n; i++) {
+    const char *pre = t[ord[i]].prefix;
+    if (!pre || pre == ss->prefix[0] || strcmp(pre, ss->prefix[0]) == 0) continue;
+    if (!series && !(series = calloc(n, 1))) goto oom;
+    size_t s = 1;
+    while (s < ss->nseries && pre != ss->prefix[s] && strcmp(pre, ss->prefix[s]) != 0) s++;
+    if (s == ss->nseries) {
+      int rc = sd_prefix_check(pre, err);
+      if (rc || s == SD_MAX_SERIES) {
+        free(series);
+        return rc ? rc : sd_fail(err, SHARDD_E_LIMIT, "tensor '%.200s' asks for a file prefix '%.100s': a checkpoint holds at "
+                       "most %d prefixes", t[ord[i]].name, pre, SD_MAX_SERIES);
+      }
+      ss->prefix[ss->nseries++] = pre;
+    }
+    series[i] = (uint8_t)s;
+  }
+  if (ss->nseries > 1) {
+    if (!(regrouped = malloc(n * sizeof *regrouped))) goto oom;
+    for (size_t i = 0; i < n; i++) count[series[i]]++;
+    size_t at[SD_MAX_SERIES], sum = 0;
+    for (size_t s = 0; s < ss->nseries; s++) at[s] = sum, sum += count[s];
+    for (size_t i = 0; i < n; i++) regrouped[at[series[i]]++] = ord[i];
+    memcpy(ord, regrouped, n * sizeof *ord);
+  } else {
+    count[0] = n;
+  }
+  size_t done = 0;
+  for (size_t s = 0; s < ss->nseries; s++) {
+    /* No tensors at all: one empty file, as save_pretrained writes; none for a series left empty. */
+    size_t got = count[s] ? hf_split(ord + done, nbytes, t, count[s], max, shard_of + done, group_final) : n == 0;
+    for (size_t i = done; i < done + count[s]; i++) shard_of[i] += (uint32_t)ss->nfiles;
+    ss->first_file[s] = ss->nfiles;
+    ss->files[s] = got;
+    ss->nfiles += got;
+    done += count[s];
+  }
+  free(series);
+  free(regrouped);
+  return 0;
+oom:
+  free(series);
+  return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu tensors", n);
+}
+
+static int name_ptr_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Two series must not name the same file ("a" split in two makes a-00001-of-00002.safetensors,
+ * which is also what a series "a-00001-of-00002" of one file is called). */
+static int names_distinct(const sd_plan *p, sd_error *err) {
+  char **names = malloc(p->nfiles * sizeof *names);
+  if (!names) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", p->nfiles);
+  for (size_t f = 0; f < p->nfiles; f++) names[f] = p->files[f].name;
+  qsort(names, p->nfiles, sizeof *names, name_ptr_cmp);
+  int rc = 0;
+  for (size_t f = 1; f < p->nfiles && !rc; f++)
+    if (strcmp(names[f], names[f - 1]) == 0)
+      rc = sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "two file prefixes of the save both make %.200s", names[f]);
+  free(names);
+  return rc;
+}
+
+/* ------------------------------------------------------------------------ *
  * Order
  * ------------------------------------------------------------------------ */
 
@@ -383,7 +462,9 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
 
   /* The split's work arrays: 8n + 4 bytes of the block. */
   uint32_t *shard_of = (uint32_t *)block, *group_final = shard_of + alloc_n;
-  size_t nfiles = n ? hf_split(ord, nbytes, tensors, n, max, shard_of, group_final) : 1;
+  series_split ss = {.prefix = {prefix}, .nseries = 1};
+  if ((rc = split_series(tensors, ord, n, nbytes, max, shard_of, group_final, &ss, err))) goto fail;
+  size_t nfiles = ss.nfiles;
   p->files = calloc(nfiles, sizeof *p->files);
   if (!p->files) {
     rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);
@@ -391,11 +472,12 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   }
   p->nfiles = nfiles;
   for (size_t i = 0; i < n; i++) p->files[shard_of[i]].ntensors++;
-  for (size_t f = 0; f < nfiles; f++) {
+  for (size_t f = 0, s = 0; f < nfiles; f++) {
+    while (f >= ss.first_file[s] + ss.files[s]) s++;
     sd_plan_file *pf = &p->files[f];
-    pf->name = nfiles == 1 ? str_printf("%s.safetensors", prefix)
-                           : str_printf("%s-%05u-of-%05u.safetensors", prefix, (unsigned)f + 1,
-                                        (unsigned)nfiles);
+    pf->name = ss.files[s] == 1 ? str_printf("%s.safetensors", ss.prefix[s])
+                                : str_printf("%s-%05u-of-%05u.safetensors", ss.prefix[s],
+                                             (unsigned)(f - ss.first_file[s]) + 1, (unsigned)ss.files[s]);
     pf->tensors = malloc((pf->ntensors ? pf->ntensors : 1) * sizeof *pf->tensors);
     if (!pf->name || !pf->tensors) {
       rc = sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning %zu files", nfiles);
@@ -403,6 +485,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
     }
     pf->ntensors = 0;
   }
+  if (ss.nseries > 1 && (rc = names_distinct(p, err))) goto fail;
   for (size_t i = 0; i < n; i++) {
     sd_plan_file *pf = &p->files[shard_of[i]];
     pf->tensors[pf->ntensors++] = ord[i];

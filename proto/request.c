@@ -103,6 +103,14 @@ int sd_req_tensor_parse(const json_t *req, unsigned max_name, unsigned max_dims,
   int has_index = sd_msg_u64(req, "index", 0, 0, &index, err);
   if (has_index < 0) return err->code;
   t->index = has_index ? (int64_t)index : -1;
+  t->prefix = NULL;
+  if (sd_msg_str(req, "prefix", 0, &t->prefix, NULL, err) < 0) return err->code;
+  if (t->prefix && (strlen(t->prefix) > SD_PREFIX_MAX || sd_prefix_check(t->prefix, err) != 0)) {
+    if (strlen(t->prefix) > SD_PREFIX_MAX)
+      sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': field 'prefix' must be at most %d bytes", t->name,
+              SD_PREFIX_MAX);
+    return err->code;
+  }
   uint64_t numel = 0;
   if (sd_tensor_numel(t->name, t->ndim, t->shape, &numel, err) != 0) return err->code;
   sd_box box;

@@ -60,6 +60,7 @@ typedef struct {
   uint32_t ndim;           /* 0 for a scalar */
   uint64_t shape[SD_MAX_DIMS];
   int64_t index;           /* explicit state-dict position, or -1 */
+  const char *prefix;      /* its own file series' prefix (an optimizer's beside a model's); NULL: the plan's */
 } sd_tensor;
 
 /* Valid UTF-8, no NUL, 1..SD_NAME_MAX bytes, not "__metadata__". */
@@ -72,8 +73,13 @@ int sd_tensor_nbytes(const sd_tensor *t, uint64_t *nbytes, sd_error *err);
 int sd_natural_cmp(const char *a, const char *b);
 
 /* ------------------------------------------------------------------------ *
- * Shard planning, like huggingface_hub's split_state_dict_into_shards_factory
+ * Shard planning, like huggingface_hub's split_state_dict_into_shards_factory.
+ * Tensors of another prefix (sd_tensor.prefix) make a file series of their
+ * own, split and numbered alone (optimizer-00001-of-00002.safetensors beside
+ * model-00001-of-00003.safetensors), after the plan's own series and in the
+ * order their first tensor is walked; one index covers every series.
  * ------------------------------------------------------------------------ */
+#define SD_MAX_SERIES 16             /* file prefixes in one plan */
 typedef struct {
   const char *key;
   const char *value;

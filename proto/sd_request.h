@@ -61,6 +61,7 @@ typedef struct {
   uint64_t shape[SD_MAX_DIMS];
   uint64_t start[SD_MAX_DIMS], count[SD_MAX_DIMS];
   int64_t index;           /* -1 when not given */
+  const char *prefix;      /* its file series' prefix, borrowed from req; NULL when not given */
   uint64_t len;            /* bytes of the slice */
 } sd_req_tensor;
 

@@ -221,6 +221,13 @@ SHARDD_EXPORT int shardd_put_copy(shardd_client *c, const char *save, const shar
 SHARDD_EXPORT int shardd_put_many(shardd_client *c, const char *save, const shardd_tensor_desc *t,
                                   const uint64_t *offsets, size_t n, shardd_arena *a, int deferred,
                                   size_t *failed);
+/* The same, the slices' tensors written into a file series of their own: files named
+ * PREFIX.safetensors or PREFIX-NNNNN-of-NNNNN.safetensors beside the save's own (an
+ * optimizer's beside a model's), under the one index. NULL: the save's prefix. Every put of a
+ * tensor, from every rank, must give it the same prefix. */
+SHARDD_EXPORT int shardd_put_many_prefix(shardd_client *c, const char *save, const char *prefix,
+                                         const shardd_tensor_desc *t, const uint64_t *offsets, size_t n,
+                                         shardd_arena *a, int deferred, size_t *failed);
 /* Where to put this rank's slices in its arena so the daemon writes them
  * straight from it, with no copy (the placement rule, PROTOCOL.md): the
  * slices t[0..n) are planned as the daemon will plan the files (names,

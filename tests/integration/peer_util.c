@@ -247,7 +247,7 @@ void table_digest(const char *tensors, char *hex) {
     sd_error err;
     cr_assert_eq(sd_dtype_parse(json_string_value(json_array_get(e, 1)), &dt, &err), 0);
     sd_ctable_hash_add(h, json_string_value(json_array_get(e, 0)), dt, (uint32_t)json_array_size(shape), dims,
-                       json_integer_value(json_array_get(e, 3)));
+                       json_integer_value(json_array_get(e, 3)), json_string_value(json_array_get(e, 5)));
   }
   uint8_t d[SD_CTABLE_DIGEST];
   cr_assert_eq(sd_ctable_hash_end(h, d), 0);

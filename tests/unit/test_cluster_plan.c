@@ -382,3 +382,33 @@ Test(cluster_plan, merged_boxes_are_checked_part_by_part_where_they_overlap) {
   cr_assert_eq(sd_cmanifest_box(&m, ti, 0, 0, 7, s0, c8, one, 1, &err), SHARDD_E_INVALID_ARGUMENT);
   sd_cmanifest_free(&m);
 }
+
+/* A tensor of another file prefix (an optimizer's) makes files of its own on the leader too, the
+ * prefix agreed by every node that describes it. */
+Test(cluster_plan, a_prefix_every_node_gives_makes_a_file_series_of_its_own) {
+  sd_cmanifest m = {0};
+  sd_error err = {0};
+  rows(&m, "w", 8, 8, 0, 4, 0, 0, 0, 0);
+  rows(&m, "w", 8, 8, 4, 4, 1, 1, 0, 0);
+  rows(&m, "w.exp_avg", 8, 8, 0, 4, 0, 0, 1, 1);
+  rows(&m, "w.exp_avg", 8, 8, 4, 4, 1, 1, 1, 1);
+  cr_assert_eq(sd_cmanifest_prefix(&m, "w", NULL, 0, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_cmanifest_prefix(&m, "w", NULL, 1, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_cmanifest_prefix(&m, "w.exp_avg", "optimizer", 0, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_cmanifest_prefix(&m, "w.exp_avg", "optimizer", 1, &err), 0, "%s", err.msg);
+  sd_cplan p;
+  sd_plan_opts o = opts(0);
+  cr_assert_eq(sd_cplan_build(&m, 2, SD_WRITE_OWNER, &o, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.plan.nfiles, 2);
+  cr_assert_str_eq(p.plan.files[0].name, "model.safetensors");
+  cr_assert_str_eq(p.plan.files[1].name, "optimizer.safetensors");
+  cr_assert_eq(p.plan.needs_index, 1);
+  check_accounting(&p);
+  sd_cplan_free(&p);
+  /* A node that leaves the prefix out, or gives another, disagrees. */
+  cr_assert_eq(sd_cmanifest_prefix(&m, "w.exp_avg", NULL, 2, &err), SHARDD_E_MISMATCH);
+  cr_assert(strstr(err.msg, "tensor 'w.exp_avg': node 2 puts it in files of prefix ''"), "%s", err.msg);
+  cr_assert_eq(sd_cmanifest_prefix(&m, "w", "optim", 1, &err), SHARDD_E_MISMATCH);
+  cr_assert(strstr(err.msg, "prefix 'optim', rank 0 (node 0) in ''"), "%s", err.msg);
+  sd_cmanifest_free(&m);
+}

@@ -140,6 +140,99 @@ Test(plan, single_file_and_prefix) {
   sd_plan_free(&p);
 }
 
+/* ------------------------------------------------------------------------ *
+ * File series: tensors of another prefix (an optimizer's) split apart
+ * ------------------------------------------------------------------------ */
+static sd_tensor u8_in(const char *prefix, const char *name, uint64_t bytes) {
+  sd_tensor t = u8(name, bytes);
+  t.prefix = prefix;
+  return t;
+}
+
+Test(plan, another_prefix_is_a_file_series_of_its_own_under_one_index) {
+  /* State-dict order interleaves them; each series is split alone and numbered alone; m2's
+   * explicit "model" is the plan's own prefix. */
+  sd_tensor t[] = {u8("m1", 6), u8_in("optimizer", "o1", 4), u8_in("model", "m2", 6), u8_in("optimizer", "o2", 4),
+                   u8_in("optimizer", "o3", 4)};
+  for (size_t i = 0; i < 5; i++) t[i].index = (int64_t)i;
+  sd_plan p = plan_ok(t, 5, 10, NULL);
+  const char *want[] = {"m1 ", "m2 ", "o1 o2 ", "o3 "};
+  expect_files(&p, t, want, 4);
+  const char *names[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                         "optimizer-00001-of-00002.safetensors", "optimizer-00002-of-00002.safetensors"};
+  for (size_t f = 0; f < 4; f++) cr_assert_str_eq(p.files[f].name, names[f]);
+  cr_assert_eq(p.needs_index, 1);
+  cr_assert_str_eq(p.index_name, "model.safetensors.index.json");
+  cr_assert_eq(p.total_size, 24);
+  /* The one index maps every tensor of both series to its file. */
+  size_t len = 0;
+  sd_error err = {0};
+  char *json = sd_index_encode(&p, t, &len, &err);
+  cr_assert(json, "%s", err.msg);
+  json_t *ix = json_loadb(json, len, 0, NULL);
+  json_t *wm = json_object_get(ix, "weight_map");
+  cr_assert_eq(json_object_size(wm), 5);
+  cr_assert_str_eq(json_string_value(json_object_get(wm, "m2")), names[1]);
+  cr_assert_str_eq(json_string_value(json_object_get(wm, "o3")), names[3]);
+  json_decref(ix);
+  free(json);
+  sd_plan_free(&p);
+
+  /* Under the plan's prefix "pytorch_model", m2's "model" is a third series, after optimizer's
+   * (whose first tensor is walked first); one file each, with the single-file names. */
+  p = plan_ok(t, 5, 0, "pytorch_model");
+  const char *want3[] = {"m1 ", "o1 o2 o3 ", "m2 "};
+  expect_files(&p, t, want3, 3);
+  cr_assert_str_eq(p.files[0].name, "pytorch_model.safetensors");
+  cr_assert_str_eq(p.files[1].name, "optimizer.safetensors");
+  cr_assert_str_eq(p.files[2].name, "model.safetensors");
+  cr_assert_str_eq(p.index_name, "pytorch_model.safetensors.index.json");
+  sd_plan_free(&p);
+  sd_tensor u[] = {u8("m1", 6), u8_in("optimizer", "o1", 4), u8("m2", 6)};
+  p = plan_ok(u, 3, 0, NULL);
+  const char *want2[] = {"m1 m2 ", "o1 "}; /* header order: the larger first, then by name */
+  expect_files(&p, u, want2, 2);
+  cr_assert_str_eq(p.files[0].name, "model.safetensors");
+  cr_assert_str_eq(p.files[1].name, "optimizer.safetensors");
+  cr_assert_eq(p.needs_index, 1);
+  sd_plan_free(&p);
+}
+
+Test(plan, a_series_alone_has_no_empty_file_of_the_plans_prefix) {
+  sd_tensor t[] = {u8_in("optimizer", "o1", 4), u8_in("optimizer", "o2", 4)};
+  sd_plan p = plan_ok(t, 2, 0, NULL);
+  cr_assert_eq(p.nfiles, 1);
+  cr_assert_str_eq(p.files[0].name, "optimizer.safetensors");
+  cr_assert_eq(p.needs_index, 0);
+  sd_plan_free(&p);
+}
+
+Test(plan, series_prefixes_are_checked_named_bounded_and_never_share_a_file_name) {
+  sd_plan p;
+  sd_error err = {0};
+  sd_tensor bad[] = {u8("m", 4), u8_in("a/b", "o", 4)};
+  cr_assert_eq(sd_plan_build(&p, bad, 2, NULL, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "prefix 'a/b'"), "%s", err.msg);
+  /* "a" in two files makes a-00001-of-00002.safetensors, the one-file name of the other prefix. */
+  sd_tensor clash[] = {u8_in("a", "x", 4), u8_in("a", "y", 4), u8_in("a-00001-of-00002", "z", 4)};
+  cr_assert_eq(sd_plan_build(&p, clash, 3, &(sd_plan_opts){.max_shard_size = 4}, &err), SHARDD_E_INVALID_ARGUMENT);
+  cr_assert(strstr(err.msg, "both make a-00001-of-00002.safetensors"), "%s", err.msg);
+  cr_assert_eq(p.nfiles, 0);
+  char pre[SD_MAX_SERIES + 1][8], nm[SD_MAX_SERIES + 1][8];
+  sd_tensor many[SD_MAX_SERIES + 1];
+  for (int i = 0; i <= SD_MAX_SERIES; i++) {
+    snprintf(pre[i], sizeof pre[i], "p%d", i);
+    snprintf(nm[i], sizeof nm[i], "t%d", i);
+    many[i] = u8_in(pre[i], nm[i], 4);
+  }
+  /* The plan's own prefix and 15 others fit; a 16th other does not. */
+  cr_assert_eq(sd_plan_build(&p, many, SD_MAX_SERIES - 1, NULL, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.nfiles, SD_MAX_SERIES - 1);
+  sd_plan_free(&p);
+  cr_assert_eq(sd_plan_build(&p, many, SD_MAX_SERIES, NULL, &err), SHARDD_E_LIMIT);
+  cr_assert(strstr(err.msg, "at most 16 prefixes"), "%s", err.msg);
+}
+
 Test(plan, bad_prefixes_are_refused) {
   const char *bad[] = {"", ".hidden", "a/b", "/abs", "x\ny", "bad\xff"};
   sd_tensor t[] = {u8("x", 4)};

@@ -566,13 +566,15 @@ class Client:
         offsets = np.array([int(sl[3]) for sl in slices] or [0], dtype=np.uint64)
         self._put_descs(save, arena, descs, offsets, deferred)
 
-    def _put_descs(self, save, arena, descs, offsets, deferred=False):
-        """put_many of a _Descs whose bytes are at `offsets` (a numpy uint64 array) in arena."""
+    def _put_descs(self, save, arena, descs, offsets, deferred=False, prefix=None):
+        """put_many of a _Descs whose bytes are at `offsets` (a numpy uint64 array) in arena; with
+        prefix, into files of that prefix (a file series of their own)."""
         ptr = self._arena_ptr(arena)
         failed = ctypes.c_size_t(0)
-        rc = _lib.lib().shardd_put_many(self._handle(), _bytes(save, "save"), descs.array,
-                                        offsets.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), descs.n, ptr,
-                                        1 if deferred else 0, ctypes.byref(failed))
+        rc = _lib.lib().shardd_put_many_prefix(self._handle(), _bytes(save, "save"),
+                                               None if prefix is None else _bytes(prefix, "prefix"), descs.array,
+                                               offsets.ctypes.data_as(ctypes.POINTER(ctypes.c_uint64)), descs.n,
+                                               ptr, 1 if deferred else 0, ctypes.byref(failed))
         try:
             self._check(rc)
         except ShardError as e:

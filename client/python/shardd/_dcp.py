@@ -8,7 +8,9 @@ The writer hands each rank's planned tensors to the node's daemon in one
 shardd save (its boxes are DCP's chunks; DCP's planner already gave each
 replicated tensor to one rank), so the checkpoint is the final HF layout
 the moment it commits, its files following the state dict's order as
-save_pretrained's do: no per-rank files, no second pass, no consolidation. DCP's planning exchanges only metadata, never tensor bytes.
+save_pretrained's do: no per-rank files, no second pass, no consolidation.
+The tensors of a top-level dict other than "model" (an optimizer's) go in
+files named after its key, beside the model's, under the one index. DCP's planning exchanges only metadata, never tensor bytes.
 DCP's bytes items (the values that are not tensors: steps, schedulers, RNG
 states) go into one file per rank that holds any, in the same save
 (_dcp_bytes.py). The reader describes a shardd or save_pretrained folder to
@@ -31,6 +33,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from ._dcp_bytes import BYTES_FILE, bytes_file, read_bytes_files
 from ._load import Checkpoint, torch_dtype
+from ._nested import series_prefix
 from ._save import save
 from ._hf_convert import piece_parts
 from ._torch_load import converted, fill_box
@@ -79,6 +82,7 @@ class StorageWriter(_Writer):
     def write_data(self, plan, planner):
         tensors, results, items = {}, [], {}
         name = _hf_names(planner)
+        prefixes = {name(fqn): prefix for fqn, prefix in _series(planner).items()}
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
@@ -97,6 +101,8 @@ class StorageWriter(_Writer):
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
             options["files"] = dict(options.get("files") or {}, **{BYTES_FILE % rank: bytes_file(items)})
         ordered = {name(fqn): i for fqn, i in plan.storage_data["shardd_index"].items()}
+        if prefixes:
+            options["prefixes"] = {**(options.get("prefixes") or {}), **prefixes}
         save(tensors, self.dir, ordered=ordered, **options)
         return _done(results)
 
@@ -122,6 +128,14 @@ def _hf_names(planner):
         raise ValueError("state dict names %s both inside and outside its 'model' dict"
                          % ", ".join(map(repr, sorted(clash)[:5])))
     return lambda fqn: names.get(fqn, fqn)
+
+
+def _series(planner):
+    """fqn -> file prefix for the tensors under a top-level dict other than "model" (an
+    optimizer's): they go in files named after its key, as save_state_dict puts them."""
+    paths = getattr(planner, "mappings", None) or {}
+    return {fqn: series_prefix(path[0]) for fqn, path in paths.items()
+            if len(path) > 1 and path[0] != "model"}
 
 
 class StorageReader(_Reader):

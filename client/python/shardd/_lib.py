@@ -93,6 +93,7 @@ _PROTOTYPES = {
     "shardd_put_deferred": (_i, [_p, _s, _desc, _p, _u64]),
     "shardd_place": (_i, [_desc, _sz, _u64, _u64, ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
     "shardd_put_many": (_i, [_p, _s, _desc, ctypes.POINTER(_u64), _sz, _p, _i, ctypes.POINTER(_sz)]),
+    "shardd_put_many_prefix": (_i, [_p, _s, _s, _desc, ctypes.POINTER(_u64), _sz, _p, _i, ctypes.POINTER(_sz)]),
     "shardd_declared": (_i, [_p, _s]),
     "shardd_ready": (_i, [_p, _s, _p, _u64]),
     "shardd_wait": (_i, [_p, _s, _i, ctypes.POINTER(Result)]),

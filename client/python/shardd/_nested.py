@@ -3,7 +3,10 @@
 {"model", "optimizer", "train_state"}, get_optimizer_state_dict's
 {"state": {fqn: {"exp_avg": ...}}, "param_groups": [...]}. Its tensors are
 saved under dotted names (a top-level "model" dict's under their own names,
-so that from_pretrained of the folder still finds the model's weights), and
+so that from_pretrained of the folder still finds the model's weights; every
+other top-level dict's in files of its own, named after its key:
+optimizer-00001-of-00002.safetensors beside model-00001-of-00003.safetensors,
+under the one index), and
 every other value (numbers, strings, lists, the param_groups) goes into one
 JSON file beside the shards, STATE_FILE, written in the same atomic save.
 Every rank must hold the same plain values (the daemon refuses a file two
@@ -12,9 +15,9 @@ ranks send differently, naming both).
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["STATE_FILE", "flatten", "state_file", "read_state", "dotted", "restore"]
+__all__ = ["STATE_FILE", "flatten", "series_prefix", "state_file", "read_state", "dotted", "restore"]
 
 STATE_FILE = "shardd_state.json"
 _FORMAT = "shardd-state-1"
@@ -33,9 +36,23 @@ def _is_tensor_like(value) -> bool:
     return isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], torch.Tensor)
 
 
-def flatten(state_dict: Mapping) -> Tuple[Dict[str, Any], List[Tuple[Tuple, Any]]]:
+def series_prefix(key) -> str:
+    """The file prefix of the tensors under top-level key `key` (not "model"): the key itself,
+    which must then be a plain file name."""
+    text = str(key)
+    if (not text or len(text.encode("utf-8", "surrogatepass")) > 128 or text.startswith(".") or "/" in text
+            or any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)):
+        raise ValueError("state dict key %r names the files its tensors go in, so it must be a plain file name "
+                         "of at most 128 bytes (no '/', no leading '.', no control character)" % (key,))
+    return text
+
+
+def flatten(state_dict: Mapping, prefixes: Optional[Dict[str, str]] = None
+            ) -> Tuple[Dict[str, Any], List[Tuple[Tuple, Any]]]:
     """({tensor name: value}, [(path, plain value), ...]) in the state dict's order. Nested dicts
-    give dotted names; a top-level "model" dict of a nested state dict keeps its own names."""
+    give dotted names; a top-level "model" dict of a nested state dict keeps its own names.
+    prefixes, when given, gets {tensor name: file prefix} for the tensors of every other
+    top-level dict of a nested state dict (series_prefix of its key)."""
     nested = any(isinstance(v, Mapping) for v in state_dict.values())
     tensors: Dict[str, Any] = {}
     plain: List[Tuple[Tuple, Any]] = []
@@ -50,6 +67,8 @@ def flatten(state_dict: Mapping) -> Tuple[Dict[str, Any], List[Tuple[Tuple, Any]
             if name in tensors:
                 raise ValueError("two tensors of the state dict are both named %r once flattened" % name)
             tensors[name] = value
+            if prefixes is not None and nested and len(path) > 1 and path[0] != "model":
+                prefixes[name] = series_prefix(path[0])
         else:
             plain.append((path, value))
 

@@ -332,7 +332,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
          progress: Optional[Progress] = None,
          keep_last: Optional[int] = None, join_timeout: Optional[float] = None,
          idle_timeout: Optional[float] = None,
-         total_parameters: Optional[int] = None) -> Union[Dict[str, Any], PendingSave]:
+         total_parameters: Optional[int] = None,
+         prefixes: Optional[Mapping[str, str]] = None) -> Union[Dict[str, Any], PendingSave]:
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
@@ -363,7 +364,10 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     ValueError: save one, tie again after loading.
 
     metadata: str pairs added to every shard's header; files: {name: bytes or
-    str} written beside the shards. wait=True returns the result dict;
+    str} written beside the shards. prefixes: {tensor name: file prefix} for
+    tensors that go in files of their own (PREFIX.safetensors, or
+    PREFIX-00001-of-00002.safetensors ...: an optimizer's beside the model's),
+    under the one index; every rank gives a tensor the same prefix. wait=True returns the result dict;
     wait=False returns a PendingSave. timeout (seconds) applies to each wait;
     when the final wait (wait=True) times out, the save is aborted for every
     rank (nothing is published) and ShardError "timeout" raised, so no save
@@ -405,17 +409,23 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         prepared = [(name,) + tuple(prepare(name, part)) + (index[name],)
                     for name, value in tensors.items()
                     for part in (value if _boxes(value) else [value])]
-        # One description of every slice, for the placement and then the puts.
-        descs = _Descs((name, dt, shape, start, None if start is None else count, index)
-                       for name, dt, shape, start, count, _src, index in prepared)
-        offsets, end = _place(descs, max_shard_size)
-        items = [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
-                 in zip(prepared, offsets.tolist())]
+        # The slices of each file series, each placed (and then put) as its own files will hold them,
+        # one series after the other in the arena.
+        series: Dict[Optional[str], list] = {}
+        for slice_ in prepared:
+            series.setdefault(_series_of(prefixes, slice_[0], prefix), []).append(slice_)
+        groups, items, end = [], [], 0
+        for group_prefix, group in series.items():
+            descs = _Descs((name, dt, shape, start, None if start is None else count, index)
+                           for name, dt, shape, start, count, _src, index in group)
+            offsets, end = _place(descs, max_shard_size, -(-end // _SERIES_ALIGN) * _SERIES_ALIGN)
+            groups.append((group_prefix, descs, offsets))
+            items += [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
+                      in zip(group, offsets.tolist())]
         spans = [_span(src) for _name, src, _offset in items]
         check_shared_memory([(name, src) for name, src, _offset in items], spans)
 
-    args = (save_id, dir, topo, items, spans, descs, offsets, max_shard_size, prefix, metadata, overwrite, files,
-            keep_last)
+    args = (save_id, dir, topo, items, spans, groups, max_shard_size, prefix, metadata, overwrite, files, keep_last)
     if client is None and arena is None:
         # The default path: this process's pooled connection and arenas (_arena_pool), so a
         # save costs a copy; its wait goes over a connection of its own.
@@ -498,11 +508,24 @@ def _finish(pending, wait, timeout):
         pending._close_owned()
 
 
+# Where each file series starts in the arena: the placement's congruences (file offset modulo
+# 4096) hold for the series placed after another.
+_SERIES_ALIGN = 4096
+
+
+def _series_of(prefixes, name, save_prefix):
+    """The file prefix a tensor is put with: None for the save's own."""
+    got = prefixes.get(name) if prefixes else None
+    if got is not None and not isinstance(got, str):
+        raise TypeError("prefixes[%r] must be a str, not %s" % (name, type(got).__name__))
+    return None if got == (save_prefix or "model") else got
+
+
 def _boxes(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, Slice) for v in value)
 
 
-def _run(client, arena, save_id, dir, topo, items, spans, descs, offsets, max_shard_size, prefix, metadata,
+def _run(client, arena, save_id, dir, topo, items, spans, groups, max_shard_size, prefix, metadata,
          overwrite, files, keep_last=None, later=False):
     """Begins, copies every slice into the arena, then puts, sends the files and seals; with
     later=True returns the puts-to-seal part as a function instead of running it."""
@@ -513,8 +536,9 @@ def _run(client, arena, save_id, dir, topo, items, spans, descs, offsets, max_sh
         e.before_begin = True  # no daemon heard of this save: it may be retried
         raise
     def declare():
-        # Every slice in a few request lines (puts), not a round trip each.
-        client._put_descs(save_id, arena, descs, offsets)
+        # Every slice in a few request lines (puts), not a round trip each; a file series at a time.
+        for group_prefix, descs, offsets in groups:
+            client._put_descs(save_id, arena, descs, offsets, prefix=group_prefix)
         for path, data in (files or {}).items():
             client.file(save_id, path, data)
         client.seal(save_id)

@@ -101,10 +101,15 @@ def save_state_dict(state_dict, dir, tied=None, files=None, **kwargs):
     A whole training checkpoint may be nested (torchtitan's {"model",
     "optimizer", "train_state"}, get_optimizer_state_dict's form): its
     tensors are saved under dotted names (a top-level "model" dict's under its
-    own names, as from_pretrained expects them) and its other values (steps,
-    learning rates, param_groups) into shardd_state.json in the same save."""
-    tensors, plain = flatten(state_dict)
+    own names, as from_pretrained expects them; every other top-level dict's
+    in files named after its key, optimizer-00001-of-00002.safetensors and
+    so on, under the one index) and its other values (steps, learning rates,
+    param_groups) into shardd_state.json in the same save."""
+    prefixes = {}
+    tensors, plain = flatten(state_dict, prefixes)
     if plain:
         files = dict(files or {})
         files[STATE_FILE] = state_file(plain)
+    if prefixes:
+        kwargs["prefixes"] = {**(kwargs.get("prefixes") or {}), **prefixes}
     return save(state_dict_tensors(tensors, tied), dir, files=files, **kwargs)

@@ -6,8 +6,9 @@ TP x 2 (the TP world loads the FSDP2 checkpoint and the other way round,
 through StorageReader), and a save_pretrained folder is loaded by dcp.load
 too. Every checkpoint is read back with safetensors and compared bit for
 bit with the unsharded model. Each layout also saves DCP's standard
-training checkpoint ({model, optim, step, lr_scheduler, rng}: DCP's bytes
-items in files beside the shards, in the same save) with dcp.save and
+training checkpoint ({model, optim, step, lr_scheduler, rng}: the optimizer's
+tensors in optim-* files of their own, DCP's bytes items in files beside the
+shards, in the same save) with dcp.save and
 dcp.async_save, and loads it into a fresh model and optimizer: every tensor
 bit-equal, the step, the scheduler's lr and the RNG state back.
 
@@ -130,11 +131,14 @@ class DCP(unittest.TestCase):
                                                                      "lr": 5e-3, "rng": True}, (layout, suffix))
             folder = os.path.join(self.d.root, layout, "whole")
             self.assertTrue(any(n.startswith("shardd_dcp_bytes.rank-") for n in os.listdir(folder)))
-            # The model's tensors under their HF names, the optimizer's under DCP's: from_pretrained
-            # of the same folder finds the model's weights.
+            # The model's tensors under their HF names in model-* files, the optimizer's under DCP's
+            # in optim-* files of their own: from_pretrained of the same folder finds the model's weights.
             names = json.load(open(os.path.join(folder, "model.safetensors.index.json")))["weight_map"]
-            self.assertIn("model.layers.0.self_attn.q_proj.weight", names)
-            self.assertIn("optim.state.model.layers.0.self_attn.q_proj.weight.exp_avg", names)
+            self.assertRegex(names["model.layers.0.self_attn.q_proj.weight"], r"\Amodel-\d{5}-of-\d{5}\.safetensors\Z")
+            self.assertRegex(names["optim.state.model.layers.0.self_attn.q_proj.weight.exp_avg"],
+                             r"\Aoptim-\d{5}-of-\d{5}\.safetensors\Z")
+            for name, file in names.items():
+                self.assertTrue(file.startswith("optim-" if name.startswith("optim.") else "model-"), (name, file))
             from test_train_state import digest
             from transformers import AutoModelForCausalLM
             back = AutoModelForCausalLM.from_pretrained(folder)

@@ -8,8 +8,10 @@ trains the same 3 steps: the losses equal the uninterrupted run's bit for bit.
 A TP x 2 world loads it too: every model and optimizer tensor equals the
 saved one bit for bit, the step and lr come back, and its next 3 losses are
 the uninterrupted run's, bit for bit. The model's
-tensors keep their HF names, so from_pretrained of the folder gives the
-trained weights; the optimizer's are in the index and pass verify --deep.
+tensors keep their HF names and model-*.safetensors files, so from_pretrained
+of the folder gives the trained weights and equal logits; the optimizer's are
+in optimizer-*.safetensors files of their own, in the one index, and pass
+verify --deep.
 A plain value that is not JSON-able is refused by name before anything is sent.
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6
@@ -20,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import unittest
 
 try:
@@ -32,6 +35,7 @@ except (ImportError, SystemExit) as e:
     sys.exit(77)
 
 import suite
+import shardd
 import shardd.torch as st
 from test_binding import Daemon
 from torch_world import WAIT, answer, init, run_world
@@ -65,6 +69,16 @@ def digest(sd):
     return h.hexdigest()
 
 
+def logits(model_sd):
+    """The logits on a fixed batch of an unsharded model holding these weights (gathered on every
+    rank): what from_pretrained of the checkpoint must give."""
+    ref = test_hf.build(MODEL, 0)
+    ref.load_state_dict({k: test_hf.full(v).detach() for k, v in model_sd.items()})
+    ref.eval()
+    with torch.no_grad():
+        return ref(input_ids=torch.arange(16).reshape(2, 8)).logits.reshape(-1).tolist()
+
+
 def whole(m, opt, step):
     return {"model": get_model_state_dict(m), "optimizer": get_optimizer_state_dict(m, opt),
             "train_state": {"step": step, "lr": opt.param_groups[0]["lr"]}}
@@ -81,6 +95,7 @@ def worker(args):
         sd = whole(m, opt, 3)
         st.save_state_dict(sd, args["dir"], timeout=WAIT, max_shard_size="100KB", files={"config.json": m.config.to_json_string()})
         out["digest"], out["model_digest"] = digest(sd), digest({"model": sd["model"]})
+        out["logits"] = logits(sd["model"])
         out["later"] = [train_step(m, opt, s) for s in (4, 5, 6)]
         try:
             st.save_state_dict({"model": get_model_state_dict(m), "extra": {"when": object()}}, "refused",
@@ -117,12 +132,28 @@ class TrainState(unittest.TestCase):
         files = os.listdir(path)
         self.assertIn("shardd_state.json", files)
         index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
-        self.assertIn("model.layers.0.self_attn.q_proj.weight", index["weight_map"])
-        self.assertIn("optimizer.state.model.layers.0.self_attn.q_proj.weight.exp_avg", index["weight_map"])
+        wm = index["weight_map"]
+        # The model's tensors in model-*.safetensors, the optimizer's in optimizer-*.safetensors, each
+        # series numbered alone; the index and the deep check cover both.
+        self.assertRegex(wm["model.layers.0.self_attn.q_proj.weight"], r"\Amodel-\d{5}-of-\d{5}\.safetensors\Z")
+        self.assertRegex(wm["optimizer.state.model.layers.0.self_attn.q_proj.weight.exp_avg"],
+                         r"\Aoptimizer-\d{5}-of-\d{5}\.safetensors\Z")
+        for name, file in wm.items():
+            self.assertTrue(file.startswith("optimizer-" if name.startswith("optimizer.") else "model-"), (name, file))
+        series = {f.split("-")[0]: f.split("-of-")[1] for f in set(wm.values())}
+        counts = {k: sum(1 for f in set(wm.values()) if f.startswith(k + "-")) for k in series}
+        self.assertEqual({k: int(series[k].split(".")[0]) for k in series}, counts)
+        self.assertEqual(sorted(n for n in files if n.endswith(".safetensors")), sorted(set(wm.values())))
         p = subprocess.run([os.environ["SHARDCTL"], "verify", "--deep", path], capture_output=True, text=True)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        back = AutoModelForCausalLM.from_pretrained(path)
+        self.assertIn("%d files" % len(set(wm.values())), p.stdout + p.stderr)
+        back, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
+        self.assertEqual(info["missing_keys"], [] if isinstance(info["missing_keys"], list) else set())
         self.assertEqual(digest({"model": back.state_dict()}), saved[0]["model_digest"])
+        ids = torch.arange(16).reshape(2, 8)
+        self.assertEqual(back(input_ids=ids).logits.detach().reshape(-1).tolist(), saved[0]["logits"])
+        print("files: %s; verify --deep: %s" % (", ".join("%s x %d" % kv for kv in sorted(counts.items())),
+                                                p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""))
         # The killed job's model at step 3, resumed from the checkpoint by a fresh world of the same
         # layout: the same three next losses, bit for bit.
         again = run_world(__file__, 4, {"layout": "fsdp4", "mode": "resume", "path": path}, env)
@@ -137,6 +168,55 @@ class TrainState(unittest.TestCase):
         self.assertEqual([r["later"] for r in tp], [r["later"] for r in saved[:2]])
         print("losses 4-6: uninterrupted %s, resumed FSDP2 x 4 %s, resumed TP x 2 %s"
               % tuple([float.fromhex(x) for x in r[0]["later"]] for r in (saved, again, tp)))
+
+    def test_file_prefixes_over_the_protocol(self):
+        """shardd.save's prefixes: two ranks' tensors of one series in files of their own under the
+        one index, read back by the strict reader and verify --deep; a rank that disagrees fails
+        the save for both with mismatch naming the tensor; a prefix that is no file name is refused."""
+        w = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+        errors, barrier = [None, None], threading.Barrier(2)
+
+        def rank(r, dir, prefixes):
+            try:
+                barrier.wait(WAIT)
+                shardd.save({"w": shardd.Slice(w[2 * r:2 * r + 2], (4, 6), (2 * r, 0)), "w.m": w[0] * 2,
+                             "w.v": w[0] * 3}, dir, rank=r, world_size=2, ordered=False, timeout=WAIT,
+                            prefixes=prefixes[r], socket=D.socket, save_id="series-" + dir.replace("/", "-"))
+            except shardd.ShardError as e:
+                errors[r] = e
+
+        def both(dir, prefixes):
+            threads = [threading.Thread(target=rank, args=(r, dir, prefixes)) for r in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(2 * WAIT)
+
+        opt = {"w.m": "optim", "w.v": "optim"}
+        both("series/ok", [opt, opt])
+        self.assertEqual(errors, [None, None])
+        folder = os.path.join(D.root, "series", "ok")
+        wm = json.load(open(os.path.join(folder, "model.safetensors.index.json")))["weight_map"]
+        self.assertEqual(wm, {"w": "model.safetensors", "w.m": "optim.safetensors", "w.v": "optim.safetensors"})
+        with shardd.Checkpoint(folder) as ck:
+            self.assertEqual(ck.read("w", framework="torch").tolist(), w.tolist())
+            self.assertEqual(ck.read("w.m", framework="torch").tolist(), (w[0] * 2).tolist())
+        p = subprocess.run([os.environ["SHARDCTL"], "verify", "--deep", folder], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("2 files, 3 tensors", p.stdout)
+
+        both("series/mismatch", [opt, {"w.m": "optim"}])
+        for e in errors:
+            self.assertEqual(e.name, "mismatch")
+            self.assertIn("tensor 'w.v': rank", e.message)
+            self.assertIn("files of prefix", e.message)
+        self.assertFalse(os.path.exists(os.path.join(D.root, "series", "mismatch")))
+
+        with self.assertRaises(shardd.ShardError) as cm:
+            shardd.save({"x": w}, "series/bad", prefixes={"x": "a/b"}, socket=D.socket, timeout=WAIT)
+        self.assertEqual(cm.exception.name, "invalid_argument")
+        self.assertIn("prefix 'a/b'", cm.exception.message)
+        self.assertFalse(os.path.exists(os.path.join(D.root, "series", "bad")))
 
 
 def main():
