@@ -532,19 +532,29 @@ SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const sh
   return sd_client_request(c, req, NULL);
 }
 
-SHARDD_EXPORT int shardd_file(shardd_client *c, const char *save, const char *path, const void *data,
-                              size_t len) {
+static int send_file(shardd_client *c, const char *save, const char *path, const void *data, size_t len, int part) {
   if (!c) return SHARDD_E_INVALID_ARGUMENT;
   if (!save || !path || (len && !data))
     return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "file: save, path and data are required");
   json_t *req = json_pack("{s:s, s:s, s:s}", "op", "file", "save", save, "path", path);
   if (!req) return sd_client_fail(c, SHARDD_E_INVALID_ARGUMENT, "file '%s': save or path is not valid UTF-8", path);
+  if (part) json_object_set_new(req, "part", json_true());
   int rc = set_b64(c, req, "data", data, len);
   if (rc) {
     json_decref(req);
     return rc;
   }
   return sd_client_request(c, req, NULL);
+}
+
+SHARDD_EXPORT int shardd_file(shardd_client *c, const char *save, const char *path, const void *data,
+                              size_t len) {
+  return send_file(c, save, path, data, len, 0);
+}
+
+SHARDD_EXPORT int shardd_file_part(shardd_client *c, const char *save, const char *path, const void *data,
+                                   size_t len) {
+  return send_file(c, save, path, data, len, 1);
 }
 
 static int simple_op(shardd_client *c, const char *op, const char *save) {

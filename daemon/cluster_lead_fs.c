@@ -105,16 +105,17 @@ static int finish_open(fsjob *j) {
   j->tfd = sd_openat_beneath(L->parent_fd, L->tmp, O_RDONLY | O_DIRECTORY, 0);
   if (j->tfd < 0) return sd_fail(err, SHARDD_E_IO, "cannot open the temporary folder for '%s': %s", L->dir, strerror(-j->tfd));
   if (L->sum_hex[0] && put_header_sum(j) != 0) return err->code;
-  size_t n = L->man.nfiles + (L->plan.plan.needs_index ? 1 : 0);
+  size_t n = L->plan.nartifacts + (L->plan.plan.needs_index ? 1 : 0);
   j->fds = malloc((n ? n : 1) * sizeof *j->fds);
   j->names = malloc((n ? n : 1) * sizeof *j->names);
   j->files = malloc((n ? n : 1) * sizeof *j->files);
   if (!j->fds || !j->names || !j->files) return sd_fail(err, SHARDD_E_NO_MEMORY, "save '%s': out of memory on the leader", L->id);
   for (size_t i = 0; i < n; i++) j->fds[i] = -1;
   j->nown = n;
-  for (size_t i = 0; i < L->man.nfiles; i++) {
-    j->names[i] = L->man.files[i].name;
-    j->files[i] = (sd_fill_file){L->man.files[i].data, L->man.files[i].len, L->man.files[i].len};
+  for (size_t i = 0; i < L->plan.nartifacts; i++) {
+    const sd_file_out *f = &L->plan.artifacts[i];
+    j->names[i] = f->name;
+    j->files[i] = (sd_fill_file){f->data, f->len, f->len};
   }
   if (L->plan.plan.needs_index) {
     j->names[n - 1] = L->plan.plan.index_name;

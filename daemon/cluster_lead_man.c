@@ -111,10 +111,11 @@ static int last_frame(sd_lead *L, uint32_t k, json_t *h, sd_error *err) {
     json_int_t rank = json_integer_value(json_object_get(f, "rank"));
     uint8_t *bytes = NULL;
     size_t len = 0;
-    if (!path || !data || sd_path_check_name(path, err) ||
+    int part = 0; /* that rank's part of the file */
+    if (!path || !data || sd_path_check_name(path, err) || sd_msg_bool(f, "part", 0, &part, err) < 0 ||
         sd_b64_decode(data, json_string_length(json_object_get(f, "data")), &bytes, &len, err))
       return sd_fail(err, SHARDD_E_INTERNAL, "save '%s': node %u sent a malformed file", L->id, k);
-    int rc = sd_cmanifest_file(&L->man, path, bytes, len, (uint32_t)rank, err);
+    int rc = sd_cmanifest_file(&L->man, path, bytes, len, (uint32_t)rank, part, err);
     free(bytes);
     if (rc) return rc;
   }

@@ -190,7 +190,9 @@ void sd_node_sealed(sd_csave *cs) {
       break;
     }
     sd_b64_encode(a->data, a->len, b);
-    json_array_append_new(files, json_pack("{s:s,s:i,s:s}", "path", a->name, "rank", (int)a->rank, "data", b));
+    json_t *fe = json_pack("{s:s,s:i,s:s}", "path", a->name, "rank", (int)a->rank, "data", b);
+    if (fe && a->part) json_object_set_new(fe, "part", json_true());
+    json_array_append_new(files, fe);
     free(b);
   }
   free(fresh);

@@ -237,12 +237,15 @@ int sd_ctable_unhex(const char *hex, uint8_t digest[SD_CTABLE_DIGEST]) {
   return 0;
 }
 
-int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank,
+int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank, int part,
                       sd_error *err) {
   for (size_t i = 0; i < m->nfiles; i++) {
     sd_cartifact *f = &m->files[i];
-    if (strcmp(f->name, name) != 0) continue;
-    if (f->len == len && (len == 0 || memcmp(f->data, data, len) == 0)) return 0;
+    if (strcmp(f->name, name) != 0 || (part && f->part && f->rank != rank)) continue;
+    if (f->part == part && f->len == len && (len == 0 || memcmp(f->data, data, len) == 0)) return 0;
+    if (f->part != part)
+      return sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends %s, rank %u %s", name, rank,
+                     part ? "its part of it" : "all of it", f->rank, f->part ? "its part" : "all of it");
     return sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name,
                    rank, f->rank);
   }
@@ -256,7 +259,7 @@ int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, si
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   }
   if (len) memcpy(d, data, len);
-  m->files[m->nfiles++] = (sd_cartifact){.name = n, .data = d, .len = len, .rank = rank};
+  m->files[m->nfiles++] = (sd_cartifact){.name = n, .data = d, .len = len, .rank = rank, .part = part};
   m->bytes += len;
   return 0;
 }
@@ -411,16 +414,19 @@ out:
   return 0;
 }
 
-static int check_artifacts(const sd_cmanifest *m, const sd_plan *plan, sd_error *err) {
-  for (size_t i = 0; i < m->nfiles; i++) {
+/* The leader's own files: each once (parts joined in rank order), none named like a shard or the index. */
+static int join_artifacts(const sd_cmanifest *m, sd_cplan *p, sd_error *err) {
+  if (m->nfiles == 0) return 0;
+  sd_file_piece *in = calloc(m->nfiles, sizeof *in);
+  p->artifacts = calloc(m->nfiles, sizeof *p->artifacts);
+  int rc = !in || !p->artifacts ? sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning files") : 0;
+  for (size_t i = 0; !rc && i < m->nfiles; i++) {
     const sd_cartifact *f = &m->files[i];
-    int clash = plan->needs_index && strcmp(f->name, plan->index_name) == 0;
-    for (size_t j = 0; j < plan->nfiles && !clash; j++) clash = strcmp(f->name, plan->files[j].name) == 0;
-    if (clash)
-      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "file '%s' (from rank %u) has the name of a checkpoint file",
-                     f->name, f->rank);
+    in[i] = (sd_file_piece){.name = f->name, .data = f->data, .len = f->len, .rank = f->rank, .part = f->part};
   }
-  return 0;
+  if (!rc) rc = sd_files_join(in, m->nfiles, &p->plan, p->artifacts, &p->nartifacts, err);
+  free(in);
+  return rc;
 }
 
 /* Lowest `load` among the replicas' nodes (ties: the lowest node). */
@@ -469,7 +475,7 @@ int sd_cplan_build(sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const s
   rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, opts, err);
   if (rc) goto out;
   p->have_plan = 1;
-  rc = check_artifacts(m, &p->plan, err);
+  rc = join_artifacts(m, p, err);
   if (rc) goto out;
 
   size_t nf = p->plan.nfiles;
@@ -547,8 +553,8 @@ int sd_cplan_build(sd_cmanifest *m, uint32_t nnodes, sd_write_mode mode, const s
   }
   p->total_bytes = p->index_len;
   for (size_t f = 0; f < nf; f++) p->total_bytes += p->plan.files[f].file_size;
-  for (size_t i = 0; i < m->nfiles; i++) p->total_bytes += m->files[i].len;
-  p->nfiles_total = nf + (p->plan.needs_index ? 1 : 0) + m->nfiles;
+  for (size_t i = 0; i < p->nartifacts; i++) p->total_bytes += p->artifacts[i].len;
+  p->nfiles_total = nf + (p->plan.needs_index ? 1 : 0) + p->nartifacts;
 out:
   free(members);
   free(groups);
@@ -570,6 +576,8 @@ void sd_cplan_free(sd_cplan *p) {
   free(p->fwd_bytes);
   free(p->file_bytes);
   free(p->index_json);
+  for (size_t i = 0; i < p->nartifacts; i++) free(p->artifacts[i].owned);
+  free(p->artifacts);
   memset(p, 0, sizeof *p);
 }
 

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sd_artifact.h"
 #include "sd_error.h"
 #include "sd_format.h"
 #include "sd_nameidx.h"
@@ -48,6 +49,7 @@ typedef struct {
   uint8_t *data;
   size_t len;
   uint32_t rank;
+  int part;                /* that rank's part of the file (PROTOCOL.md, "file") */
 } sd_cartifact;
 
 typedef struct {
@@ -101,8 +103,10 @@ int sd_ctable_unhex(const char *hex, uint8_t digest[SD_CTABLE_DIGEST]);
 /* The file prefix a node gives tensor `name` (described already; NULL: the save's own). Every
  * node must give the same: SHARDD_E_MISMATCH names the tensor, the node and the prefixes. */
 int sd_cmanifest_prefix(sd_cmanifest *m, const char *name, const char *prefix, uint32_t node, sd_error *err);
-/* A `file` artifact (data copied); the same name with other bytes: SHARDD_E_CONFLICT. */
-int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank,
+/* A `file` artifact (data copied); the same name with other bytes: SHARDD_E_CONFLICT. part:
+ * rank's part of it, joined with the other ranks' in rank order when planned (two parts of one
+ * rank, or a part and a whole file of one name: SHARDD_E_CONFLICT). */
+int sd_cmanifest_file(sd_cmanifest *m, const char *name, const uint8_t *data, size_t len, uint32_t rank, int part,
                       sd_error *err);
 void sd_cmanifest_free(sd_cmanifest *m);
 
@@ -135,6 +139,8 @@ typedef struct {
   uint64_t *file_bytes;    /* per node: header + data bytes of the files it owns */
   char *index_json;
   size_t index_len;
+  sd_file_out *artifacts;  /* the leader's files: each once, parts joined */
+  size_t nartifacts;
   uint64_t total_bytes;    /* every file: shards, index, artifacts */
   uint64_t nfiles_total;
 } sd_cplan;

@@ -316,12 +316,13 @@ static json_t *op_file(sd_session *s, json_t *req, json_t *id) {
   const char *path = NULL, *data = NULL;
   size_t dlen = 0, got = 0;
   uint8_t *bytes = NULL;
+  int part = 0;
   if (find_rank(s, req, &save, &rank, &err) || sd_msg_str(req, "path", 1, &path, NULL, &err) < 0 ||
       sd_path_check_name(path, &err) || sd_artifact_name_check(save->prefix, path, &err) ||
-      sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0)
+      sd_msg_str(req, "data", 1, &data, &dlen, &err) < 0 || sd_msg_bool(req, "part", 0, &part, &err) < 0)
     return fail_in(s, id, save, &err);
   if (sd_req_data(data, dlen, "file", path, &bytes, &got, &err) != 0) return fail_in(s, id, save, &err);
-  if (sd_save_file(save, rank, path, bytes, got, &err) != 0) return fail_in(s, id, save, &err);
+  if (sd_save_file(save, rank, path, bytes, got, part, &err) != 0) return fail_in(s, id, save, &err);
   json_t *m = sd_msg_ok(id);
   json_object_set_new(m, "bytes", json_integer((json_int_t)got));
   return m;

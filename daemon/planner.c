@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "planner.h"
+#include "sd_artifact.h"
 #include "sd_grow.h"
 
 static void box_of(const sd_save_tensor *t, const sd_slice *sl, sd_box *b) {
@@ -134,22 +135,28 @@ static int build_ops(const sd_save *save, sd_planned *p, const uint8_t *keep, sd
   return 0;
 }
 
-/* An artifact must not replace a shard or the index. */
+/* Each file once (the parts of one joined in rank order); none may replace a shard or the index. */
 static int check_artifacts(const sd_save *save, sd_planned *p, sd_error *err) {
   if (save->nfiles == 0) return 0;
+  sd_file_piece *in = calloc(save->nfiles, sizeof *in);
+  sd_file_out *out = calloc(save->nfiles, sizeof *out);
   p->artifacts = calloc(save->nfiles, sizeof *p->artifacts);
-  if (!p->artifacts) return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning files");
-  for (size_t i = 0; i < save->nfiles; i++) {
+  p->joined = calloc(save->nfiles, sizeof *p->joined);
+  int rc = !in || !out || !p->artifacts || !p->joined ? sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory planning files")
+                                                       : 0;
+  size_t n = 0;
+  for (size_t i = 0; !rc && i < save->nfiles; i++) {
     const sd_save_artifact *f = &save->files[i];
-    int clash = p->plan.needs_index && strcmp(f->name, p->plan.index_name) == 0;
-    for (size_t j = 0; j < p->plan.nfiles && !clash; j++) clash = strcmp(f->name, p->plan.files[j].name) == 0;
-    if (clash)
-      return sd_fail(err, SHARDD_E_INVALID_ARGUMENT,
-                     "file '%s' (from rank %u) has the name of a checkpoint file", f->name, f->rank);
-    p->artifacts[i] = (sd_artifact){.name = f->name, .data = f->data, .len = f->len};
+    in[i] = (sd_file_piece){.name = f->name, .data = f->data, .len = f->len, .rank = f->rank, .part = f->part};
   }
-  p->nartifacts = save->nfiles;
-  return 0;
+  if (!rc) rc = sd_files_join(in, save->nfiles, &p->plan, out, &n, err);
+  for (size_t i = 0; !rc && i < n; i++) {
+    if (out[i].owned) p->joined[p->njoined++] = out[i].owned;
+    p->artifacts[p->nartifacts++] = (sd_artifact){.name = out[i].name, .data = out[i].data, .len = out[i].len};
+  }
+  free(in);
+  free(out);
+  return rc;
 }
 
 int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
@@ -224,6 +231,8 @@ void sd_planned_free(sd_planned *p) {
   free(p->spans);
   free(p->index_json);
   free(p->artifacts);
+  for (size_t i = 0; i < p->njoined; i++) free(p->joined[i]);
+  free(p->joined);
   free(p->op_ready);
   free(p->slice_first);
   free(p->slice_ops);

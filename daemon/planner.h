@@ -16,8 +16,10 @@ typedef struct sd_planned {
   size_t nspans;
   char *index_json;
   size_t index_len;
-  sd_artifact *artifacts;   /* borrowed from the save */
+  sd_artifact *artifacts;   /* each file once, its bytes the save's, or joined from its parts (owned) */
   size_t nartifacts;
+  uint8_t **joined;         /* the buffers of files joined from parts */
+  size_t njoined;
   uint64_t data_bytes;      /* tensor bytes written (replicas once) */
   uint64_t total_bytes;     /* every byte of every file, headers and index included */
   uint64_t nfiles;          /* shards + index + artifacts */

@@ -47,6 +47,7 @@ typedef struct {
   uint8_t *data;
   size_t len;
   uint32_t rank;
+  int part;                /* this rank's part of the file, joined with the others' in rank order */
 } sd_save_artifact;
 
 enum { SD_RANK_NONE, SD_RANK_BEGUN, SD_RANK_SEALED };
@@ -224,8 +225,8 @@ const sd_save_result *sd_save_history_find(sd_daemon *d, const char *id);
 int sd_save_begin(sd_daemon *d, const sd_joiner *j, const sd_begin_args *a, sd_error *err);
 /* A disagreement on dtype/shape/index fails the whole save with `mismatch`. */
 int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err);
-/* Takes over data (freed on failure too). */
-int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
+/* Takes over data (freed on failure too). part: this rank's part of the file (PROTOCOL.md, "file"). */
+int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len, int part,
                  sd_error *err);
 int sd_save_seal(sd_save *save, uint32_t rank, sd_error *err);
 /* Streaming: a rank says it will put nothing more, though bytes of its

@@ -311,7 +311,7 @@ int sd_save_put(sd_save *save, uint32_t rank, sd_put_args *a, sd_error *err) {
   return 0;
 }
 
-int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len,
+int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, size_t len, int part,
                  sd_error *err) {
   sd_save_touch(save);
   if (save->ranks[rank].declared) {
@@ -321,15 +321,21 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
   }
   for (size_t i = 0; i < save->nfiles; i++) {
     sd_save_artifact *f = &save->files[i];
-    if (strcmp(f->name, name) != 0) continue;
-    /* Every rank running the same save code sends the same config.json. */
-    if (f->len == len && (len == 0 || memcmp(f->data, data, len) == 0)) {
+    if (strcmp(f->name, name) != 0 || (part && f->part && f->rank != rank)) continue;
+    /* Every rank running the same save code sends the same config.json (and a part again, the same). */
+    if (f->part == part && f->len == len && (len == 0 || memcmp(f->data, data, len) == 0)) {
       free(data);
       return 0;
     }
     free(data);
-    sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name, rank,
-            f->rank);
+    if (f->part != part)
+      sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends %s, rank %u %s", name, rank,
+              part ? "its part of it" : "all of it", f->rank, f->part ? "its part" : "all of it");
+    else if (f->rank == rank)
+      sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than it sent before", name, rank);
+    else
+      sd_fail(err, SHARDD_E_CONFLICT, "file '%s': rank %u sends different contents than rank %u", name, rank,
+              f->rank);
     sd_save_fail_err(save, err);
     return err->code;
   }
@@ -346,7 +352,7 @@ int sd_save_file(sd_save *save, uint32_t rank, const char *name, uint8_t *data, 
     free(data);
     return sd_fail(err, SHARDD_E_NO_MEMORY, "out of memory recording file '%s'", name);
   }
-  save->files[save->nfiles++] = (sd_save_artifact){.name = copy, .data = data, .len = len, .rank = rank};
+  save->files[save->nfiles++] = (sd_save_artifact){.name = copy, .data = data, .len = len, .rank = rank, .part = part};
   sd_save_inline_add(save, len);
   save->bytes_put += len;
   return 0;

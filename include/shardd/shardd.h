@@ -251,6 +251,10 @@ SHARDD_EXPORT int shardd_put_inline(shardd_client *c, const char *save, const sh
 /* A plain file (config.json, ...) written beside the shards. */
 SHARDD_EXPORT int shardd_file(shardd_client *c, const char *save, const char *path,
                               const void *data, size_t len);
+/* This rank's part of a file every rank may add to: the file written is the parts joined in
+ * rank order (a rank that sends none adds nothing), in the same atomic save. */
+SHARDD_EXPORT int shardd_file_part(shardd_client *c, const char *save, const char *path,
+                                   const void *data, size_t len);
 /* From seal until the save is released (shardd_wait_released) the daemon
  * reads this rank's arena as it writes: writing into the slices put meanwhile
  * changes what is saved. A change the daemon sees under a zero-copy write

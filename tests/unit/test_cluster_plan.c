@@ -149,10 +149,10 @@ Test(cluster_plan, disagreements_name_tensor_ranks_and_nodes) {
   cr_assert_eq(sd_cmanifest_slice(&m, "w", SD_DT_F32, 2, s4, -1, 1, 3, 2, start, big, &err),
                SHARDD_E_INVALID_ARGUMENT);
   /* files: same bytes kept once, different bytes conflict */
-  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"{}", 2, 0, &err), 0);
-  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"{}", 2, 4, &err), 0);
+  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"{}", 2, 0, 0, &err), 0);
+  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"{}", 2, 4, 0, &err), 0);
   cr_assert_eq(m.nfiles, 1);
-  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"[]", 2, 4, &err), SHARDD_E_CONFLICT);
+  cr_assert_eq(sd_cmanifest_file(&m, "config.json", (const uint8_t *)"[]", 2, 4, 0, &err), SHARDD_E_CONFLICT);
   cr_assert(strstr(err.msg, "rank 4"), "%s", err.msg);
   sd_cmanifest_free(&m);
 }
@@ -226,7 +226,7 @@ Test(cluster_plan, coverage_errors_across_nodes) {
   sd_cmanifest m3 = {0};
   rows(&m3, "a", 2, 2, 0, 2, 0, 0, 0, 0);
   rows(&m3, "b", 2, 2, 0, 2, 1, 1, 0, 1);
-  cr_assert_eq(sd_cmanifest_file(&m3, "model.safetensors.index.json", (const uint8_t *)"x", 1, 1, &err), 0);
+  cr_assert_eq(sd_cmanifest_file(&m3, "model.safetensors.index.json", (const uint8_t *)"x", 1, 1, 0, &err), 0);
   sd_plan_opts small = opts(16);
   cr_assert_eq(sd_cplan_build(&m3, 2, SD_WRITE_OWNER, &small, &p, &err), SHARDD_E_INVALID_ARGUMENT);
   cr_assert(strstr(err.msg, "model.safetensors.index.json"), "%s", err.msg);
@@ -410,5 +410,30 @@ Test(cluster_plan, a_prefix_every_node_gives_makes_a_file_series_of_its_own) {
   cr_assert(strstr(err.msg, "tensor 'w.exp_avg': node 2 puts it in files of prefix ''"), "%s", err.msg);
   cr_assert_eq(sd_cmanifest_prefix(&m, "w", "optim", 1, &err), SHARDD_E_MISMATCH);
   cr_assert(strstr(err.msg, "prefix 'optim', rank 0 (node 0) in ''"), "%s", err.msg);
+  sd_cmanifest_free(&m);
+}
+
+/* Parts of one file from ranks on two nodes: the leader writes them joined in rank order. */
+Test(cluster_plan, file_parts_from_every_node_are_joined_in_rank_order) {
+  sd_cmanifest m = {0};
+  sd_error err = {0};
+  rows(&m, "w", 8, 8, 0, 4, 0, 0, 0, 0);
+  rows(&m, "w", 8, 8, 4, 4, 1, 1, 0, 0);
+  cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"one\n", 4, 1, 1, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"zero\n", 5, 0, 1, &err), 0, "%s", err.msg);
+  /* The same part again is kept once; another part from that rank, or the name as a whole file, conflicts. */
+  cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"one\n", 4, 1, 1, &err), 0, "%s", err.msg);
+  cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"two\n", 4, 1, 1, &err), SHARDD_E_CONFLICT);
+  cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"x", 1, 2, 0, &err), SHARDD_E_CONFLICT);
+  cr_assert(strstr(err.msg, "file 'b.jsonl': rank 2 sends all of it, rank 1 its part"), "%s", err.msg);
+  sd_cplan p;
+  sd_plan_opts o = opts(0);
+  cr_assert_eq(sd_cplan_build(&m, 2, SD_WRITE_OWNER, &o, &p, &err), 0, "%s", err.msg);
+  cr_assert_eq(p.nartifacts, 1);
+  cr_assert_eq(p.artifacts[0].len, 9);
+  cr_assert_eq(memcmp(p.artifacts[0].data, "zero\none\n", 9), 0);
+  cr_assert_eq(p.nfiles_total, 2);
+  cr_assert_eq(p.total_bytes, p.plan.files[0].file_size + 9);
+  sd_cplan_free(&p);
   sd_cmanifest_free(&m);
 }

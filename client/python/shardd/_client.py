@@ -529,11 +529,12 @@ class Client:
                                                  src, n))
         del keep, owner
 
-    def file(self, save, path, data):
-        """A plain file (config.json, ...) written beside the shards; str data is UTF-8."""
+    def file(self, save, path, data, part=False):
+        """A plain file (config.json, ...) written beside the shards; str data is UTF-8. part=True:
+        this rank's part of the file, which holds every rank's part in rank order."""
         src, n, owner = _buffer(data)
-        self._check(_lib.lib().shardd_file(self._handle(), _bytes(save, "save"), _bytes(path, "path"),
-                                           src, n))
+        fn = _lib.lib().shardd_file_part if part else _lib.lib().shardd_file
+        self._check(fn(self._handle(), _bytes(save, "save"), _bytes(path, "path"), src, n))
         del owner
 
     def put_deferred(self, save, name, dtype, shape, arena, offset, start=None, count=None,

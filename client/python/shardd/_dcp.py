@@ -12,8 +12,8 @@ save_pretrained's do: no per-rank files, no second pass, no consolidation.
 The tensors of a top-level dict other than "model" (an optimizer's) go in
 files named after its key, beside the model's, under the one index. DCP's planning exchanges only metadata, never tensor bytes.
 DCP's bytes items (the values that are not tensors: steps, schedulers, RNG
-states) go into one file per rank that holds any, in the same save
-(_dcp_bytes.py). The reader describes a shardd or save_pretrained folder to
+states) go into one file, each rank's part joined by the daemon, in the same
+save (_dcp_bytes.py). The reader describes a shardd or save_pretrained folder to
 DCP as one chunk per tensor (and those bytes items) and serves each rank's
 boxes through the strict reader.
 """
@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkSt
 from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from ._dcp_bytes import BYTES_FILE, bytes_file, read_bytes_files
+from ._dcp_bytes import BYTES_FILE, bytes_part, read_bytes_files
 from ._load import Checkpoint, torch_dtype
 from ._nested import series_prefix
 from ._save import save
@@ -86,7 +86,7 @@ class StorageWriter(_Writer):
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
-                # A step, a scheduler, an RNG state: into this rank's file beside the shards.
+                # A step, a scheduler, an RNG state: into this rank's part of the file beside the shards.
                 items[item.index.fqn] = data.getvalue()
                 results.append(WriteResult(index=item.index, size_in_bytes=len(items[item.index.fqn]),
                                            storage_data=None))
@@ -98,8 +98,7 @@ class StorageWriter(_Writer):
         # Ranks hold different names once DCP has deduplicated replicas: the coordinator's indices.
         options = dict(self.options)
         if items:
-            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            options["files"] = dict(options.get("files") or {}, **{BYTES_FILE % rank: bytes_file(items)})
+            options["file_parts"] = dict(options.get("file_parts") or {}, **{BYTES_FILE: bytes_part(items)})
         ordered = {name(fqn): i for fqn, i in plan.storage_data["shardd_index"].items()}
         if prefixes:
             options["prefixes"] = {**(options.get("prefixes") or {}), **prefixes}

@@ -89,6 +89,7 @@ _PROTOTYPES = {
     "shardd_put_copy": (_i, [_p, _s, _desc, _p, _u64, _p, _sz]),
     "shardd_put_inline": (_i, [_p, _s, _desc, _p, _sz]),
     "shardd_file": (_i, [_p, _s, _s, _p, _sz]),
+    "shardd_file_part": (_i, [_p, _s, _s, _p, _sz]),
     "shardd_seal": (_i, [_p, _s]),
     "shardd_put_deferred": (_i, [_p, _s, _desc, _p, _u64]),
     "shardd_place": (_i, [_desc, _sz, _u64, _u64, ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),

@@ -333,7 +333,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
          keep_last: Optional[int] = None, join_timeout: Optional[float] = None,
          idle_timeout: Optional[float] = None,
          total_parameters: Optional[int] = None,
-         prefixes: Optional[Mapping[str, str]] = None) -> Union[Dict[str, Any], PendingSave]:
+         prefixes: Optional[Mapping[str, str]] = None,
+         file_parts: Optional[Mapping[str, Union[bytes, str]]] = None) -> Union[Dict[str, Any], PendingSave]:
     """Saves this rank's tensors into the checkpoint `dir` (relative to the daemon's root).
 
     tensors: {name: array} in state-dict order, each value a numpy array or
@@ -367,7 +368,9 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     str} written beside the shards. prefixes: {tensor name: file prefix} for
     tensors that go in files of their own (PREFIX.safetensors, or
     PREFIX-00001-of-00002.safetensors ...: an optimizer's beside the model's),
-    under the one index; every rank gives a tensor the same prefix. wait=True returns the result dict;
+    under the one index; every rank gives a tensor the same prefix.
+    file_parts: {name: bytes or str}, this rank's part of a file that holds
+    every rank's part in rank order (a rank may send none). wait=True returns the result dict;
     wait=False returns a PendingSave. timeout (seconds) applies to each wait;
     when the final wait (wait=True) times out, the save is aborted for every
     rank (nothing is published) and ShardError "timeout" raised, so no save
@@ -425,6 +428,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
         spans = [_span(src) for _name, src, _offset in items]
         check_shared_memory([(name, src) for name, src, _offset in items], spans)
 
+    files = [(path, data, False) for path, data in (files or {}).items()] + \
+        [(path, data, True) for path, data in (file_parts or {}).items()]
     args = (save_id, dir, topo, items, spans, groups, max_shard_size, prefix, metadata, overwrite, files, keep_last)
     if client is None and arena is None:
         # The default path: this process's pooled connection and arenas (_arena_pool), so a
@@ -539,8 +544,8 @@ def _run(client, arena, save_id, dir, topo, items, spans, groups, max_shard_size
         # Every slice in a few request lines (puts), not a round trip each; a file series at a time.
         for group_prefix, descs, offsets in groups:
             client._put_descs(save_id, arena, descs, offsets, prefix=group_prefix)
-        for path, data in (files or {}).items():
-            client.file(save_id, path, data)
+        for path, data, part in files:
+            client.file(save_id, path, data, part=part)
         client.seal(save_id)
 
     def or_abort(step):

@@ -7,8 +7,8 @@ through StorageReader), and a save_pretrained folder is loaded by dcp.load
 too. Every checkpoint is read back with safetensors and compared bit for
 bit with the unsharded model. Each layout also saves DCP's standard
 training checkpoint ({model, optim, step, lr_scheduler, rng}: the optimizer's
-tensors in optim-* files of their own, DCP's bytes items in files beside the
-shards, in the same save) with dcp.save and
+tensors in optim-* files of their own, DCP's bytes items in one file beside
+the shards, each rank's part of it joined by the daemon, in the same save) with dcp.save and
 dcp.async_save, and loads it into a fresh model and optimizer: every tensor
 bit-equal, the step, the scheduler's lr and the RNG state back.
 
@@ -130,7 +130,15 @@ class DCP(unittest.TestCase):
                     self.assertEqual(r["whole"]["loaded" + suffix], {"digest": r["whole"]["saved"], "step": 1,
                                                                      "lr": 5e-3, "rng": True}, (layout, suffix))
             folder = os.path.join(self.d.root, layout, "whole")
-            self.assertTrue(any(n.startswith("shardd_dcp_bytes.rank-") for n in os.listdir(folder)))
+            # DCP's bytes items in one file, every rank's part of it (a JSON line each) joined by the daemon.
+            self.assertEqual([n for n in os.listdir(folder) if n.startswith("shardd_dcp_bytes")],
+                             ["shardd_dcp_bytes.jsonl"])
+            parts = [json.loads(line) for line in open(os.path.join(folder, "shardd_dcp_bytes.jsonl"))]
+            fqns = [fqn for part in parts for fqn in part["items"]]
+            self.assertEqual(len(fqns), len(set(fqns)))
+            # (the RNG state is a tensor: it is in the shards)
+            self.assertTrue({"step", "lr_scheduler.last_epoch", "optim.param_groups.0.lr"} <= set(fqns), fqns)
+            print("%s: %d bytes items in one file, parts from %d ranks" % (layout, len(fqns), len(parts)))
             # The model's tensors under their HF names in model-* files, the optimizer's under DCP's
             # in optim-* files of their own: from_pretrained of the same folder finds the model's weights.
             names = json.load(open(os.path.join(folder, "model.safetensors.index.json")))["weight_map"]

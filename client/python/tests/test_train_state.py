@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Whole training checkpoints through save_state_dict/load_state_dict: model, optimizer and train state nested, saved under FSDP2 x 4, resumed under FSDP2 x 4 and TP x 2 with the same loss curve, bit for bit.
+# Whole training checkpoints through save_state_dict/load_state_dict: model, optimizer (in files of its own prefix) and train state nested, saved under FSDP2 x 4, resumed under FSDP2 x 4 and TP x 2 with the same loss curve, bit for bit.
 """Real gloo ranks train a tiny Llama with AdamW for 3 steps under FSDP2 x 4,
 save {"model": get_model_state_dict, "optimizer": get_optimizer_state_dict,
 "train_state": {"step", "losses"}} in one save, and train 3 more steps. A
@@ -13,6 +13,9 @@ of the folder gives the trained weights and equal logits; the optimizer's are
 in optimizer-*.safetensors files of their own, in the one index, and pass
 verify --deep.
 A plain value that is not JSON-able is refused by name before anything is sent.
+Over the protocol, in-process ranks check shardd.save's prefixes (file series,
+a disagreement, a bad prefix) and file_parts (one file of every rank's part in
+rank order; a part against a whole file is a conflict).
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.6
 or transformers. `--worker JSON` is one rank.
@@ -217,6 +220,42 @@ class TrainState(unittest.TestCase):
         self.assertEqual(cm.exception.name, "invalid_argument")
         self.assertIn("prefix 'a/b'", cm.exception.message)
         self.assertFalse(os.path.exists(os.path.join(D.root, "series", "bad")))
+
+    def test_file_parts_over_the_protocol(self):
+        """shardd.save's file_parts: three ranks' parts of one file, sent in any order, written as
+        one file in rank order (rank 1 sends none); a rank sending the name as a whole file instead
+        fails the save for every rank with conflict."""
+        errors, barrier = [None] * 3, threading.Barrier(3)
+
+        def rank(r, dir, whole):
+            try:
+                parts = {} if r == 1 else {"log.jsonl": b'{"rank": %d}\n' % r}
+                files = {"log.jsonl": b"all"} if whole and r == 2 else None
+                if files:
+                    parts = {}
+                barrier.wait(WAIT)
+                shardd.save({"x": torch.full((3,), float(r))} if r == 0 else {}, dir, rank=r, world_size=3,
+                            file_parts=parts, files=files, timeout=WAIT, socket=D.socket,
+                            save_id="parts-" + dir.replace("/", "-"))
+            except shardd.ShardError as e:
+                errors[r] = e
+
+        def all_ranks(dir, whole):
+            threads = [threading.Thread(target=rank, args=(r, dir, whole)) for r in (2, 0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(2 * WAIT)
+
+        all_ranks("parts/ok", False)
+        self.assertEqual(errors, [None] * 3)
+        with open(os.path.join(D.root, "parts", "ok", "log.jsonl"), "rb") as f:
+            self.assertEqual(f.read(), b'{"rank": 0}\n{"rank": 2}\n')
+        all_ranks("parts/clash", True)
+        for e in errors:
+            self.assertEqual(e.name, "conflict")
+            self.assertIn("file 'log.jsonl': rank", e.message)
+        self.assertFalse(os.path.exists(os.path.join(D.root, "parts", "clash")))
 
 
 def main():
