@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 try:
@@ -350,6 +351,38 @@ class TwoNodes(TorchTestCase):
             for c in clients:
                 c.close()
         self.assertCheckpointHolds(os.path.join(self.root, "nodes", "explicit"), {"w": full})
+
+    def test_file_series_and_file_parts_across_two_nodes(self):
+        # The leader plans another prefix's tensors as files of their own and joins each rank's part
+        # of a file, in rank order, whichever node the rank saved through.
+        full = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+        errors = [None, None]
+
+        def rank(r):
+            try:
+                with shardd.Client(self.nodes[r].socket) as c:
+                    shardd.save({"w": shardd.Slice(full[2 * r:2 * r + 2], (4, 6), (2 * r, 0)),
+                                 "opt.w": shardd.Slice(full[2 * r:2 * r + 2] * 2, (4, 6), (2 * r, 0))},
+                                "nodes/series", client=c, save_id="nodes-series", rank=r, world_size=2, nnodes=2,
+                                node_rank=r, leader=self.leader, prefixes={"opt.w": "optim"},
+                                file_parts={"parts.txt": "rank %d\n" % r}, timeout=WAIT)
+            except shardd.ShardError as e:
+                errors[r] = e
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (1, 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(2 * WAIT)
+        self.assertEqual(errors, [None, None])
+        folder = os.path.join(self.root, "nodes", "series")
+        with open(os.path.join(folder, "model.safetensors.index.json")) as f:
+            self.assertEqual(json.load(f)["weight_map"], {"w": "model.safetensors", "opt.w": "optim.safetensors"})
+        with open(os.path.join(folder, "parts.txt")) as f:
+            self.assertEqual(f.read(), "rank 0\nrank 1\n")
+        self.assertCheckpointHolds(folder, {"w": full, "opt.w": full * 2})
+        p = subprocess.run([os.environ["SHARDCTL"], "verify", "--deep", folder], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
 
 
 def main():
