@@ -383,15 +383,19 @@ Test(cluster_plan, merged_boxes_are_checked_part_by_part_where_they_overlap) {
   sd_cmanifest_free(&m);
 }
 
+/* An [8, 8] tensor `name` at `index`, rows 0-3 on node 0 (rank 0), rows 4-7 on node 1 (rank 1). */
+static void halves(sd_cmanifest *m, const char *name, int64_t index) {
+  rows(m, name, 8, 8, 0, 4, 0, 0, (uint64_t)index, index);
+  rows(m, name, 8, 8, 4, 4, 1, 1, (uint64_t)index, index);
+}
+
 /* A tensor of another file prefix (an optimizer's) makes files of its own on the leader too, the
  * prefix agreed by every node that describes it. */
 Test(cluster_plan, a_prefix_every_node_gives_makes_a_file_series_of_its_own) {
   sd_cmanifest m = {0};
   sd_error err = {0};
-  rows(&m, "w", 8, 8, 0, 4, 0, 0, 0, 0);
-  rows(&m, "w", 8, 8, 4, 4, 1, 1, 0, 0);
-  rows(&m, "w.exp_avg", 8, 8, 0, 4, 0, 0, 1, 1);
-  rows(&m, "w.exp_avg", 8, 8, 4, 4, 1, 1, 1, 1);
+  halves(&m, "w", 0);
+  halves(&m, "w.exp_avg", 1);
   cr_assert_eq(sd_cmanifest_prefix(&m, "w", NULL, 0, &err), 0, "%s", err.msg);
   cr_assert_eq(sd_cmanifest_prefix(&m, "w", NULL, 1, &err), 0, "%s", err.msg);
   cr_assert_eq(sd_cmanifest_prefix(&m, "w.exp_avg", "optimizer", 0, &err), 0, "%s", err.msg);
@@ -417,8 +421,7 @@ Test(cluster_plan, a_prefix_every_node_gives_makes_a_file_series_of_its_own) {
 Test(cluster_plan, file_parts_from_every_node_are_joined_in_rank_order) {
   sd_cmanifest m = {0};
   sd_error err = {0};
-  rows(&m, "w", 8, 8, 0, 4, 0, 0, 0, 0);
-  rows(&m, "w", 8, 8, 4, 4, 1, 1, 0, 0);
+  halves(&m, "w", 0);
   cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"one\n", 4, 1, 1, &err), 0, "%s", err.msg);
   cr_assert_eq(sd_cmanifest_file(&m, "b.jsonl", (const uint8_t *)"zero\n", 5, 0, 1, &err), 0, "%s", err.msg);
   /* The same part again is kept once; another part from that rank, or the name as a whole file, conflicts. */
