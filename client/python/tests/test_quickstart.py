@@ -2,16 +2,22 @@
 # README's shell commands ("Start a daemon", "From PyTorch"), extracted from README.md and run as written; the docs' links; the venv's installed shardd.
 """Exits 77 (skipped) without the project's venv (.venv/bin/torchrun).
 
-The commands run in a stand-in for a fresh clone after scripts/demo: a folder whose build/,
-.venv/ and client/ are this build tree, the project's venv and this source tree's client/. They
+The commands run in a fresh clone after scripts/demo, as near as the suite can make one: a git
+clone of this tree's committed HEAD (its README's commands are the ones run), whose build/ and
+.venv/ are this build tree and the project's venv, which is what scripts/demo leaves there (its
+build, and the venv holding shardd with that build's library recorded). Out of a git checkout
+(a source tarball) the clone is a folder whose client/ is this tree's. scripts/demo itself is
+not run: it builds the whole tree again in the clone (minutes on the suite's 2 cores), writes
+1 GiB, and would pip-install the clone's shardd into the shared venv, recording a library
+deleted with the clone. What it prints last, the commands to try next, is checked against
+README's. The commands
 name /tmp/ckpt and /tmp/shardd.sock, and torchrun's default port; as root they run in namespaces
 of their own (a private /tmp, into which a tree that lives under /tmp is bound back, and a
 network with only loopback), so that several runs of the suite
 never meet there. Without root those two paths are the only
 text changed (into a private folder), and the test says so.
 
-`scripts/demo` and `scripts/test`, the README's other two commands, are not run here: the
-suite is what scripts/test runs, and scripts/demo builds and writes 1 GiB.
+`scripts/test`, README's other command, is what runs this suite.
 """
 import os
 import re
@@ -85,20 +91,51 @@ sys.exit(status)
 """
 
 
+def fresh_clone(clone):
+    """This tree's committed HEAD checked out into clone (True), or False out of a git checkout."""
+    head = subprocess.run(["git", "-C", SOURCE, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return False
+    for argv in (["git", "init", "-q", clone],
+                 ["git", "-C", clone, "fetch", "-q", "--depth", "1", "file://" + SOURCE, head.stdout.strip()],
+                 ["git", "-C", clone, "checkout", "-q", "FETCH_HEAD"]):
+        subprocess.run(argv, check=True, capture_output=True)
+    return True
+
+
+def demo_next_steps():
+    """The commands scripts/demo prints last, its venv path written as README writes it."""
+    text = open(os.path.join(SOURCE, "scripts", "demo")).read()
+    block = text[text.index("try it yourself:"):].split("\nEOF", 1)[0].splitlines()[1:]
+    return [ln.strip().replace("$SHARDD_VENV/", ".venv/") for ln in block if not ln.strip().startswith("cd ")]
+
+
 class Quickstart(unittest.TestCase):
-    def test_readme_commands_run_as_written(self):
+    def test_demo_prints_readmes_commands(self):
         text = open(README).read()
-        commands = []
-        for title in SECTIONS:
-            found = shell_commands(section(text, title))
-            self.assertTrue(found, "README's '%s' has no sh block" % title)
-            commands += found
+        readme = [c for title in SECTIONS for c in shell_commands(section(text, title))]
+        printed = demo_next_steps()
+        self.assertTrue(printed)
+        for line in printed:
+            self.assertIn(line, readme, "scripts/demo prints a command README does not give")
+
+    def test_readme_commands_run_as_written(self):
         clone = tempfile.mkdtemp(prefix="quickstart-", dir=BUILD)
         cleanups = []
         try:
+            cloned = fresh_clone(clone)
+            if not cloned:
+                os.symlink(os.path.join(SOURCE, "client"), os.path.join(clone, "client"))
+                shutil.copy(README, clone)
+            print("commands run in %s" % ("a git clone of HEAD" if cloned else "a folder of this tree's client/"))
             os.symlink(BUILD, os.path.join(clone, "build"))
             os.symlink(VENV, os.path.join(clone, ".venv"))
-            os.symlink(os.path.join(SOURCE, "client"), os.path.join(clone, "client"))
+            text = open(os.path.join(clone, "README.md")).read()
+            commands = []
+            for title in SECTIONS:
+                found = shell_commands(section(text, title))
+                self.assertTrue(found, "README's '%s' has no sh block" % title)
+                commands += found
             argv = [sys.executable, "-c", RUNNER, "-"]
             if os.geteuid() == 0 and shutil.which("unshare"):
                 # A private /tmp (tmpfs) for the commands only: their /tmp/ckpt is nobody else's.
