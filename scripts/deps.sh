@@ -50,7 +50,8 @@ shardd_venv_torch="torch==2.13.0"
 # Python 3.11; its dist_checkpointing needs psutil (undeclared) and its MoE layers einops.
 # accelerate: transformers' from_pretrained(distributed_config=...) (its own tensor and expert
 # parallel, test_moe) requires it.
-shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest crc32c megatron-core==0.16.1 psutil einops accelerate)
+shardd_venv_rest=(transformers safetensors huggingface_hub numpy pytest crc32c megatron-core==0.16.1 psutil einops accelerate
+                  peft)
 
 shardd_venv() {
   local stamp="$SHARDD_VENV/.shardd-packages" want="$shardd_venv_torch ${shardd_venv_rest[*]}"

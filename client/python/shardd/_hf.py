@@ -18,6 +18,7 @@ import weakref
 from typing import Any, Dict, List, Tuple
 
 from ._hf_convert import Piece, PieceTable, piece_tables, refuse_local_experts, reverted_pieces, table_parts
+from ._peft import peft_model, save_adapter
 from ._save import paused_gc, save
 from ._torch_state import dtensor_parts
 from ._unwrap import unwrap_model
@@ -182,7 +183,9 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
 
     model: a transformers PreTrainedModel, whole or wrapped by FSDP2
     (fully_shard) and/or TP (parallelize_module) in place, or by torch.compile,
-    DDP or DataParallel (unwrapped); anything else raises TypeError. Written: the same
+    DDP or DataParallel (unwrapped); a PEFT model (get_peft_model), whose
+    adapter is written as PEFT's save_pretrained writes it (adapter_model.safetensors
+    and adapter_config.json); anything else raises TypeError. Written: the same
     tensor names (tied and shared parameters dropped as save_pretrained drops
     them, _keys_to_ignore_on_save left out), the same shard files holding the
     same tensors, save_pretrained's index (plus shardd's checksums), config.json and,
@@ -192,6 +195,8 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
     {name: bytes} beside them. Every other option goes to shardd.save
     (wait=False, timeout, overwrite, keep_last, socket, ...).
     """
+    if peft_model(model) is not None:
+        return save_adapter(model, dir, state_dict=state_dict, files=files, **kwargs)
     model, state_dict = unwrap_model(model, state_dict)
     if getattr(model, "_hf_peft_config_loaded", False) or getattr(model, "hf_quantizer", None):
         raise NotImplementedError("adapter (PEFT) and quantized models are saved by transformers' "

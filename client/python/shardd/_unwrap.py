@@ -4,8 +4,9 @@
 from_pretrained loads as random weights without an error. So the wrappers
 that transformers' and accelerate's own unwrapping removes are removed here
 (torch.compile's OptimizedModule, DistributedDataParallel, DataParallel),
-and anything else that is not a PreTrainedModel (a PEFT model, an
-nn.Sequential around one, ...) is refused before the daemon hears of the save.
+and anything else that is not a PreTrainedModel (an nn.Sequential around one,
+a PEFT model inside another wrapper, ...) is refused before the daemon hears
+of the save. A PEFT model itself is saved as its adapter (_peft.py).
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def unwrap_model(model, state_dict: Optional[Dict[str, Any]] = None):
             cls = type(model)
             hint = ""
             if cls.__module__.split(".")[0] == "peft":
-                hint = ("; a PEFT model's adapter is saved by its own save_pretrained "
-                        "(model.save_pretrained(dir) writes adapter_model.safetensors)")
+                hint = ("; pass the PEFT model itself (its adapter is written as PEFT writes it), "
+                        "not wrapped")
             raise TypeError("shardd.torch.save_pretrained saves a transformers PreTrainedModel, or one "
                             "wrapped by torch.compile, DistributedDataParallel or DataParallel; got "
                             "%s.%s%s. Save other modules with save_state_dict"

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-# save_pretrained of wrapped models: torch.compile, DataParallel and DDP unwrapped (equal logits after from_pretrained); any other module refused with nothing published.
+# save_pretrained of wrapped models: torch.compile, DataParallel and DDP unwrapped (equal logits after from_pretrained); a PEFT model's adapter as PEFT writes it (equal logits after PeftModel.from_pretrained); any other module refused with nothing published.
 """One process, one real daemon, a tiny Llama. Each wrapper transformers and
 accelerate unwrap is saved with shardd.torch.save_pretrained, and the folder
 must load with from_pretrained to logits torch.equal to the model's, with the
-model's class in config.json. Every other module (an nn.Sequential around the
-model, a bare nn.Linear, a PEFT model where peft is installed) raises
-TypeError naming its class, and nothing is published.
+model's class in config.json. A PEFT LoRA model (where peft is installed)
+writes what its own save_pretrained writes: the same two files, the same
+tensors bit for bit and the same adapter config, and PeftModel.from_pretrained
+of the folder gives logits torch.equal to the model's. Every other module (an
+nn.Sequential around the model, a bare nn.Linear, a PEFT model inside one)
+raises TypeError naming its class, and nothing is published.
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch or transformers.
 """
@@ -90,7 +93,35 @@ class Wrapped(unittest.TestCase):
             print("peft is not installed: its refusal is the generic one above")
             return
         lora = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-        self.refused(lora, "peft", [type(lora).__name__, "adapter"])
+        self.refused(torch.nn.Sequential(lora), "peft-in-sequential", ["Sequential"])
+
+    def test_peft_adapter(self):
+        try:
+            import peft
+            from safetensors.torch import load_file
+        except ImportError:
+            self.skipTest("peft is not installed")
+        # init_lora_weights=False: an adapter that changes the logits, so loading it is seen.
+        lora = peft.get_peft_model(tiny(), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                           init_lora_weights=False)).eval()
+        st.save_pretrained(lora, "wrapped/peft")
+        path = os.path.join(D.root, "wrapped", "peft")
+        self.assertEqual(sorted(os.listdir(path)), ["adapter_config.json", "adapter_model.safetensors"])
+        # What PEFT's own save_pretrained writes: the same tensors, bit for bit, and the same config.
+        ref = os.path.join(D.root, "peft-ref")
+        lora.save_pretrained(ref)
+        got, want = load_file(os.path.join(path, "adapter_model.safetensors")), load_file(
+            os.path.join(ref, "adapter_model.safetensors"))
+        self.assertEqual(sorted(got), sorted(want))
+        for k in want:
+            self.assertTrue(torch.equal(got[k], want[k]), k)
+        with open(os.path.join(path, "adapter_config.json")) as a, open(os.path.join(ref, "adapter_config.json")) as b:
+            self.assertEqual(json.load(a), json.load(b))
+        back = peft.PeftModel.from_pretrained(tiny(), path).eval()
+        with torch.no_grad():
+            self.assertTrue(torch.equal(back(IDS).logits, lora(IDS).logits))
+            self.assertFalse(torch.equal(tiny()(IDS).logits, lora(IDS).logits), "the adapter changes nothing")
+        print("peft: %d adapter tensors as PEFT writes them; PeftModel.from_pretrained logits equal" % len(got))
 
 
 def main():
