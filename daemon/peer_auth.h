@@ -11,8 +11,10 @@
 /* ------------------------------------------------------------------------ *
  * Wire constants (proto/PEERS.md)
  * ------------------------------------------------------------------------ */
-/* 2: the proofs bind the direction, both nonces and both node names (v1's did not: reflectable). */
-#define SD_PEER_PROTO 2
+/* 2: the proofs bind the direction, both nonces and both node names (v1's did not: reflectable).
+ * 3: manifests in chunks of numbers with the tensor table sent once, by digest (v2's were one JSON
+ * frame a node): a v2 node's manifest would read as malformed, so the handshake refuses it first. */
+#define SD_PEER_PROTO 3
 #define SD_PEER_NONCE_LEN 32
 #define SD_PEER_MAC_LEN 32
 #define SD_PEER_TOKEN_MIN 16             /* bytes in the shared secret */

@@ -152,7 +152,7 @@ def frame(h):
 
 
 NONCE = "ab" * 32
-hello = {"t": "hello", "v": 2, "node": "node-b", "nonce": NONCE, "listen": "127.0.0.1:7077"}
+hello = {"t": "hello", "v": 3, "node": "node-b", "nonce": NONCE, "listen": "127.0.0.1:7077"}
 put("handshake", "hello-auth", b"\xfe" + frame(hello) + frame({"t": "auth", "proof": "00" * 32}))
 put("handshake", "hello-auth-bytewise", b"\x00" + frame(hello) + frame({"t": "auth", "proof": "0" * 63}))
 put("handshake", "connector-side", b"\x07" + frame(dict(hello, listen="[::1]:9")) + frame({"t": "auth"}))

@@ -180,7 +180,7 @@ static char *token_of(const char *token_path, size_t *tlen) {
 static void send_hello(int fd, const char *name, const uint8_t nonce[SD_PEER_NONCE_LEN]) {
   char nhex[2 * SD_PEER_NONCE_LEN + 1], hello[512];
   sd_peer_hex(nonce, SD_PEER_NONCE_LEN, nhex);
-  snprintf(hello, sizeof hello, "{\"t\":\"hello\",\"v\":2,\"node\":\"%s\",\"nonce\":\"%s\",\"listen\":\"127.0.0.1:1\"}",
+  snprintf(hello, sizeof hello, "{\"t\":\"hello\",\"v\":3,\"node\":\"%s\",\"nonce\":\"%s\",\"listen\":\"127.0.0.1:1\"}",
            name, nhex);
   send_frame(fd, hello);
 }

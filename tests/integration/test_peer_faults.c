@@ -360,7 +360,7 @@ Test(peers, a_peer_speaking_another_version_is_refused_with_a_reason) {
   cr_assert_not_null(e, "no reply before the close");
   cr_assert_str_eq(json_string_value(json_object_get(e, "t")), "error");
   cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "unsupported_proto");
-  cr_assert(strstr(json_string_value(json_object_get(e, "message")), "version 1 is not supported (this daemon speaks 2)"), "%s",
+  cr_assert(strstr(json_string_value(json_object_get(e, "message")), "version 1 is not supported (this daemon speaks 3)"), "%s",
             json_string_value(json_object_get(e, "message")));
   json_decref(e);
   cr_assert_null(read_frame(fd), "the connection must be closed");

@@ -173,7 +173,7 @@ typedef struct {
  * whole frame), for ms; a connection the daemon closes is counted and, with reconnect, opened
  * again at once (without, the trickle ends early once the daemon closed all n). */
 static trickle_stats trickle(const char *addr, int n, int ms, int reconnect) {
-  static const char frame[] = "\0\0\0\310{\"t\":\"hello\",\"v\":2,\"node\":\"slow\",\"nonce\":\"" NONCE "\"}";
+  static const char frame[] = "\0\0\0\310{\"t\":\"hello\",\"v\":3,\"node\":\"slow\",\"nonce\":\"" NONCE "\"}";
   struct pollfd pfd[400];
   double born[400], next[400];
   size_t at[400];
@@ -376,7 +376,7 @@ Test(peer_flood, leader_state_is_limited_and_listed) {
 Test(peer_flood, what_a_stranger_sends_is_escaped_in_the_log_under_its_real_address) {
   start_node(0, token_path);
   int fd = tcp_connect(N[0].addr);
-  send_frame(fd, "{\"t\":\"hello\",\"v\":2,\"node\":\"\\u001b[31mevil\",\"listen\":\"10.9.9.9:7077\",\"nonce\":\"" NONCE
+  send_frame(fd, "{\"t\":\"hello\",\"v\":3,\"node\":\"\\u001b[31mevil\",\"listen\":\"10.9.9.9:7077\",\"nonce\":\"" NONCE
                  "\"}");
   json_t *h = read_frame(fd);
   cr_assert_not_null(h);

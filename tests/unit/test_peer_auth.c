@@ -166,21 +166,24 @@ static int hello(const char *js, sd_peer_hello *out, sd_error *err) {
 Test(peer_auth, hello_fields) {
   sd_peer_hello h;
   sd_error err;
-  cr_assert_eq(hello("{\"t\":\"hello\",\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\",\"listen\":\"10.0.0.1:7077\"}", &h,
+  cr_assert_eq(hello("{\"t\":\"hello\",\"v\":3,\"node\":\"n1\",\"nonce\":\"" N64 "\",\"listen\":\"10.0.0.1:7077\"}", &h,
                      &err), 0);
   cr_assert_str_eq(h.name, "n1");
   cr_assert_str_eq(h.listen, "10.0.0.1:7077");
   cr_assert_eq(h.nonce[1], 0x11);
   /* No listener announced (a node that does not listen): accepted, listen empty. */
-  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), 0);
+  cr_assert_eq(hello("{\"v\":3,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), 0);
   cr_assert_str_eq(h.listen, "");
   cr_assert_eq(hello("{\"v\":1,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
-  cr_assert(strstr(err.msg, "version 1 is not supported (this daemon speaks 2)"), "%s", err.msg);
+  cr_assert(strstr(err.msg, "version 1 is not supported (this daemon speaks 3)"), "%s", err.msg);
+  /* version 2's manifests are not version 3's: a v2 node is refused at the door, not as malformed later */
+  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
+  cr_assert(strstr(err.msg, "version 2 is not supported (this daemon speaks 3)"), "%s", err.msg);
   cr_assert_eq(hello("{\"node\":\"n1\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_UNSUPPORTED_PROTO);
-  cr_assert_eq(hello("{\"v\":2,\"node\":\"\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
-  cr_assert_eq(hello("{\"v\":2,\"node\":\"n1\",\"nonce\":\"0011\"}", &h, &err), SHARDD_E_PROTOCOL);
-  cr_assert_eq(hello("{\"v\":2,\"node\":7,\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":3,\"node\":\"\",\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":3,\"node\":\"n1\",\"nonce\":\"0011\"}", &h, &err), SHARDD_E_PROTOCOL);
+  cr_assert_eq(hello("{\"v\":3,\"node\":7,\"nonce\":\"" N64 "\"}", &h, &err), SHARDD_E_PROTOCOL);
   char big[512];
-  snprintf(big, sizeof big, "{\"v\":2,\"node\":\"%0129d\",\"nonce\":\"" N64 "\"}", 0);
+  snprintf(big, sizeof big, "{\"v\":3,\"node\":\"%0129d\",\"nonce\":\"" N64 "\"}", 0);
   cr_assert_eq(hello(big, &h, &err), SHARDD_E_PROTOCOL, "a node name over %d bytes", SD_PEER_NAME_MAX);
 }
