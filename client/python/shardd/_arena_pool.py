@@ -103,10 +103,10 @@ def _key(socket: Optional[str]) -> Tuple:
     return (socket, env.get("SHARDD_SOCKET"), env.get("XDG_RUNTIME_DIR"), env.get("SHARDD_ARENA"))
 
 
-def borrow(socket: Optional[str], save_id: str) -> _Lane:
+def borrow(socket: Optional[str], save_id: str, skip=()) -> _Lane:
     """A lane of this process's pool for `socket` (None: the default socket), locked for the
     caller (release its .lock when the save is handed over): the first idle one that is not a
-    rank of `save_id` already, else a new one."""
+    rank of `save_id` already, nor in `skip`, else a new one."""
     global _pid
     with _lock:
         if os.getpid() != _pid:
@@ -115,6 +115,8 @@ def borrow(socket: Optional[str], save_id: str) -> _Lane:
             _pid = os.getpid()
         lanes = _pools.setdefault(_key(socket), [])
         for lane in lanes:
+            if any(lane is s for s in skip):
+                continue
             if lane.lock.acquire(blocking=False):
                 try:
                     busy = lane.member_of(save_id)

@@ -462,10 +462,27 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
             temp_arena.close()
 
 
+class _LaneHeld(Exception):
+    """The daemon refused begin on a pooled connection: it is a rank of this save already."""
+
+
 def _run_pooled(socket, end, items, timeout, args, later=False):
     """(lane, _HandOver or None): later=True leaves the puts and the seal to a thread, which
     keeps the lane until it has sealed."""
-    lane = _arena_pool.borrow(socket, args[0])
+    held = []
+    while True:
+        # The pool tells a connection that is a rank of this save by that rank's arena; a rank of
+        # another thread that put no bytes, or whose bytes were released before its commit, it
+        # cannot see. The daemon can, and refuses the begin harmlessly: then another lane (a new
+        # one once every lane was tried, whose fresh connection is a rank of nothing).
+        lane = _arena_pool.borrow(socket, args[0], skip=held)
+        try:
+            return _run_on_lane(lane, end, items, timeout, args, later)
+        except _LaneHeld:
+            held.append(lane)
+
+
+def _run_on_lane(lane, end, items, timeout, args, later):
     handover = None
     try:
         for attempt in (0, 1):
@@ -490,6 +507,9 @@ def _run_pooled(socket, end, items, timeout, args, later=False):
                         _handovers.append(handover)
                 return lane, handover
             except ShardError as e:
+                if (getattr(e, "before_begin", False) and e.name == "bad_state"
+                        and "already is rank" in e.message):
+                    raise _LaneHeld() from e
                 # A daemon restarted since the last save closed the kept connection: until begin
                 # has gone through nothing of this save reached any daemon, so it starts over, once.
                 if attempt or e.name != "connect_failed" or not getattr(e, "before_begin", False):

@@ -372,6 +372,14 @@ class ArenaPoolTest(unittest.TestCase):
         p0.wait(WAIT)
         self.assertEqual(len(self.lanes()), 2)
         self.assertEqual(shardd.load(path("pool", "r"))["w"].tobytes(), w[:20].tobytes())
+        # A rank that puts nothing leaves its arena unmarked, so the pool cannot see its lane is a
+        # rank of the save until the commit; the daemon refuses the begin there ('already is
+        # rank') and the library takes another lane (before: bad_state for the second rank).
+        p1 = shardd.save({}, "pool/e", rank=1, world_size=2, save_id="pool-e", socket=D.socket, wait=False)
+        shardd.save({"w": w[:20]}, "pool/e", rank=0, world_size=2, save_id="pool-e", socket=D.socket,
+                    timeout=WAIT)
+        p1.wait(WAIT)
+        self.assertEqual(shardd.load(path("pool", "e"))["w"].tobytes(), w[:20].tobytes())
 
     def test_wait_false_hands_over_in_the_background_and_wait_raises_a_refusal(self):
         # wait=False returns once the bytes are in the arena; the puts and the seal go on in a
