@@ -152,6 +152,7 @@ def _topology(rank, world_size, nnodes, node_rank, leader):
 # This process's saves still being handed over in the background (save(..., wait=False)): a
 # later save waits for them first, so that a pooled connection and arena serve one at a time.
 _handovers: "list[_HandOver]" = []
+_handovers_lock = threading.Lock()  # saves from several threads share the list
 
 
 class _HandOver(threading.Thread):
@@ -176,9 +177,14 @@ class _HandOver(threading.Thread):
 
 
 def _join_handovers() -> None:
-    while _handovers:
-        _handovers[0].join()
-        _handovers.pop(0)
+    # Joined outside the lock (a hand-over may take a while); only finished ones are dropped, so a
+    # thread never drops one another thread has not seen end.
+    with _handovers_lock:
+        pending = list(_handovers)
+    for handover in pending:
+        handover.join()
+    with _handovers_lock:
+        _handovers[:] = [h for h in _handovers if h.is_alive()]
 
 
 class PendingSave:
@@ -504,7 +510,8 @@ def _run_on_lane(lane, end, items, timeout, args, later):
                         handover = None
                         rest()
                     else:
-                        _handovers.append(handover)
+                        with _handovers_lock:
+                            _handovers.append(handover)
                 return lane, handover
             except ShardError as e:
                 if (getattr(e, "before_begin", False) and e.name == "bad_state"
