@@ -127,13 +127,17 @@ static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint6
                   sd_lop *op) {
   sd_writer *w = cs->cl->d->writer;
   if (!w || !cs->fds) return -ESHUTDOWN;
-  cio *c = calloc(1, sizeof *c);
-  if (!c) return -ENOMEM;
+  /* The descriptor first: at the cap every pending request asks again on each wake, and
+   * should cost no allocation while it waits. */
   int fd = sd_fdset_get(cs->fds, lf);
   if (fd < 0) {
-    free(c);
     if (fd == -EAGAIN) sd_fdpool_wait(sd_fdset_pool(cs->fds), &cs->fdwait);
     return fd;
+  }
+  cio *c = calloc(1, sizeof *c);
+  if (!c) {
+    sd_fdset_put(cs->fds, lf);
+    return -ENOMEM;
   }
   c->cs = cs;
   c->op = op;

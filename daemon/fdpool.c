@@ -46,13 +46,18 @@ void sd_fdpool_unwait(sd_fdpool *p, sd_fdwaiter *w) {
   w->prev = w->next = NULL;
 }
 
+/* A descriptor can be had now: under the cap (none: 0), or an idle file to close for it. */
+static int pool_room(const sd_fdpool *p) {
+  return !p->cap || p->nopen < p->cap || p->idle_head;
+}
+
 void sd_fdpool_wake(sd_fdpool *p) {
   /* The ones waiting now, each taken off before its call, which may queue it
    * again (no room left for it): those wait for the next wake. */
   sd_fdwaiter *w = p->waiters;
   for (sd_fdwaiter *x = w; x; x = x->next) x->queued = 0;
   p->waiters = NULL;
-  while (w && (!p->cap || p->nopen < p->cap || p->idle_head)) {
+  while (w && pool_room(p)) {
     sd_fdwaiter *next = w->next;
     w->prev = w->next = NULL;
     w->cb(w);
@@ -110,8 +115,7 @@ void sd_fdset_hooks(sd_fdset *s, sd_fdset_hook on_open, sd_fdset_hook on_close, 
 }
 
 int sd_fdset_room(const sd_fdset *s) {
-  const sd_fdpool *p = s->pool;
-  return !p->cap || p->nopen < p->cap || p->idle_head;
+  return pool_room(s->pool);
 }
 
 int sd_fdset_ready(const sd_fdset *s, uint32_t i) {

@@ -38,6 +38,7 @@ struct sd_fileset {
   uint64_t ops_left;       /* source bytes still to read */
   sd_fileset_counts n;
   int failed, said_buffered;
+  char write_point[40];    /* tests: "<point>_write" (filejob_write), made once, not per write */
   char *where;             /* by name: req.where, kept for the files not yet opened */
   sd_fdset *byname;        /* by name: the descriptors, opened on demand under the writer's cap */
   sd_error err;
@@ -82,11 +83,17 @@ static int stopped(const sd_fileset *s) {
 /* ------------------------------------------------------------------------ *
  * O_DIRECT and its fallback
  * ------------------------------------------------------------------------ */
+/* O_DIRECT on (or off) for fd: 0, or -1 with errno when the file system refuses it. */
+static int set_odirect(int fd, int on) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return -1;
+  return fcntl(fd, F_SETFL, on ? fl | O_DIRECT : fl & ~O_DIRECT);
+}
+
 /* Buffered from now on: the file system refused an O_DIRECT write. */
 static void go_buffered(sd_fileset *s, uint32_t i) {
   fs_file *ff = &s->f[i];
-  int fl = fcntl(ff->fd, F_GETFL);
-  if (fl >= 0) fcntl(ff->fd, F_SETFL, fl & ~O_DIRECT);
+  set_odirect(ff->fd, 0);
   ff->odirect = 0;
   if (!s->said_buffered) {
     s->said_buffered = 1;
@@ -105,8 +112,7 @@ static void go_odirect(sd_fileset *s, uint32_t i) {
   fs_file *ff = &s->f[i];
   ff->tried = 1;
   if (sd_writer_buffered(s->w) || ff->size == 0) return;
-  int fl = fcntl(ff->fd, F_GETFL);
-  if (fl < 0 || fcntl(ff->fd, F_SETFL, fl | O_DIRECT) < 0) {
+  if (set_odirect(ff->fd, 1) < 0) {
     if (!s->said_buffered) {
       s->said_buffered = 1;
       if (s->r.where)
@@ -142,9 +148,8 @@ static void byname_opened(void *ud, uint32_t i, int fd) {
   ff->slot = s->r.durable ? -2 : -1;
   if (!ff->tried) {
     go_odirect(s, i);
-  } else if (ff->odirect) {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_DIRECT) < 0) go_buffered(s, i);
+  } else if (ff->odirect && set_odirect(fd, 1) < 0) {
+    go_buffered(s, i);
   }
 }
 
@@ -331,9 +336,7 @@ static void file_wrote(sd_fileset *s, uint32_t i, uint64_t len) {
     sd_crash_point("write");
     if (i == s->r.index_file) sd_crash_point("index");
   } else {
-    char phase[40]; /* tests: "filejob_write", a write of a node's own files answered */
-    snprintf(phase, sizeof phase, "%s_write", s->r.point);
-    sd_crash_point(phase);
+    sd_crash_point(s->write_point); /* a write of a node's own files answered */
   }
   if ((ff->left -= len) > 0) return;
   if (ff->trim && ftruncate(ff->fd, (off_t)(ff->base + ff->size)) < 0) {
@@ -506,6 +509,7 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
   }
   s->w = w;
   s->r = *req;
+  if (req->point) snprintf(s->write_point, sizeof s->write_point, "%s_write", req->point);
   s->wq_tail = &s->wq;
   s->fill = (sd_fill){.files = req->files, .nfiles = req->nfiles, .ops = req->ops, .nops = req->nops,
                       .spans = req->spans, .nspans = req->nspans, .ready = req->op_ready};
@@ -539,12 +543,12 @@ int sd_fileset_new(sd_writer *w, const sd_fileset_req *req, sd_fileset **out, sd
       continue;
     }
     if (!s->f[i].size) continue;
-    int fd = openat(req->dir_fd, req->names[i], O_WRONLY | O_CLOEXEC | O_NOFOLLOW), fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    int fd = openat(req->dir_fd, req->names[i], O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
       sd_fileset_fail_errno(s, errno, i, "open", 0);
       break;
     }
-    if (!sd_writer_buffered(w) && fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) probe = fd;
+    if (!sd_writer_buffered(w) && set_odirect(fd, 1) == 0) probe = fd;
     else close(fd);
     break;
   }
