@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from ._dcp_bytes import BYTES_FILE, bytes_part, read_bytes_files
 from ._load import Checkpoint, torch_dtype
-from ._nested import series_prefix
+from ._nested import series_of
 from ._save import save
 from ._hf_convert import piece_parts
 from ._torch_load import converted, fill_box
@@ -133,8 +133,8 @@ def _series(planner):
     """fqn -> file prefix for the tensors under a top-level dict other than "model" (an
     optimizer's): they go in files named after its key, as save_state_dict puts them."""
     paths = getattr(planner, "mappings", None) or {}
-    return {fqn: series_prefix(path[0]) for fqn, path in paths.items()
-            if len(path) > 1 and path[0] != "model"}
+    series = {fqn: series_of(path) for fqn, path in paths.items()}
+    return {fqn: prefix for fqn, prefix in series.items() if prefix is not None}
 
 
 class StorageReader(_Reader):

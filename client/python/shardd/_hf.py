@@ -213,11 +213,17 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
 
 def num_parameters(model, state_dict) -> int:
     """model.num_parameters() of the unsharded model, which save_pretrained writes as the index's
-    total_parameters: its parameters' global elements, each tied parameter once, no buffers."""
+    total_parameters: its parameters' global elements, each tied parameter once, no buffers.
+    Only the parameters this save writes count (transformers counts all of them): a parameter
+    left out (_keys_to_ignore_on_save, a state_dict without it) would make the index claim more
+    than its files hold, which the daemon refuses at seal."""
     import math
 
+    ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
     total = 0
     for name, p in model.named_parameters():
-        value = state_dict.get(name, p)
+        if name in ignored or name not in state_dict:
+            continue
+        value = state_dict[name]
         total += math.prod(value.shape) if hasattr(value, "shape") else p.numel()
     return total

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["STATE_FILE", "flatten", "series_prefix", "state_file", "read_state", "dotted", "restore"]
+__all__ = ["STATE_FILE", "flatten", "series_of", "series_prefix", "state_file", "read_state", "dotted", "restore"]
 
 STATE_FILE = "shardd_state.json"
 _FORMAT = "shardd-state-1"
@@ -34,6 +34,12 @@ def _is_tensor_like(value) -> bool:
         return True
     # (local tensor, global shape, offset)
     return isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], torch.Tensor)
+
+
+def series_of(path: Tuple) -> Optional[str]:
+    """The file prefix of a tensor at `path` in a nested state dict: its top-level key's
+    (series_prefix) under any top-level dict other than "model"; None (the save's own) else."""
+    return series_prefix(path[0]) if len(path) > 1 and path[0] != "model" else None
 
 
 def series_prefix(key) -> str:
@@ -67,8 +73,9 @@ def flatten(state_dict: Mapping, prefixes: Optional[Dict[str, str]] = None
             if name in tensors:
                 raise ValueError("two tensors of the state dict are both named %r once flattened" % name)
             tensors[name] = value
-            if prefixes is not None and nested and len(path) > 1 and path[0] != "model":
-                prefixes[name] = series_prefix(path[0])
+            series = series_of(path) if prefixes is not None and nested else None
+            if series is not None:
+                prefixes[name] = series
         else:
             plain.append((path, value))
 

@@ -274,9 +274,12 @@ class PendingSave:
         if self._exception is not None:
             raise self._exception
         if self._handover is not None:
+            began = time.monotonic()
             self._handover.join(timeout)
             if self._handover.is_alive():
                 raise refusal("timeout", "save %s: still being handed over after %s s" % (self.save_id, timeout))
+            if timeout is not None:  # one timeout for the hand-over and the save together
+                timeout = max(0.0, timeout - (time.monotonic() - began))
             error, self._handover = self._handover.error, None
             if error is not None:
                 self._exception = error
@@ -301,6 +304,9 @@ class PendingSave:
             except ShardError as e:
                 if e.name == "timeout":
                     return False
+            except Exception as e:  # the hand-over's own error (a bad file value): the save ended
+                if e is not self._exception:
+                    raise
         return True
 
     def result(self, timeout: Optional[float] = None) -> Dict[str, Any]:
@@ -318,6 +324,10 @@ class PendingSave:
             self.result(timeout)
         except ShardError:
             return self._exception
+        except Exception as e:  # the hand-over's own error is the save's; TimeoutError is not
+            if e is not self._exception:
+                raise
+            return e
         return None
 
     def __repr__(self) -> str:
