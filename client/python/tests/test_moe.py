@@ -78,6 +78,12 @@ MODELS = {
                                                  num_experts_per_tok=2, shared_expert_intermediate_size=28,
                                                  num_key_value_heads=2, **COMMON), True, torch.float32),
 }
+# Models only transformers' own expert parallel saves: it splits the experts evenly over its ep ranks,
+# which the 3 experts of the Mixtral above are not.
+EP_MODELS = {
+    "mixtral4-bf16": (lambda: MixtralConfig(intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                                            num_key_value_heads=2, **COMMON), False, torch.bfloat16),
+}
 # (name, world size); each loads the checkpoint the one before it saved.
 LAYOUTS = [("fsdp4", 4), ("ep4", 4), ("ep2_efsdp2", 4), ("ep2_dp2", 4), ("tp2", 2)]
 # Layouts that also save with save_pretrained's default max_shard_size: one file, as transformers writes it.
@@ -86,7 +92,7 @@ COLWISE = ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj")
 
 
 def build(name, seed):
-    config, tied, dtype = MODELS[name]
+    config, tied, dtype = MODELS[name] if name in MODELS else EP_MODELS[name]
     cfg = config()
     cfg.tie_word_embeddings = tied
     torch.manual_seed(seed)
@@ -307,11 +313,12 @@ class InterleavedMoe(transformers.Qwen3MoeForCausalLM):
 # enable_expert_parallel is the flag the issue names (deprecated in 5.x for ep_size=tp_size,
 # tp_plan={}): experts Shard(0) over the ranks, the rest whole on each. Then EP beside FSDP2 (the
 # experts _StridedShard on ep x efsdp, token dispatch), and beside TP and FSDP2 on four ranks.
-# Mixtral's three experts do not split over two ranks: transformers itself refuses it.
+# Mixtral's three experts do not split over two ranks (transformers itself refuses it): a Mixtral of
+# four experts stands in for it here.
 TRANSFORMERS_EP = {
     "enable_ep2": (2, dict(enable_expert_parallel=True, tp_size=2),
-                   ("qwen3moe-tied-bf16", "deepseekv3-bf16", "qwen2moe-tied-f32")),
-    "ep2_fsdp2": (2, dict(ep_size=2, fsdp_size=2), ("qwen3moe-tied-bf16", "deepseekv3-bf16")),
+                   ("qwen3moe-tied-bf16", "deepseekv3-bf16", "qwen2moe-tied-f32", "mixtral4-bf16")),
+    "ep2_fsdp2": (2, dict(ep_size=2, fsdp_size=2), ("qwen3moe-tied-bf16", "deepseekv3-bf16", "mixtral4-bf16")),
     "ep2_tp2_fsdp2": (4, dict(ep_size=2, tp_size=2, fsdp_size=2), ("deepseekv3-bf16",)),
 }
 
