@@ -1,8 +1,11 @@
 /* What every role of a multi-node save shares: names, ids, local delivery, failed-save memory, a node save's way out. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cluster_int.h"
@@ -178,19 +181,53 @@ void sd_cl_remember_failure(sd_cluster *cl, const sd_save *save) {
  * Failing from inside: the save must outlive the call, so an I/O reference
  * is held around it; the caller then checks whether it was the last.
  * ------------------------------------------------------------------------ */
+static int fail_err_held(sd_csave *cs, sd_error *e) {
+  cs->io++;
+  sd_save_fail_err(cs->save, e);
+  cs->io--;
+  if (cs->io == 0) {
+    sd_node_finish_failed(cs); /* frees cs */
+    return 1;
+  }
+  return 0;
+}
+
 int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) {
   sd_error e;
   va_list ap;
   va_start(ap, fmt);
   sd_vfail(&e, code, fmt, ap);
   va_end(ap);
-  cs->io++;
-  sd_save_fail_err(cs->save, &e);
-  cs->io--;
-  if (cs->io == 0) {
-    sd_node_finish_failed(cs); /* frees cs */
-    return 1;
-  }
+  return fail_err_held(cs, &e);
+}
+
+/* 1 when this node's temporary folder, or one of its files, is gone from under its writes. Only
+ * a withdrawal removes them while the save runs (another node lost the leader after its done and
+ * took the folder away, cluster_outcome.c) or the leader's clean-up of a save it failed. A stat a
+ * file, on a failure path only. */
+static int folder_gone(const sd_csave *cs) {
+  struct stat st;
+  if (cs->tmp_fd < 0) return 0;
+  if (fstat(cs->tmp_fd, &st) == 0 && st.st_nlink == 0) return 1;
+  for (size_t i = 0; i < cs->nfiles; i++)
+    if (fstatat(cs->tmp_fd, cs->fnames[i], &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) return 1;
+  return 0;
+}
+
+int sd_node_fail_io(sd_csave *cs, int code, const char *fmt, ...) {
+  if (cs->stalled) return 0; /* waiting for the leader's word already */
+  sd_error e;
+  va_list ap;
+  va_start(ap, fmt);
+  sd_vfail(&e, code, fmt, ap);
+  va_end(ap);
+  if (cs->failing || !folder_gone(cs)) return fail_err_held(cs, &e);
+  /* Failing here would tell this node's ranks a consequence (an open's ENOENT) for the cause, which
+   * only the leader knows, or its loss tells (peer_lost): as for an assignment whose folder is gone,
+   * tell the leader and wait for its word. */
+  cs->stalled = 1;
+  sd_log_info("save '%s': %s; the temporary folder is gone: waiting for the leader's word", cs->save->id, e.msg);
+  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", sd_err_name(e.code), "message", e.msg));
   return 0;
 }
 

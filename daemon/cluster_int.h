@@ -258,6 +258,10 @@ size_t sd_node_assign_cap(sd_cluster *cl, const sd_peer *p, size_t *payload_max)
 /* Fails the save from inside (an I/O reference is held around the call);
  * returns 1 when that freed cs: the caller must not touch it again. */
 int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The same for a failed open, write or fsync of this node's share; but when its temporary folder is
+ * gone from under it (withdrawn by a node that lost the leader, or removed by the leader failing the
+ * save), it tells the leader and waits for its word instead (stalled; returns 0). */
+int sd_node_fail_io(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Every write of a failed save has stopped: close, clean up, finish it (frees cs). */
 void sd_node_finish_failed(sd_csave *cs);
 void sd_node_to_leader(sd_csave *cs, json_t *m);

@@ -78,7 +78,7 @@ static void on_io(void *ud, int res) {
                    strerror(-res));
       if (sd_xfer_fail_if_shrunk(cs)) return;
     }
-    sd_node_fail_held(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
+    sd_node_fail_io(cs, code, "node %u ('%s'): %s/%s: %s failed: %s", cs->node_rank, cl->node, cs->save->dir, f->name,
               what, strerror(-res));
     return;
   }
@@ -158,7 +158,7 @@ static int submit(sd_csave *cs, int kind, uint32_t lf, const uint8_t *src, uint6
 
 /* A request on files[lf] could not be made (rc: -errno, never -EAGAIN): the save fails. */
 static void submit_failed(sd_csave *cs, uint32_t lf, const char *what, int rc) {
-  sd_node_fail_held(cs, sd_err_from_errno(-rc), "node %u ('%s'): %s/%s: cannot %s: %s", cs->node_rank, cs->cl->node,
+  sd_node_fail_io(cs, sd_err_from_errno(-rc), "node %u ('%s'): %s/%s: cannot %s: %s", cs->node_rank, cs->cl->node,
                     cs->save->dir, cs->files[lf].name, what, strerror(-rc));
 }
 

@@ -73,7 +73,7 @@ static void on_staged(void *ud, const sd_error *err) {
     xs_free(xs);
     sd_log_debug("save '%s': node %u: its own files: %s", cs->save->id, cs->node_rank, err->msg);
     if (err->code == SHARDD_E_IO && sd_xfer_fail_if_shrunk(cs)) return;
-    sd_node_fail_held(cs, err->code, "node %u ('%s'): %s", cs->node_rank, cs->cl->node, err->msg);
+    sd_node_fail_io(cs, err->code, "node %u ('%s'): %s", cs->node_rank, cs->cl->node, err->msg);
     return;
   }
   /* cs->bytes_written and bytes_zero_copy grew as the job wrote */

@@ -1,5 +1,6 @@
 /* The leader of a three-node save lost at each moment of it: what every rank hears, against what is on disk. */
 #include <criterion/criterion.h>
+#include <ftw.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -173,6 +174,38 @@ Test(outcome, after_the_rename_over_an_old_checkpoint) {
   h_shared_free(s.sh);
 }
 
+/* Removes every temporary folder under the root, depth first, as a node that withdrew one does. */
+static int remove_tmp_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  if (strstr(p, "/.shardd-tmp")) remove(p);
+  return 0;
+}
+
+static void remove_tmp_folders(void) { nftw(H.root, remove_tmp_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* A save whose leader the test stops (SIGSTOP) once node `node`'s log says `line`; `meanwhile`, if
+ * given, runs right after. The nodes hear nothing from it for the peer timeout (2 s) and answer
+ * their ranks; then it runs again and its own ranks end. */
+static void save_cut_off(h_script *s, const char *save, char *dir, size_t n, unsigned seed, int node, const char *line,
+                         void (*meanwhile)(void)) {
+  snprintf(dir, n, "ck/%s", save);
+  *s = (h_script){.opts = cluster_opts(save, dir, 4096), .puts = layers, .nputs = sizeof layers / sizeof *layers,
+                  .wait_after_fail = 1, .seed = seed};
+  pid_t pids[H_MAX_RANKS];
+  start_ranks(s, pids);
+  free(f_log_wait(&N[node].d, line));
+  kill(N[0].d.pid, SIGSTOP);
+  if (meanwhile) meanwhile();
+  for (int r = PER_NODE; r < WORLD; r++) {
+    int st = h_reap(pids[r]);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
+  }
+  kill(N[0].d.pid, SIGCONT);
+  for (int r = 0; r < PER_NODE; r++) h_reap(pids[r]);
+}
+
 /* The leader is not dead but cut off (stopped) after every node's done: the nodes withdraw the folder
  * and say failed; once it runs again its rename finds nothing, and its own ranks hear failed too. */
 Test(outcome, leader_cut_off_after_every_done_publishes_nothing) {
@@ -181,26 +214,35 @@ Test(outcome, leader_cut_off_after_every_done_publishes_nothing) {
   start_cluster("SHARDD_TEST_STALL_AT=lead_index:1:6000", NULL, NULL);
   h_script s;
   char dir[64];
-  snprintf(dir, sizeof dir, "ck/cut");
-  s = (h_script){.opts = cluster_opts("cut", dir, 4096), .puts = layers, .nputs = sizeof layers / sizeof *layers,
-                 .wait_after_fail = 1, .seed = 34};
-  pid_t pids[H_MAX_RANKS];
-  start_ranks(&s, pids);
-  char *line = f_log_wait(&N[0].d, "stall point lead_index");
-  free(line);
-  kill(N[0].d.pid, SIGSTOP);
-  /* the nodes hear nothing for the peer timeout (2 s), learn the outcome and answer */
-  for (int r = PER_NODE; r < WORLD; r++) {
-    int st = h_reap(pids[r]);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d: 0x%x", r, st);
-  }
-  kill(N[0].d.pid, SIGCONT);
-  for (int r = 0; r < PER_NODE; r++) h_reap(pids[r]);
+  save_cut_off(&s, "cut", dir, sizeof dir, 34, 0, "stall point lead_index", NULL);
   print_moment("(cut off, not dead) after every done", &s, dir);
   expect_node(&s, 1, SHARDD_E_PEER_LOST, "nothing was published");
   expect_node(&s, 2, SHARDD_E_PEER_LOST, "nothing was published");
   expect_node(&s, 0, SHARDD_E_PEER_LOST, "withdrew the temporary folder");
   h_await_no_tmp();
+  h_expect_unpublished(dir);
+  h_shared_free(s.sh);
+}
+
+
+/* The folder goes from under a node that has not opened its files yet, while the leader is silent
+ * (stopped): what a node that lost the leader after its done does when it withdraws the folder.
+ * The node's open then fails with ENOENT, a consequence whose cause only the leader knows: the node
+ * waits for its word, and its silence says peer_lost naming the leader. (It used to answer
+ * io_error, "open: No such file or directory", whenever the open came before the leader's loss.) */
+Test(outcome, a_node_whose_folder_went_hears_the_leader_lost) {
+  /* node 1 holds still before its files are opened: shorter than the peer timeout (2 s), so its
+   * open comes before it could call the leader lost */
+  start_cluster(NULL, "SHARDD_TEST_STALL_AT=filejob:1:1500", NULL);
+  h_script s;
+  char dir[64];
+  save_cut_off(&s, "gone", dir, sizeof dir, 36, 1, "stall point filejob", remove_tmp_folders);
+  print_moment("(cut off) while node 1's folder went", &s, dir);
+  expect_node(&s, 1, SHARDD_E_PEER_LOST, "node 0 (the leader");
+  cr_assert(log_has(1, "the temporary folder is gone: waiting for the leader's word"));
+  /* node 2 heard the same, whether its files were written already (then it looked at the root) or not */
+  expect_node(&s, 2, SHARDD_E_PEER_LOST, NULL);
+  for (int r = 0; r < PER_NODE; r++) cr_assert_neq(heard(&s, r, &(const char *){0}), 0, "rank %d committed", r);
   h_expect_unpublished(dir);
   h_shared_free(s.sh);
 }
