@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import List, Sequence, Tuple
 
-__all__ = ["is_dtensor", "Box", "placement_boxes", "dtensor_boxes", "box_views", "tensor_identity",
+__all__ = ["is_dtensor", "dtensor_class", "Box", "placement_boxes", "dtensor_boxes", "box_views", "tensor_identity",
            "PartialPlacementError"]
 
 # (global start, count, local start): one box of a local tensor, one entry per dim each.
@@ -28,15 +28,20 @@ class PartialPlacementError(ValueError):
     """A DTensor holds pending reductions (Partial): its local values are not the tensor's."""
 
 
-def is_dtensor(x) -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
+def dtensor_class():
+    """torch's DTensor class; None without torch or without a public DTensor."""
+    if sys.modules.get("torch") is None:
+        return None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.4 keeps it private; shardd needs >= 2.4 for DTensors
-        return False
-    return isinstance(x, DTensor)
+        return None
+    return DTensor
+
+
+def is_dtensor(x) -> bool:
+    cls = dtensor_class()
+    return cls is not None and isinstance(x, cls)
 
 
 def _chunk(length: int, num_chunks: int, rank: int) -> Tuple[int, int]:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from ._hf_convert import Piece, PieceTable, piece_tables, refuse_local_experts, reverted_pieces, table_parts
 from ._peft import peft_model, save_adapter
-from ._save import paused_gc, save
+from ._errors import parse_size
+from ._save import Prepared, paused_gc, prepare_save, save
 from ._torch_state import dtensor_parts
 from ._unwrap import unwrap_model
 
@@ -29,6 +30,8 @@ __all__ = ["save_pretrained", "saved_names", "saved_pieces"]
 _PIECES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 # {model: (saved_pieces' answer, its piece_tables)}
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# {model: _Repeat}: what the model's last save worked out, for its next save of the same tensors.
+_REPEATS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _owner(model, name: str):
@@ -156,6 +159,93 @@ def _saved_values(state_dict, tables) -> Tuple[Dict[str, Any], Dict[str, int]]:
     return out, order
 
 
+class _Repeat(NamedTuple):
+    """A save_pretrained's work kept for the next save of the same model while its tensors stay
+    where they were (a trainer saving every N steps): everything but the copy depends only on the
+    names, shapes, layouts and addresses that `signature` records. It holds no tensor: each copy
+    is a recipe, (held tensor's place in the state dict, size, stride, storage offset, arena
+    offset), made into a view of that save's own tensor again."""
+    signature: tuple
+    prepared: Prepared  # with no units
+    recipes: List[Tuple[int, Tuple[int, ...], Tuple[int, ...], int, int]]
+    total: int  # num_parameters
+    conversions: Any  # the model's _weight_conversions, kept so that its id stays its own
+
+
+def _held(state_dict, options) -> Optional[Tuple[list, tuple]]:
+    """([each value's local tensor], signature) of a state dict of tensors and DTensors; None
+    when some value is neither. The signature holds what a save's work depends on: names, global
+    shapes and placements, and each local tensor's address, layout and dtype."""
+    import torch
+
+    from ._dtensor import dtensor_class
+
+    dtensor = dtensor_class()
+    locals_, signature = [], [options]
+    for key, value in state_dict.items():
+        if dtensor is not None and isinstance(value, dtensor):
+            spec = value._spec
+            local = getattr(value, "_local_tensor", None)  # to_local() is an autograd call: slower
+            if local is None:
+                local = value.to_local()
+            extra = (spec.mesh, spec.placements, spec.shape)
+        elif isinstance(value, torch.Tensor):
+            local, extra = value, None
+        else:
+            return None
+        locals_.append(local)
+        signature.append((key, local.data_ptr(), local.shape, local.stride(), local.storage_offset(), local.dtype,
+                          local.device, local.is_conj(), local.is_neg(), extra))
+    return locals_, tuple(signature)
+
+
+def _recipes(units, locals_):
+    """_Repeat.recipes of a Prepared's copy units; None when a unit's source is no view of a
+    held tensor (a copy prepare made: a resolved conjugate)."""
+    import torch
+
+    storages = {}
+    for i, local in enumerate(locals_):
+        storages.setdefault((local.device, local.untyped_storage().data_ptr(), local.dtype), i)
+    out = []
+    for src, offset in units:
+        if not isinstance(src, torch.Tensor):
+            return None
+        i = storages.get((src.device, src.untyped_storage().data_ptr(), src.dtype))
+        if i is None:
+            return None
+        out.append((i, tuple(src.shape), tuple(src.stride()), src.storage_offset(), offset))
+    return out
+
+
+def _prepared(model, state_dict, limit, prefix, prefixes) -> Tuple[Prepared, int]:
+    """(Prepared, num_parameters) of a save_pretrained with max_shard_size `limit` (bytes).
+    A save of the same tensors as the model's last one (same _held signature) reuses its work:
+    each rank's part of a DeepSeek-V3-shaped model is 11,987 slices to describe and place, which
+    took longer than copying their bytes."""
+    import torch
+
+    options = (limit, prefix, None if prefixes is None else tuple(prefixes.items()),
+               id(getattr(model, "_weight_conversions", None)),
+               tuple(getattr(model, "_keys_to_ignore_on_save", None) or ()))
+    held = _held(state_dict, options)
+    repeat = _REPEATS.get(model)
+    if held is not None and repeat is not None and repeat.signature == held[1]:
+        locals_ = held[0]
+        units = [(torch.as_strided(locals_[i], size, stride, offset), at)
+                 for i, size, stride, offset, at in repeat.recipes]
+        return repeat.prepared._replace(units=units), repeat.total
+    _REPEATS.pop(model, None)
+    tensors, order = _saved_values(state_dict, _tables(model, saved_pieces(model, state_dict)))
+    prepared = prepare_save(tensors, ordered=order, prefixes=prefixes, prefix=prefix, max_shard_size=limit)
+    total = num_parameters(model, state_dict)
+    recipes = None if held is None else _recipes(prepared.units, held[0])
+    if recipes is not None:
+        _REPEATS[model] = _Repeat(held[1], prepared._replace(units=[]), recipes, total,
+                                  getattr(model, "_weight_conversions", None))
+    return prepared, total
+
+
 def config_files(model) -> Dict[str, bytes]:
     """config.json and, for a model that generates, generation_config.json, as save_pretrained writes them."""
     model.config.dtype = str(model.dtype).split(".")[1]
@@ -201,14 +291,21 @@ def save_pretrained(model, dir, max_shard_size="50GB", state_dict=None, files=No
     if getattr(model, "_hf_peft_config_loaded", False) or getattr(model, "hf_quantizer", None):
         raise NotImplementedError("adapter (PEFT) and quantized models are saved by transformers' "
                                   "own save_pretrained only")
+    import torch
+
     if state_dict is None:
-        state_dict = model.state_dict()
-    with paused_gc():
-        tensors, order = _saved_values(state_dict, _tables(model, saved_pieces(model, state_dict)))
+        # The parameters themselves, not a detached copy of each: a DTensor's detach costs tens of
+        # microseconds, a DeepSeek-V3-shaped model's rank holds 909. Nothing here changes them, and
+        # the views taken of them are made without autograd (no_grad).
+        state_dict = model.state_dict(keep_vars=True)
+    max_shard_size = parse_size(max_shard_size)
+    prefixes = kwargs.pop("prefixes", None)
+    with paused_gc(), torch.no_grad():
+        prepared, total = _prepared(model, state_dict, max_shard_size, kwargs.get("prefix"), prefixes)
     all_files = config_files(model)
     all_files.update(files or {})
-    return save(tensors, dir, max_shard_size=max_shard_size, files=all_files, ordered=order,
-                total_parameters=num_parameters(model, state_dict) or None, **kwargs)
+    return save(prepared, dir, max_shard_size=max_shard_size, files=all_files, total_parameters=total or None,
+                **kwargs)
 
 
 def num_parameters(model, state_dict) -> int:

@@ -10,13 +10,13 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
 from . import _arena_pool, _lib
 from ._client import Arena, Client, _Descs, _place
 from ._errors import ShardError, _error, parse_size, refusal
 from ._lib import SaveOpts
-from ._tensors import Slice, _span, check_shared_memory, copy_all, prepare, wants_pinned_memory
+from ._tensors import Slice, _span, check_shared_memory, copy_all, copy_units, prepare, wants_pinned_memory
 
 # progress(bytes_written, bytes_total), called from the waiting thread.
 Progress = Callable[[int, int], None]
@@ -336,6 +336,58 @@ class PendingSave:
         return "<shardd.PendingSave %s %s>" % (self.save_id, state)
 
 
+class Prepared(NamedTuple):
+    """What save() works out from its tensors before the daemon hears of the save: the copies into
+    the arena, the slices' descriptions and their places. save() takes one in place of the tensors
+    (with the same max_shard_size and prefix), so that a caller that saves the same tensors again
+    (shardd.torch.save_pretrained of one model) need not work it out again; each unit's source is
+    read at the save, so it must still be the tensors' memory."""
+    units: list  # [(src, offset in the arena), ...] for copy_all
+    groups: list  # [(file prefix or None, _Descs, numpy offsets), ...], one per file series
+    end: int  # the arena bytes the save needs
+    pinned: bool  # whether some source is on a CUDA device (a page-locked arena speeds its copy)
+    max_shard_size: int
+    prefix: Optional[str]
+
+
+def prepare_save(tensors: Mapping[str, Any], ordered: Union[bool, Mapping[str, int]] = True,
+                 prefixes: Optional[Mapping[str, str]] = None, prefix: Optional[str] = None,
+                 max_shard_size: int = 0) -> Prepared:
+    """save()'s work on its tensors (see save() for the arguments), refusing what can be refused
+    locally (TypeError, ValueError) before the daemon hears of the save."""
+    # Offsets by the placement rule, so whole tensors and dim-0 pieces are written
+    # straight from the arena (no copy in the daemon); the rest is packed.
+    # A list of Slices is several boxes of one tensor (a strided DTensor shard); all share its index.
+    if isinstance(ordered, Mapping):
+        unplaced = [name for name in tensors if name not in ordered]
+        if unplaced:
+            raise ValueError("ordered gives no index for %s" % ", ".join(map(repr, unplaced[:5])))
+        index = {name: int(ordered[name]) for name in tensors}
+    else:
+        index = {name: position if ordered else None for position, name in enumerate(tensors)}
+    with paused_gc():
+        prepared = [(name,) + tuple(prepare(name, part)) + (index[name],)
+                    for name, value in tensors.items()
+                    for part in (value if _boxes(value) else [value])]
+        # The slices of each file series, each placed (and then put) as its own files will hold them,
+        # one series after the other in the arena.
+        series: Dict[Optional[str], list] = {}
+        for slice_ in prepared:
+            series.setdefault(_series_of(prefixes, slice_[0], prefix), []).append(slice_)
+        groups, items, end = [], [], 0
+        for group_prefix, group in series.items():
+            descs = _Descs((name, dt, shape, start, None if start is None else count, index)
+                           for name, dt, shape, start, count, _src, index in group)
+            offsets, end = _place(descs, max_shard_size, -(-end // _SERIES_ALIGN) * _SERIES_ALIGN)
+            groups.append((group_prefix, descs, offsets))
+            items += [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
+                      in zip(group, offsets.tolist())]
+        spans = [_span(src) for _name, src, _offset in items]
+        check_shared_memory([(name, src) for name, src, _offset in items], spans)
+        units = copy_units(items, spans)
+    return Prepared(units, groups, end, wants_pinned_memory(src for src, _offset in units), max_shard_size, prefix)
+
+
 def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_id: Optional[str] = None,
          client: Optional[Client] = None, rank: Optional[int] = None, world_size: Optional[int] = None,
          arena: Optional[Arena] = None, max_shard_size: Union[int, str, None] = None,
@@ -355,7 +407,8 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
 
     tensors: {name: array} in state-dict order, each value a numpy array or
     torch tensor (the whole tensor; any device, any strides), a Slice of a
-    global tensor, or a list of Slices (several boxes of one tensor). Every
+    global tensor, or a list of Slices (several boxes of one tensor); or a
+    Prepared (prepare_save) of such a dict, whose ordered and prefixes it keeps. Every
     rank of the save calls this with the same dir, save_id and world_size. The bytes are copied into `arena` (grown as needed; with neither arena
     nor client, one of this process's two pooled arenas, reused once the daemon has released it,
     see release_arenas; with only a client, a temporary one), put with index = position in the dict (ordered=False: natural name
@@ -413,45 +466,22 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
     if arena is not None and client is not None and arena.client is not client:
         raise ValueError("arena belongs to another client")
 
-    # Everything that can be refused locally is refused before the daemon hears of the save.
-    # Offsets by the placement rule, so whole tensors and dim-0 pieces are written
-    # straight from the arena (no copy in the daemon); the rest is packed.
-    # A list of Slices is several boxes of one tensor (a strided DTensor shard); all share its index.
-    if isinstance(ordered, Mapping):
-        unplaced = [name for name in tensors if name not in ordered]
-        if unplaced:
-            raise ValueError("ordered gives no index for %s" % ", ".join(map(repr, unplaced[:5])))
-        index = {name: int(ordered[name]) for name in tensors}
+    if isinstance(tensors, Prepared):
+        prepared = tensors
+        if (prepared.max_shard_size, prepared.prefix) != (max_shard_size, prefix) or prefixes is not None:
+            raise ValueError("a Prepared save keeps the max_shard_size, prefix and prefixes it was prepared with")
     else:
-        index = {name: position if ordered else None for position, name in enumerate(tensors)}
-    with paused_gc():
-        prepared = [(name,) + tuple(prepare(name, part)) + (index[name],)
-                    for name, value in tensors.items()
-                    for part in (value if _boxes(value) else [value])]
-        # The slices of each file series, each placed (and then put) as its own files will hold them,
-        # one series after the other in the arena.
-        series: Dict[Optional[str], list] = {}
-        for slice_ in prepared:
-            series.setdefault(_series_of(prefixes, slice_[0], prefix), []).append(slice_)
-        groups, items, end = [], [], 0
-        for group_prefix, group in series.items():
-            descs = _Descs((name, dt, shape, start, None if start is None else count, index)
-                           for name, dt, shape, start, count, _src, index in group)
-            offsets, end = _place(descs, max_shard_size, -(-end // _SERIES_ALIGN) * _SERIES_ALIGN)
-            groups.append((group_prefix, descs, offsets))
-            items += [(name, src, offset) for (name, _dt, _shape, _start, _count, src, _index), offset
-                      in zip(group, offsets.tolist())]
-        spans = [_span(src) for _name, src, _offset in items]
-        check_shared_memory([(name, src) for name, src, _offset in items], spans)
-
+        prepared = prepare_save(tensors, ordered=ordered, prefixes=prefixes, prefix=prefix,
+                                max_shard_size=max_shard_size)
     files = [(path, data, False) for path, data in (files or {}).items()] + \
         [(path, data, True) for path, data in (file_parts or {}).items()]
-    args = (save_id, dir, topo, items, spans, groups, max_shard_size, prefix, metadata, overwrite, files, keep_last)
+    end = prepared.end
+    args = (save_id, dir, topo, prepared, max_shard_size, prefix, metadata, overwrite, files, keep_last)
     if client is None and arena is None:
         # The default path: this process's pooled connection and arenas (_arena_pool), so a
         # save costs a copy; its wait goes over a connection of its own.
         _join_handovers()
-        lane, handover = _run_pooled(socket, end, items, timeout, args, later=not wait)
+        lane, handover = _run_pooled(socket, end, timeout, args, later=not wait)
         return _finish(PendingSave(None, save_id, None, True, progress, lane, handover), wait, timeout)
     if client is None:
         client = arena.client
@@ -465,7 +495,7 @@ def save(tensors: Mapping[str, Any], dir: Union[str, "os.PathLike[str]"], save_i
             if arena.size < end:
                 page = mmap.PAGESIZE
                 arena.resize((end + page - 1) // page * page)
-        if wants_pinned_memory(src for _name, src, _offset in items):
+        if prepared.pinned:
             arena.pin()
         _run(client, arena, *args)
         if temp_arena is not None:
@@ -482,7 +512,7 @@ class _LaneHeld(Exception):
     """The daemon refused begin on a pooled connection: it is a rank of this save already."""
 
 
-def _run_pooled(socket, end, items, timeout, args, later=False):
+def _run_pooled(socket, end, timeout, args, later=False):
     """(lane, _HandOver or None): later=True leaves the puts and the seal to a thread, which
     keeps the lane until it has sealed."""
     held = []
@@ -493,12 +523,12 @@ def _run_pooled(socket, end, items, timeout, args, later=False):
         # one once every lane was tried, whose fresh connection is a rank of nothing).
         lane = _arena_pool.borrow(socket, args[0], skip=held)
         try:
-            return _run_on_lane(lane, end, items, timeout, args, later)
+            return _run_on_lane(lane, end, timeout, args, later)
         except _LaneHeld:
             held.append(lane)
 
 
-def _run_on_lane(lane, end, items, timeout, args, later):
+def _run_on_lane(lane, end, timeout, args, later):
     handover = None
     try:
         for attempt in (0, 1):
@@ -509,7 +539,7 @@ def _run_on_lane(lane, end, items, timeout, args, later):
                 except ShardError as e:
                     e.before_begin = True
                     raise
-                if wants_pinned_memory(src for _name, src, _offset in items):
+                if args[3].pinned:
                     arena.pin()
                 rest = _run(client, arena, *args, later=later)
                 if rest is not None:
@@ -567,7 +597,7 @@ def _boxes(value) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(v, Slice) for v in value)
 
 
-def _run(client, arena, save_id, dir, topo, items, spans, groups, max_shard_size, prefix, metadata,
+def _run(client, arena, save_id, dir, topo, prepared, max_shard_size, prefix, metadata,
          overwrite, files, keep_last=None, later=False):
     """Begins, copies every slice into the arena, then puts, sends the files and seals; with
     later=True returns the puts-to-seal part as a function instead of running it."""
@@ -579,7 +609,7 @@ def _run(client, arena, save_id, dir, topo, items, spans, groups, max_shard_size
         raise
     def declare():
         # Every slice in a few request lines (puts), not a round trip each; a file series at a time.
-        for group_prefix, descs, offsets in groups:
+        for group_prefix, descs, offsets in prepared.groups:
             client._put_descs(save_id, arena, descs, offsets, prefix=group_prefix)
         for path, data, part in files:
             client.file(save_id, path, data, part=part)
@@ -599,7 +629,7 @@ def _run(client, arena, save_id, dir, topo, items, spans, groups, max_shard_size
     def copy():
         with paused_gc():
             buf = arena.buffer
-            copy_all(buf, items, spans)
+            copy_all(buf, prepared.units)
             del buf
 
     or_abort(copy)

@@ -240,12 +240,14 @@ def copy_into(buf, offset, src):
     np.copyto(dst, src, casting="equiv")
 
 
-def copy_all(buf, items, spans):
-    """copy_into for every (name, src, offset) of items, in order; spans: each src's _span.
-    Neighbours that are contiguous pieces of one storage, laid side by side in it and in buf
-    (one fused MoE parameter's experts, handed over expert by expert), are copied by one
-    copy: a DeepSeek-V3-shaped model's rank holds 11,136 of them in 174 local tensors."""
+def copy_units(items, spans):
+    """[(src, offset), ...]: what copy_all copies for every (name, src, offset) of items, in order;
+    spans: each src's _span. Neighbours that are contiguous pieces of one storage, laid side by
+    side in it and in the arena (one fused MoE parameter's experts, handed over expert by
+    expert), become one unit, a flat view over them all: a DeepSeek-V3-shaped model's rank holds
+    11,136 of them in 174 local tensors. Sources with no elements are left out."""
     torch = sys.modules.get("torch")
+    units = []
     run = None  # [first src, its offset in buf, (device, end address), bytes so far]
     for (_name, src, offset), span in zip(items, spans):
         if span is None:
@@ -257,21 +259,27 @@ def copy_all(buf, items, spans):
                 run[2] = (span[0], span[2])
                 run[3] += span[2] - span[1]
                 continue
-            _copy_run(torch, buf, run)
+            units.append(_run_unit(torch, run))
             run = None
         if _is_torch(src) and src.is_contiguous():
             run = [src, offset, (span[0], span[2]), span[2] - span[1]]
         else:
-            copy_into(buf, offset, src)
+            units.append((src, offset))
     if run is not None:
-        _copy_run(torch, buf, run)
+        units.append(_run_unit(torch, run))
+    return units
 
 
-def _copy_run(torch, buf, run):
+def _run_unit(torch, run):
     first, offset, _end, size = run
     n = size // first.element_size()
-    copy_into(buf, offset, first if n == first.numel() else
-              torch.as_strided(first, (n,), (1,), first.storage_offset()))
+    return (first if n == first.numel() else torch.as_strided(first, (n,), (1,), first.storage_offset())), offset
+
+
+def copy_all(buf, units):
+    """copy_into for every (src, offset) of copy_units' answer."""
+    for src, offset in units:
+        copy_into(buf, offset, src)
 
 
 def wants_pinned_memory(srcs):

@@ -45,6 +45,7 @@ try:
     from transformers import modeling_utils
     from transformers.core_model_loading import Interleave, WeightConverter, revert_weight_conversion
     from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors import safe_open
     from test_hf import check_same_files, logits, shards
 except (ImportError, SystemExit) as e:
     print("torch >= 2.6, transformers >= 5 or safetensors is missing (%s): skipping; "
@@ -173,9 +174,12 @@ def untied(name):
 
 def worker(args):
     """Every layout of args["layouts"] in turn, each loading the folders the one before saved; or
-    transformers' own expert parallel (args["transformers_ep"])."""
+    transformers' own expert parallel (args["transformers_ep"]); or one model saved again and again
+    (args["again"])."""
     if "transformers_ep" in args:
         return transformers_ep(args)
+    if "again" in args:
+        return again(args["again"])
     rank, world = init()
     ref_sd = {name: {k: raw(v) for k, v in build(name, 1234).state_dict().items()} for name in MODELS}
     out, previous = {}, args["from"]
@@ -392,6 +396,74 @@ class TransformersEP(unittest.TestCase):
                     print("transformers %s: %d ranks, experts %s; %s saved as save_pretrained does, loaded back"
                           % (config, world, sorted({p for r in out[0][config].values() for p in r["placements"]}),
                              ", ".join(TRANSFORMERS_EP[config][2])))
+        finally:
+            shutil.rmtree(ref, ignore_errors=True)
+            self.assertEqual(d.stop(), 0)
+
+
+def again(name):
+    """One EP model saved as a trainer saves it, again and again: the same tensors twice, then
+    every value changed in place (wait=False), then one fused parameter replaced by new memory.
+    {folder: whether that save reused the model's last save's work}."""
+    from shardd import _hf
+
+    _rank, world = init()
+    m = parallelize(build(name, 1234), "ep4", world)
+    reused = {}
+    last = None
+    for folder in ("first", "second", "ones", "twos"):
+        if folder == "ones":
+            with torch.no_grad():
+                for v in m.state_dict().values():
+                    local(v).fill_(1)
+        elif folder == "twos":
+            e = experts(m)[0]
+            old = e.down_proj
+            e.down_proj = torch.nn.Parameter(distribute_tensor(torch.full(old.shape, 2, dtype=old.dtype),
+                                                               old.device_mesh, old.placements))
+        pending = st.save_pretrained(m, "again/" + folder, max_shard_size=MAX_SHARD, timeout=WAIT,
+                                     wait=folder != "ones")
+        if folder == "ones":
+            pending.wait(WAIT)
+        repeat = _hf._REPEATS.get(m)
+        reused[folder] = repeat is not None and repeat is last
+        last = repeat
+    return reused
+
+
+class Again(unittest.TestCase):
+    """save_pretrained of one EP model again and again, as a trainer saves: a save of the same
+    tensors reuses the last one's work (its descriptions, places and copy plan), yet writes what
+    the tensors hold at that save; a parameter on new memory is worked out anew."""
+
+    NAME = "deepseekv3-bf16"
+
+    def test_again(self):
+        d = Daemon()
+        ref = tempfile.mkdtemp(prefix="shardd-moe-again-")
+        try:
+            build(self.NAME, 1234).save_pretrained(ref, max_shard_size=MAX_SHARD)
+            out = run_world(__file__, 2, {"again": self.NAME}, {"SHARDD_SOCKET": d.socket})
+            for rank, reused in enumerate(out):
+                self.assertEqual(reused, {"first": False, "second": True, "ones": True, "twos": False},
+                                 "rank %d" % rank)
+            root = os.path.join(d.root, "again")
+            for folder in ("first", "second"):
+                check_same_files(self, ref, os.path.join(root, folder), folder)
+            for folder in ("ones", "twos"):
+                got = os.path.join(root, folder)
+                self.assertEqual({f: sorted(t) for f, t in shards(got).items()},
+                                 {f: sorted(t) for f, t in shards(ref).items()}, folder)
+                for f in os.listdir(got):
+                    if not f.endswith(".safetensors"):
+                        continue
+                    with safe_open(os.path.join(got, f), "pt") as h:
+                        for key in h.keys():
+                            two = folder == "twos" and ".mlp.experts." in key and key.endswith(".down_proj.weight")
+                            self.assertTrue(bool((h.get_tensor(key) == (2 if two else 1)).all()),
+                                            "%s: %s" % (folder, key))
+            print("%s saved 4 times by 2 ranks: the same tensors reused the last save's work; values "
+                  "changed in place were written, a parameter on new memory worked out anew" % self.NAME)
         finally:
             shutil.rmtree(ref, ignore_errors=True)
             self.assertEqual(d.stop(), 0)
