@@ -9,6 +9,7 @@
 #include "save.h"
 #include "sd_artifact.h"
 #include "sd_msg.h"
+#include "sd_puts_scan.h"
 #include "sd_request.h"
 #include "session.h"
 
@@ -28,11 +29,7 @@ static json_t *fail_in(sd_session *s, json_t *id, const sd_save *save, sd_error 
  * Finding the save a request names
  * ------------------------------------------------------------------------ */
 /* Ops on a finished save get its outcome rather than a puzzling no_such_save. */
-static int find_save(sd_session *s, const json_t *req, sd_save **out, const char **idp, sd_error *err) {
-  const char *id = NULL;
-  int rc = sd_msg_str(req, "save", 1, &id, NULL, err);
-  if (rc < 0) return rc;
-  if (idp) *idp = id;
+static int find_save_id(sd_session *s, const char *id, sd_save **out, sd_error *err) {
   *out = sd_save_find(s->d, id);
   if (*out) return 0;
   const sd_save_result *r = sd_save_history_find(s->d, id);
@@ -44,10 +41,16 @@ static int find_save(sd_session *s, const json_t *req, sd_save **out, const char
   return sd_fail(err, SHARDD_E_NO_SUCH_SAVE, "no save '%.200s' in flight", id);
 }
 
+static int find_save(sd_session *s, const json_t *req, sd_save **out, const char **idp, sd_error *err) {
+  const char *id = NULL;
+  int rc = sd_msg_str(req, "save", 1, &id, NULL, err);
+  if (rc < 0) return rc;
+  if (idp) *idp = id;
+  return find_save_id(s, id, out, err);
+}
+
 /* The save, and the rank this connection plays in it. */
-static int find_rank(sd_session *s, const json_t *req, sd_save **save, uint32_t *rank, sd_error *err) {
-  int rc = find_save(s, req, save, NULL, err);
-  if (rc) return rc;
+static int rank_in(sd_session *s, sd_save **save, uint32_t *rank, sd_error *err) {
   int r = sd_session_rank_of(s, *save);
   if (r < 0)
     return sd_fail(err, SHARDD_E_BAD_STATE, "this connection has not begun save '%s'", (*save)->id);
@@ -55,6 +58,10 @@ static int find_rank(sd_session *s, const json_t *req, sd_save **save, uint32_t 
     return sd_fail(err, SHARDD_E_BAD_STATE, "rank %d has already sealed save '%s'", r, (*save)->id);
   *rank = (uint32_t)r;
   return 0;
+}
+
+static int find_rank(sd_session *s, const json_t *req, sd_save **save, uint32_t *rank, sd_error *err) {
+  return find_save(s, req, save, NULL, err) || rank_in(s, save, rank, err);
 }
 
 /* ------------------------------------------------------------------------ *
@@ -197,31 +204,34 @@ out:
 /* ------------------------------------------------------------------------ *
  * put
  * ------------------------------------------------------------------------ */
+/* A tensor description and slice box read, as a put's arguments. */
+static void put_tensor(const sd_req_tensor *t, sd_put_args *a) {
+  a->name = t->name;
+  a->dtype = t->dtype;
+  a->ndim = t->ndim;
+  memcpy(a->shape, t->shape, sizeof a->shape);
+  memcpy(a->start, t->start, sizeof a->start);
+  memcpy(a->count, t->count, sizeof a->count);
+  a->index = t->index;
+  a->prefix = t->prefix;
+  a->len = t->len;
+}
+
 /* Reads the tensor description and the slice box; computes the byte size. */
 static int parse_tensor(const json_t *req, unsigned max_name, unsigned max_dims, sd_put_args *a, sd_error *err) {
   sd_req_tensor t;
   if (sd_req_tensor_parse(req, max_name, max_dims, &t, err) != 0) return err->code;
-  a->name = t.name;
-  a->dtype = t.dtype;
-  a->ndim = t.ndim;
-  memcpy(a->shape, t.shape, sizeof a->shape);
-  memcpy(a->start, t.start, sizeof a->start);
-  memcpy(a->count, t.count, sizeof a->count);
-  a->index = t.index;
-  a->prefix = t.prefix;
-  a->len = t.len;
+  put_tensor(&t, a);
   return 0;
 }
 
 /* Where the bytes are: a region of this connection, or inline base64. */
-static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_error *err) {
-  sd_req_source src;
-  if (sd_req_source_parse(req, a->name, a->len, &src, err) != 0) return err->code;
-  a->data = src.data;
-  a->offset = src.offset;
-  a->deferred = src.deferred;
-  if (!src.has_region) return 0;
-  uint64_t rid = src.region;
+static int use_source(sd_session *s, const sd_req_source *src, sd_put_args *a, sd_error *err) {
+  a->data = src->data;
+  a->offset = src->offset;
+  a->deferred = src->deferred;
+  if (!src->has_region) return 0;
+  uint64_t rid = src->region;
   a->region = sd_region_table_get(&s->regions, rid);
   if (!a->region)
     return sd_fail(err, SHARDD_E_NO_SUCH_REGION, "tensor '%s': no region %llu on this connection", a->name,
@@ -238,6 +248,12 @@ static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_err
     a->deferred = 0;
   }
   return 0;
+}
+
+static int parse_source(sd_session *s, const json_t *req, sd_put_args *a, sd_error *err) {
+  sd_req_source src;
+  if (sd_req_source_parse(req, a->name, a->len, &src, err) != 0) return err->code;
+  return use_source(s, &src, a, err);
 }
 
 static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
@@ -261,11 +277,28 @@ static json_t *op_put(sd_session *s, json_t *req, json_t *id) {
   return m;
 }
 
+/* The slices of a puts line: its JSON array, or the scan of the line (sd_puts_scan.h). */
+typedef struct {
+  const json_t *json;
+  const sd_puts_scan *scan;
+} puts_slices;
+
 /* The name of a slice of a puts line, for its errors, once it is a name a put accepts. */
-static const char *slice_name(const json_t *slice) {
-  const char *name = json_string_value(json_object_get(slice, "name"));
+static const char *slice_name(const puts_slices *ps, size_t k) {
+  if (ps->scan) return ps->scan->slices[k].t.name; /* the scan took only such names */
+  const char *name = json_string_value(json_object_get(json_array_get(ps->json, k), "name"));
   sd_error ignored = {0};
   return name && strlen(name) <= SD_NAME_MAX && sd_name_check(name, strlen(name), &ignored) == 0 ? name : NULL;
+}
+
+/* Slice k's put arguments. */
+static int slice_args(sd_session *s, const puts_slices *ps, size_t k, sd_put_args *a, sd_error *err) {
+  if (ps->scan) {
+    put_tensor(&ps->scan->slices[k].t, a);
+    return use_source(s, &ps->scan->slices[k].src, a, err);
+  }
+  const json_t *slice = json_array_get(ps->json, k);
+  return parse_tensor(slice, s->d->cfg->max_name_len, s->d->cfg->max_dims, a, err) || parse_source(s, slice, a, err);
 }
 
 static json_t *puts_reply(sd_session *s, json_t *id, const sd_save *save, sd_error *err, size_t accepted,
@@ -279,24 +312,17 @@ static json_t *puts_reply(sd_session *s, json_t *id, const sd_save *save, sd_err
 /* puts: many slices in one line, read, checked and recorded in order, as that many put lines
  * would be; the first one refused (malformed, or by the save: a limit, a mismatch) stops the
  * rest, and "accepted" says how many went in before it. */
-static json_t *op_puts(sd_session *s, json_t *req, json_t *id) {
+static json_t *puts_run(sd_session *s, json_t *id, sd_save *save, uint32_t rank, const puts_slices *ps, size_t n) {
   sd_error err = {0};
-  sd_save *save = NULL;
-  uint32_t rank = 0;
-  const json_t *slices = NULL;
-  size_t n = 0, accepted = 0;
+  size_t accepted = 0;
   uint64_t bytes = 0;
-  if (find_rank(s, req, &save, &rank, &err) || sd_req_puts_slices(req, &slices, &n, &err))
-    return puts_reply(s, id, save, &err, 0, 0);
   for (; accepted < n; accepted++) {
-    const json_t *slice = json_array_get(slices, accepted);
     sd_put_args a;
     memset(&a, 0, sizeof a);
-    int rc = parse_tensor(slice, s->d->cfg->max_name_len, s->d->cfg->max_dims, &a, &err) ||
-             parse_source(s, slice, &a, &err) || sd_save_put(save, rank, &a, &err); /* may end (and free) the save */
+    int rc = slice_args(s, ps, accepted, &a, &err) || sd_save_put(save, rank, &a, &err); /* may end (and free) the save */
     free(a.data);
     if (rc) {
-      sd_req_in_batch(&err, accepted, slice_name(slice));
+      sd_req_in_batch(&err, accepted, slice_name(ps, accepted));
       break;
     }
     bytes += a.len;
@@ -304,6 +330,39 @@ static json_t *op_puts(sd_session *s, json_t *req, json_t *id) {
   s->d->counters.puts += accepted;
   s->d->counters.bytes_put += bytes;
   return puts_reply(s, id, save, err.code ? &err : NULL, accepted, bytes);
+}
+
+static json_t *op_puts(sd_session *s, json_t *req, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  puts_slices ps = {NULL, NULL};
+  size_t n = 0;
+  if (find_rank(s, req, &save, &rank, &err) || sd_req_puts_slices(req, &ps.json, &n, &err))
+    return puts_reply(s, id, save, &err, 0, 0);
+  return puts_run(s, id, save, rank, &ps, n);
+}
+
+/* The same for a line the scan read: its every field known good but what needs the daemon's
+ * state (the save, the regions) and its configured limits, which the caller checked. */
+static json_t *op_puts_scanned(sd_session *s, const sd_puts_scan *scan, json_t *id) {
+  sd_error err = {0};
+  sd_save *save = NULL;
+  uint32_t rank = 0;
+  if (find_save_id(s, scan->save, &save, &err) || rank_in(s, &save, &rank, &err))
+    return puts_reply(s, id, save, &err, 0, 0);
+  puts_slices ps = {NULL, scan};
+  return puts_run(s, id, save, rank, &ps, scan->n);
+}
+
+/* A scanned puts line is handled from its scan when it came with no descriptor and keeps to the
+ * daemon's configured limits (the scan knows only the largest); else it is read as JSON, which
+ * says what is wrong. */
+static int scan_fits(sd_session *s, const sd_puts_scan *scan) {
+  if (s->line_fd != -1) return 0;
+  for (size_t k = 0; k < scan->n; k++)
+    if (scan->slices[k].name_len > s->d->cfg->max_name_len || scan->slices[k].t.ndim > s->d->cfg->max_dims) return 0;
+  return 1;
 }
 
 /* ------------------------------------------------------------------------ *
@@ -517,6 +576,19 @@ void sd_ops_dispatch(sd_session *s, const char *line, size_t len) {
   sd_error err = {0};
   json_t *req = s->line_req; /* a long line, parsed off the loop */
   s->line_req = NULL;
+  const sd_puts_scan *scan = s->line_puts; /* or scanned off the loop; the session frees it */
+  sd_puts_scan here;
+  if (!req && !scan && sd_puts_scan_line(line, len, &here)) scan = &here;
+  if (scan && scan_fits(s, scan)) {
+    json_t *id = json_integer((json_int_t)scan->id);
+    json_t *reply = op_puts_scanned(s, scan, id);
+    if (reply) sd_session_send(s, reply);
+    json_decref(id);
+    if (scan == &here) sd_puts_scan_free(&here);
+    return;
+  }
+  if (scan == &here) sd_puts_scan_free(&here);
+  else if (scan) line = scan->line, len = scan->len; /* the line the scan kept */
   if (!req && sd_msg_parse(line, len, &req, &err) != 0) {
     sd_session_send(s, sd_msg_error_from(NULL, &err));
     return;

@@ -7,7 +7,8 @@
 struct sd_session;
 
 /* Parses one request line and answers it on s (or later, for `wait`); a line
- * the session parsed already (s->line_req) comes as line NULL. */
+ * the session parsed already (s->line_req) or scanned (s->line_puts, which the session frees
+ * after) comes as line NULL. */
 void sd_ops_dispatch(struct sd_session *s, const char *line, size_t len);
 /* The fields of a status reply ("saves", "clients", "totals", the cluster's,
  * and with with_metrics the "metrics" object) set on m; only reads d. For

@@ -392,14 +392,20 @@ static void handle(sd_session *s, const char *line, size_t len) {
 }
 
 /* A long line is parsed: it is handled, then the lines behind it. */
-static void on_parsed(void *ud, json_t *req, const sd_error *err) {
+static void on_parsed(void *ud, json_t *req, sd_puts_scan *scan, const sd_error *err) {
   sd_session *s = ud;
   s->parse = NULL;
   if (s->closing) {
     sd_line_parse_drop(s->d->loop, req);
+    sd_line_scan_free(scan);
     return;
   }
-  if (req) {
+  if (scan) {
+    s->line_puts = scan;
+    handle(s, NULL, 0);
+    s->line_puts = NULL;
+    sd_line_scan_free(scan);
+  } else if (req) {
     s->line_req = json_incref(req); /* the handler's reference; this one is dropped off the loop after it */
     handle(s, NULL, 0);
     json_decref(s->line_req); /* NULL once the handler took it */

@@ -60,6 +60,7 @@ typedef struct sd_session {
    * handler here (reference handed over; the line itself NULL). */
   struct sd_line_parse *parse;
   json_t *line_req;
+  struct sd_puts_scan *line_puts; /* or a puts line of libshardd's shape, scanned (sd_puts_scan.h) */
   int reading, paused, eof, eof_handled, pumping, closing;
   struct sd_session *prev, *next;
 } sd_session;

@@ -7,6 +7,7 @@
 #include <uv.h>
 
 #include "sd_error.h"
+#include "sd_puts_scan.h"
 
 /* Lines longer than this are parsed off the loop. jansson reads a few tens
  * of MB/s, and much less for a line of many small values (a 15 MB object of
@@ -17,14 +18,17 @@
 
 typedef struct sd_line_parse sd_line_parse;
 
-/* req: the parsed request object (the reference is the callee's), or NULL
- * and err (bad_request, as sd_msg_parse says it). */
-typedef void (*sd_line_parsed_cb)(void *ud, json_t *req, const sd_error *err);
+/* scan: a puts line of libshardd's shape, read by sd_puts_scan_line, which keeps the line (the
+ * callee's: free it with sd_line_scan_free); else req: the parsed request object (the reference
+ * is the callee's), or NULL and err (bad_request, as sd_msg_parse says it). */
+typedef void (*sd_line_parsed_cb)(void *ud, json_t *req, sd_puts_scan *scan, const sd_error *err);
 
 /* Copies line (len bytes) and parses it on libuv's thread pool; cb runs on
  * the loop, once. NULL when it could not start (no memory, the pool
  * refused): the caller parses it itself. */
 sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len, sd_line_parsed_cb cb, void *ud);
+/* Frees a scan cb was given (NULL: nothing). */
+void sd_line_scan_free(sd_puts_scan *scan);
 /* The caller is going away: cb is never called; the parse frees itself. */
 void sd_line_parse_orphan(sd_line_parse *p);
 /* Drops a reference to v (may be NULL) on a worker: the last one of a long

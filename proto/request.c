@@ -105,6 +105,10 @@ int sd_req_tensor_parse(const json_t *req, unsigned max_name, unsigned max_dims,
   t->index = has_index ? (int64_t)index : -1;
   t->prefix = NULL;
   if (sd_msg_str(req, "prefix", 0, &t->prefix, NULL, err) < 0) return err->code;
+  return sd_req_tensor_finish(t, err);
+}
+
+int sd_req_tensor_finish(sd_req_tensor *t, sd_error *err) {
   if (t->prefix && (strlen(t->prefix) > SD_PREFIX_MAX || sd_prefix_check(t->prefix, err) != 0)) {
     if (strlen(t->prefix) > SD_PREFIX_MAX)
       sd_fail(err, SHARDD_E_INVALID_ARGUMENT, "tensor '%s': field 'prefix' must be at most %d bytes", t->name,

@@ -67,6 +67,9 @@ typedef struct {
 
 /* max_name and max_dims are the daemon's configured limits (SHARDD_E_LIMIT past them). */
 int sd_req_tensor_parse(const json_t *req, unsigned max_name, unsigned max_dims, sd_req_tensor *t, sd_error *err);
+/* Its last checks, on fields read already: the prefix, the element counts, the box in the shape;
+ * sets len. Shared with the scan of a puts line (sd_puts_scan.h). */
+int sd_req_tensor_finish(sd_req_tensor *t, sd_error *err);
 
 /* put: where the bytes of a slice of len bytes of tensor `name` are. Either
  * inline (data set, owned by the caller on success), or in a region the

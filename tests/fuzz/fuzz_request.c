@@ -12,6 +12,7 @@
 #include "sd_layout.h"
 #include "sd_linebuf.h"
 #include "sd_msg.h"
+#include "sd_puts_scan.h"
 #include "sd_request.h"
 #include "sd_reader.h"
 
@@ -448,11 +449,47 @@ static const struct {
     {"abort", op_save_only}, {"status", op_status}, {"puts", op_puts},
 };
 
+/* A puts line the scan takes (what the daemon then reads without jansson) is one jansson and the
+ * field getters take too, with the same values. */
+static void check_scan(const sd_puts_scan *p, const json_t *req) {
+  const json_t *slices = NULL;
+  const char *op = NULL;
+  size_t n = 0;
+  sd_error err = {0};
+  FUZZ_CHECK(req && sd_msg_op(req, &op, &err) == 0 && strcmp(op, "puts") == 0, "scanned a line that is no puts");
+  FUZZ_CHECK(json_integer_value(json_object_get(req, "id")) == p->id, "scanned id %lld", (long long)p->id);
+  FUZZ_CHECK(strcmp(json_string_value(json_object_get(req, "save")), p->save) == 0, "scanned save '%s'", p->save);
+  FUZZ_CHECK(sd_req_puts_slices(req, &slices, &n, &err) == 0 && n == p->n, "scanned %zu slices: %s", p->n, err.msg);
+  for (size_t k = 0; k < n; k++) {
+    const json_t *o = json_array_get(slices, k);
+    const sd_puts_slice *s = &p->slices[k];
+    sd_req_tensor t;
+    sd_req_source src;
+    FUZZ_CHECK(sd_req_tensor_parse(o, SD_NAME_MAX, SD_MAX_DIMS, &t, &err) == 0, "scanned slice %zu: %s", k, err.msg);
+    FUZZ_CHECK(sd_req_source_parse(o, t.name, t.len, &src, &err) == 0, "scanned slice %zu: %s", k, err.msg);
+    FUZZ_CHECK(strcmp(s->t.name, t.name) == 0 && s->name_len == strlen(t.name) && s->t.dtype == t.dtype &&
+                   s->t.ndim == t.ndim && s->t.index == t.index && s->t.len == t.len && !s->t.prefix == !t.prefix &&
+                   (!t.prefix || strcmp(s->t.prefix, t.prefix) == 0),
+               "slice %zu scanned otherwise", k);
+    for (uint32_t d = 0; d < t.ndim; d++)
+      FUZZ_CHECK(s->t.shape[d] == t.shape[d] && s->t.start[d] == t.start[d] && s->t.count[d] == t.count[d],
+                 "slice %zu dim %u scanned otherwise", k, d);
+    FUZZ_CHECK(!src.data && s->src.has_region == src.has_region && s->src.region == src.region &&
+                   s->src.offset == src.offset && s->src.deferred == src.deferred,
+               "slice %zu's source scanned otherwise", k);
+  }
+}
+
 /* sd_ops_dispatch without the daemon. */
 static void handle_line(const char *line, size_t len) {
   sd_error err = {0};
   json_t *req = NULL;
-  if (sd_msg_parse(line, len, &req, &err) != 0) {
+  sd_puts_scan scan;
+  int scanned = sd_puts_scan_line(line, len, &scan);
+  int parse_rc = sd_msg_parse(line, len, &req, &err);
+  if (scanned) check_scan(&scan, req);
+  sd_puts_scan_free(&scan);
+  if (parse_rc != 0) {
     FUZZ_CHECK(req == NULL && err.code == SHARDD_E_BAD_REQUEST, "parse failure rc %d", err.code);
     reply_err(NULL, &err);
     return;

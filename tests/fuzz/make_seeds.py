@@ -60,6 +60,11 @@ lines = {
     "puts-bad-slice": b'{"op":"puts","save":"s","slices":[{"name":"a","dtype":"U8","shape":[1],"data":"AA=="},'
                       b'{"name":"__metadata__","dtype":"U8","shape":[1],"data":"AA=="},7]}',
     "puts-not-array": b'{"op":"puts","save":"s","slices":{"name":"a"}}',
+    # libshardd's shape, which the daemon scans without jansson (proto/puts_scan.c)
+    "puts-scanned": b'{"op":"puts","id":21,"save":"s","slices":[{"name":"layers.0.w","dtype":"BF16","shape":[80,128],'
+                    b'"index":3,"region":1,"offset":4096},{"name":"b","dtype":"F32","shape":[4,6],"start":[2,0],'
+                    b'"count":[2,6],"prefix":"optimizer","region":2,"offset":0,"deferred":true},'
+                    b'{"name":"e","dtype":"U8","shape":[0]}]}',
     "file-bad-path": b'{"op":"file","save":"s","path":"../x","data":""}',
     "dup-keys": b'{"op":"seal","save":"a","save":"b"}',
     "nul-escape": b'{"op":"wait","save":"a\\u0000b"}',
