@@ -9,9 +9,10 @@ A daemon and 4 gloo ranks holding bench_moe.py's model in the layout asked
 shardd.torch.save_pretrained (wait=True, or wait=False then wait()). Printed
 per round: each rank's blocked and durable seconds and its CPU seconds for
 the save, the daemon's CPU; the same round's references (every rank cloning
-its local tensors, fio writing the bytes) and the ratios to them; then rank 0's CPU seconds in each step of the
-library (the collector's passes by generation, the piece computation,
-description, placement, copy, puts, waits). CPU is the figure to compare on
+its local tensors, fio writing the bytes) and the ratios to them; then rank
+0's CPU seconds (of the thread that ran it) in each step of the library (the
+collector's passes by generation, the piece computation, description,
+placement, copy, puts, waits). CPU is the figure to compare on
 a shared machine: the wall times there are mostly waiting for a core. The
 first round is a process's first save (transformers' reverse conversion,
 the pooled arena made and attached); later rounds reuse both.
@@ -44,9 +45,9 @@ def step_timers():
 
     def collector(phase, info):
         if phase == "start":
-            started[0] = time.process_time()
+            started[0] = time.thread_time()
         else:
-            cpu["gc gen%d" % info["generation"]] += time.process_time() - started[0]
+            cpu["gc gen%d" % info["generation"]] += time.thread_time() - started[0]
 
     gc.callbacks.append(collector)
 
@@ -55,11 +56,11 @@ def step_timers():
 
         @functools.wraps(f)
         def timed(*a, **k):
-            t = time.process_time()
+            t = time.thread_time()  # the step's own thread: the hand-over's run beside the caller's
             try:
                 return f(*a, **k)
             finally:
-                cpu[label] += time.process_time() - t
+                cpu[label] += time.thread_time() - t
 
         setattr(owner, name, timed)
 
@@ -95,7 +96,6 @@ def worker(args):
         if rank == 0:
             fio = bench_torch.fio(args, "write", total, os.path.join(args["root"], "fio"))
             shutil.rmtree(os.path.join(args["root"], "fio"))
-        dist.barrier()
         cpu.clear()
         dist.barrier()
         daemon0 = proc_figures(args["daemon"])[0] if rank == 0 else 0.0
