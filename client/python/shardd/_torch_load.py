@@ -2,7 +2,9 @@
 """shardd.torch.load_state_dict: any shardd or save_pretrained checkpoint
 into any layout. Every name is checked (present, shape, dtype) before a
 byte is filled, so a refusal leaves the state dict as it was; then each
-rank reads its DTensors' boxes through the strict reader's box load.
+rank reads its DTensors' boxes, all at once (_load_runs.read_boxes): each
+file of the checkpoint the strict reader checked is opened once and its
+boxes read in runs, a fused parameter's experts scattered by few copies.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from typing import Any, Dict, List, Tuple
 
 from ._errors import refusal
 from ._dtensor import box_views, dtensor_boxes, is_dtensor, tensor_identity
-from ._hf_convert import piece_parts
+from ._hf_convert import piece_tables, table_parts
 from ._load import Checkpoint
+from ._load_runs import read_boxes
 from ._nested import STATE_FILE, dotted, flatten, read_state, restore
 from ._tensors import dtype_name
 
@@ -44,10 +47,11 @@ def _local_boxes(name, value):
     raise TypeError("state_dict[%r] is a %s, not a tensor or DTensor" % (name, type(value).__name__))
 
 
-def converted(model, state_dict) -> Dict[str, List[Tuple[str, Any]]]:
+def converted(model, state_dict, groups=None) -> Dict[str, List[Tuple[str, Any]]]:
     """{key: [(name in the checkpoint, Piece), ...]}: where save_pretrained puts each value of a
     transformers model (renamed, or one fused MoE parameter as many per-expert tensors); the
-    names of a tied group all map to what the one save_pretrained keeps is saved as."""
+    names of a tied group all map to what the one save_pretrained keeps is saved as.
+    groups: _groups(state_dict), where the caller has it already."""
     if model is None:
         return {}
     from ._hf import saved_pieces
@@ -55,7 +59,7 @@ def converted(model, state_dict) -> Dict[str, List[Tuple[str, Any]]]:
     out: Dict[str, List[Tuple[str, Any]]] = {}
     for name, piece in saved_pieces(model, state_dict):
         out.setdefault(piece.key, []).append((name, piece))
-    for group in _groups(state_dict):
+    for group in _groups(state_dict) if groups is None else groups:
         held = next((out[n] for n in group if n in out), None)
         if held is not None:
             out.update((n, held) for n in group)
@@ -74,6 +78,38 @@ def _check(ck: Checkpoint, source: str, shape, dtype) -> str:
     if dt != info.dtype:
         return "%r is %s in the checkpoint but %s here" % (source, info.dtype, dt)
     return ""
+
+
+def _misfits(ck: Checkpoint, table, wants, dtype) -> List[str]:
+    """Why the checkpoint's tensors cannot be what wants, [(name, shape), ...], and dtype say; []
+    when they all can. Each costs a dict lookup and two compares when it fits (a fused parameter
+    has hundreds of pieces); _check words what does not."""
+    try:
+        name = dtype_name(dtype)
+    except TypeError:
+        name = None
+    for source, shape in wants:
+        info = table[source]
+        if info.dtype != name or info.shape != shape:
+            break
+    else:
+        return []
+    return [w for w in (_check(ck, source, shape, dtype) for source, shape in wants) if w]
+
+
+def _fills(plan) -> List[Tuple[str, Any, Any, Any]]:
+    """[(name in the checkpoint, view, start, count), ...]: every box this rank reads. A fused
+    parameter's pieces (hundreds of experts) are met with the rank's boxes in a few numpy steps."""
+    fills = []
+    for name, value, source, tables in plan:
+        local, boxes = _local_boxes(name, value)
+        if not tables:
+            fills.extend((source, view, start, count) for view, start, count in box_views(local, boxes))
+            continue
+        for table in tables:
+            for source, parts in zip(table.names, table_parts(table, local, boxes)):
+                fills.extend((source, view, start, count) for view, start, count in parts)
+    return fills
 
 
 def fill_box(ck: Checkpoint, source: str, view, start, count) -> None:
@@ -139,28 +175,32 @@ def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
                 stored = read_state(f.read(), where)
         except FileNotFoundError:
             pass
-    held_as = converted(model, state_dict)
+    groups = _groups(state_dict)
+    held_as = converted(model, state_dict, groups)
     with Checkpoint(dir) as ck:
+        table = ck.tensors()  # every name asked about at once: dict lookups from here on
         plan, missing, wrong, wanted = [], [], [], set(state_dict)
-        for group in _groups(state_dict):
+        for group in groups:
             value = state_dict[group[0]]
             held = next((held_as[n] for n in group if n in held_as), None)
-            if held is not None and any(name not in ck for name, _ in held):
+            if held is not None and any(name not in table for name, _ in held):
                 held = None
             if held is None:
-                source = next((n for n in group if n in ck), None)
+                source = next((n for n in group if n in table), None)
                 if source is None:
                     missing.extend(group)
                     continue
-                held = [(source, None)]
-            why = [_check(ck, source, value.shape if piece is None else piece.shape, value.dtype)
-                   for source, piece in held]
-            if any(why):
-                wrong.extend(w for w in why if w)
+                tables, wants = None, [(source, tuple(value.shape))]
+            else:  # the pieces as tables, which give their shapes and meet the rank's boxes at once
+                source, tables = None, piece_tables(held)
+                wants = [pair for t in tables for pair in zip(t.names, t.shapes)]
+            why = _misfits(ck, table, wants, value.dtype)
+            if why:
+                wrong.extend(why)
                 continue
-            wanted.update(source for source, _ in held)
-            plan.append((group[0], value, held))
-        unexpected = [n for n in ck.names() if n not in wanted]
+            wanted.update(name for name, _ in wants)
+            plan.append((group[0], value, source, tables))
+        unexpected = [n for n in table if n not in wanted]
         wanted_plain = [path for path, _ in plain]
         missing += [dotted(p) for p in wanted_plain if p not in stored]
         unexpected += [dotted(p) for p in stored if p not in set(wanted_plain)]
@@ -174,14 +214,7 @@ def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
                           % (dir, "; ".join(problems)))
         if verify:
             ck.verify()
-        fills = []
-        for name, value, held in plan:
-            local, boxes = _local_boxes(name, value)
-            for source, piece in held:
-                parts = box_views(local, boxes) if piece is None else piece_parts(piece, local, boxes)
-                fills.extend((source, view, start, count) for view, start, count in parts)
         with torch.no_grad():
-            for source, view, start, count in fills:
-                fill_box(ck, source, view, start, count)
+            read_boxes(ck, _fills(plan))
         restore(nested, stored, [p for p in wanted_plain if p in stored])
     return IncompatibleKeys(missing, unexpected)

@@ -9,7 +9,9 @@ a strided shard that leaves gaps, HSDP, one dim over two mesh dims), save
 them through a real daemon, and load them back into other placements; the
 files are read with safetensors and compared bit for bit. A Partial DTensor
 is refused by name with nothing published, and a rank killed mid-save gives
-the other client_lost naming it.
+the other client_lost naming it. load_state_dict's batched reader fills
+contiguous, transposed, strided and misaligned views with the bytes the
+strict reader's box reads give, and refuses a shard swapped in after open.
 
 Environment as for test_binding.py. Exits 77 (skipped) without torch >= 2.4
 or safetensors. Run as `test_dtensor.py --worker JSON` it is one rank.
@@ -125,6 +127,24 @@ def kill_worker(rank, args):
     except shardd.ShardError as e:
         return {"name": e.name, "message": e.message, "seconds": time.monotonic() - t0}
     return {"name": None}
+
+
+def write_packed(path, tensors):
+    """A safetensors file of tensors in name order, each right after the one before (no alignment);
+    returns its header."""
+    from shardd._tensors import dtype_name
+
+    header, data = {}, []
+    for name in sorted(tensors):
+        at = sum(map(len, data))
+        data.append(raw(tensors[name]))
+        header[name] = {"dtype": dtype_name(tensors[name].dtype), "shape": list(tensors[name].shape),
+                        "data_offsets": [at, at + len(data[-1])]}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(data))
+    return header
 
 
 class Boxes(unittest.TestCase):
@@ -260,6 +280,47 @@ class OneProcess(WithDaemon):
         keys = st.load_state_dict(path, target, strict=False)
         self.assertEqual((keys.missing_keys, keys.unexpected_keys), (["d"], ["b", "c"]))
         self.assertEqual(raw(target["a"]), raw(shardd.load(path, framework="torch")["a"]))
+
+    def test_box_reads_match_the_strict_reader(self):
+        """load_state_dict's reader (each file opened once, its boxes read in runs through small
+        holes, straight into contiguous views or staged and scattered by strided copies) fills
+        every kind of view with the bytes the strict reader's box read gives."""
+        from shardd._load_runs import read_boxes
+
+        sd = {"big": seeded((40, 33), torch.float16, 40), "odd.bf16": seeded((3,), torch.bfloat16, 41),
+              "odd.f32": seeded((5, 3), torch.float32, 42), "step": seeded((), torch.int64, 43)}
+        sd.update(("experts.%d.w" % e, seeded((4, 6), torch.bfloat16, 50 + e)) for e in range(6))
+        path = os.path.join(self.d.root, "runs")
+        os.makedirs(path)
+        # Packed in name order, as no writer that aligns would: the F32 tensor lies 2 bytes off
+        # its alignment, so it is staged through a copy of its bytes.
+        header = write_packed(os.path.join(path, "model.safetensors"), sd)
+        self.assertEqual(header["odd.f32"]["data_offsets"][0] % 4, 2)
+        fused = torch.zeros(6, 6, 4).to(torch.bfloat16).transpose(1, 2)  # fused[e]: [4, 6], strides (1, 4)
+        packed = torch.zeros(6, 4, 6, dtype=torch.bfloat16)
+        fills = [("experts.%d.w" % e, fused[e], (0, 0), (4, 6)) for e in range(6)]   # one strided copy
+        fills += [("experts.%d.w" % e, packed[e], (0, 0), (4, 6)) for e in range(6)]  # one preadv
+        fills += [("experts.%d.w" % e, torch.zeros(2, 3, dtype=torch.bfloat16), (1, 2), (2, 3)) for e in (0, 3)]
+        fills += [("big", torch.zeros(7, 33, dtype=torch.float16), (3, 0), (7, 33)),      # rows: direct
+                  ("big", torch.zeros(40, 15, dtype=torch.float16), (0, 5), (40, 15)),    # columns: staged
+                  ("big", torch.zeros(9, 4, dtype=torch.float16).t(), (30, 20), (4, 9)),  # into a transpose
+                  ("big", torch.zeros(1, 1, dtype=torch.float16), (39, 32), (1, 1)),      # the last element
+                  ("odd.f32", torch.zeros(3, 5).t(), (0, 0), (5, 3)),
+                  ("odd.bf16", torch.zeros(3, dtype=torch.bfloat16), (0,), (3,)),
+                  ("step", torch.zeros((), dtype=torch.int64), (), ())]
+        with shardd.Checkpoint(path) as ck:
+            read_boxes(ck, fills)
+            for name, view, start, count in fills:
+                self.assertEqual(raw(view), raw(ck.read(name, start, count, framework="torch")), (name, start))
+            # A shard swapped in under its name after the open is refused, as the strict reader's
+            # own reads refuse it, before a byte of it is read.
+            write_packed(os.path.join(path, "other"), {k: v + 1 for k, v in sd.items()})
+            os.replace(os.path.join(path, "other"), os.path.join(path, "model.safetensors"))
+            with self.assertRaises(shardd.ShardError) as cm:
+                read_boxes(ck, [("big", torch.zeros(40, 33, dtype=torch.float16), (0, 0), (40, 33))])
+            self.assertEqual(cm.exception.name, "bad_format")
+            self.assertIn("model.safetensors: replaced by another file since the checkpoint was opened",
+                          cm.exception.message)
 
 
 def main():
