@@ -174,8 +174,9 @@ class _Repeat(NamedTuple):
 
 def _held(state_dict, options) -> Optional[Tuple[list, tuple]]:
     """([each value's local tensor], signature) of a state dict of tensors and DTensors; None
-    when some value is neither. The signature holds what a save's work depends on: names, global
-    shapes and placements, and each local tensor's address, layout and dtype."""
+    when some value is neither, or has no storage. The signature holds what a save's work
+    depends on: names, global shapes and placements, and each local tensor's address, layout and
+    dtype."""
     import torch
 
     from ._dtensor import dtensor_class
@@ -193,8 +194,12 @@ def _held(state_dict, options) -> Optional[Tuple[list, tuple]]:
             local, extra = value, None
         else:
             return None
+        try:
+            address = local.data_ptr()
+        except RuntimeError:  # a tensor subclass with no storage: its save is worked out each time
+            return None
         locals_.append(local)
-        signature.append((key, local.data_ptr(), local.shape, local.stride(), local.storage_offset(), local.dtype,
+        signature.append((key, address, local.shape, local.stride(), local.storage_offset(), local.dtype,
                           local.device, local.is_conj(), local.is_neg(), extra))
     return locals_, tuple(signature)
 
