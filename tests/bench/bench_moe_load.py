@@ -2,7 +2,7 @@
 # The MoE load alone: shardd.torch.load_state_dict of a per-expert checkpoint into 4 EP ranks, beside safetensors and fio reads.
 """One command (the venv's python):
 
-    .venv/bin/python tests/bench/bench_moe_load.py [--layout dsv3_ep4] [--rounds 3] [--profile 20]
+    .venv/bin/python tests/bench/bench_moe_load.py [--layout dsv3_ep4] [--rounds 3] [--phases] [--profile 20]
 
 A daemon and 4 gloo ranks holding bench_moe.py's model in the layout asked
 (qwen3moe_ep4, qwen3moe_fsdp4, dsv3_ep4). The model is saved once with
@@ -17,12 +17,15 @@ allows it:
 
 Printed: each way's loaded seconds (the slowest rank) and the CPU seconds of
 rank 0 and of all ranks (CPU is the figure to compare on a shared machine),
-min and median over the rounds, with ratios. --profile N: rank 0's last load
+min and median over the rounds, with ratios. --phases: rank 0's CPU seconds in
+each step of load_state_dict, in its cheapest round. --profile N: rank 0's last load
 under cProfile (timed in CPU seconds), its N costliest functions by own and
 by cumulative time. No figure is asserted.
 """
 import argparse
+import collections
 import cProfile
+import functools
 import io
 import json
 import os
@@ -39,6 +42,39 @@ sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python", "tests"))
 
 WAYS = ("fio-read", "safetensors", "shardd-load")
+
+
+def phase_timers():
+    """{phase: CPU seconds} of load_state_dict's steps, filled by wrapping them in place (none
+    calls another), and "load_state_dict" for the whole."""
+    import shardd._load as L
+    import shardd._load_runs as R
+    import shardd._torch_load as T
+
+    cpu = collections.defaultdict(float)
+
+    def wrap(owner, name, label):
+        f = getattr(owner, name)
+
+        @functools.wraps(f)
+        def timed(*a, **k):
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                cpu[label] += time.process_time() - t
+
+        setattr(owner, name, timed)
+
+    wrap(L.Checkpoint, "__init__", "Checkpoint open (libshardd's strict check)")
+    wrap(L.Checkpoint, "tensors", "Checkpoint.tensors (the table)")
+    for owner, name in [(T, "converted"), (T, "_groups"), (T, "piece_tables"), (T, "_misfits"), (T, "_fills"),
+                        (R, "_open_proven"), (R, "_header"), (R, "_plan"), (R, "_read_direct"), (R, "_read_staged")]:
+        wrap(owner, name, name)
+    wrap(T, "load_state_dict", "load_state_dict")
+    import shardd.torch as st
+    st.load_state_dict = T.load_state_dict
+    return cpu
 
 
 def load_way(way, ctx):
@@ -93,6 +129,7 @@ def worker(args):
     from torch_world import init
 
     rank, _ = init()
+    phases = phase_timers() if args["phases"] and rank == 0 else None
     m = bench_torch.build_model(args, args["layout"])
     fresh = bench_torch.build_model(args, args["layout"])
     total = sum(p.numel() * p.element_size() for p in m.parameters())
@@ -107,11 +144,14 @@ def worker(args):
         if args["profile"] and rank == 0 and r == args["rounds"] - 1:
             ctx["profile"] = cProfile.Profile(time.process_time)  # CPU, not a shared machine's wall
         figures = {}
+        if phases is not None:
+            phases.clear()
         for way in WAYS:
             dropped = drop_caches() if rank == 0 else False
             dist.barrier()
             seconds, cpu, equal = load_way(way, ctx)
             figures[way] = {"seconds": seconds, "cpu": cpu, "equal": equal, "dropped": dropped}
+        figures["phases"] = dict(phases or {})
         rounds.append(figures)
     out = {"total": total, "rounds": rounds, "profile": ""}
     if ctx["profile"] is not None:
@@ -140,6 +180,14 @@ def report(layout, out, rounds):
             "yes" if eq else "NO"))
     caches = all(out[0]["rounds"][r][w]["dropped"] for r in range(rounds) for w in WAYS)
     print("page cache dropped before every way: %s" % ("yes" if caches else "no (not permitted): loads are warm"))
+    timed = [r["phases"] for r in out[0]["rounds"] if r["phases"]]
+    if timed:
+        phases = dict(min(timed, key=lambda p: p["load_state_dict"]))
+        whole = phases.pop("load_state_dict")
+        print("\nrank 0's load_state_dict in its cheapest round, CPU s: %.3f" % whole)
+        for name, seconds in sorted(phases.items(), key=lambda kv: -kv[1]):
+            print("  %-45s %6.3f" % (name, seconds))
+        print("  %-45s %6.3f" % ("the rest", whole - sum(phases.values())))
     if out[0]["profile"]:
         print("\nrank 0's last shardd-load under cProfile:\n" + out[0]["profile"])
     return all(rank["rounds"][r]["shardd-load"]["equal"] for rank in out for r in range(rounds))
@@ -151,6 +199,7 @@ def main():
     ap.add_argument("--layout", default="dsv3_ep4", help="qwen3moe_ep4, qwen3moe_fsdp4 or dsv3_ep4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, help="print rank 0's N costliest functions of its last load")
+    ap.add_argument("--phases", action="store_true", help="print rank 0's CPU seconds in each step of the load")
     ap.add_argument("--layers", type=int, default=8, help="layers of the qwen3moe layouts")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--moe-hidden", type=int, help="hidden size (bench_moe.py)")
@@ -173,7 +222,7 @@ def main():
     os.makedirs(a.work)
     d = Daemon(root=os.path.join(a.work, "root"))
     try:
-        args = {"root": d.root, "rounds": a.rounds, "profile": a.profile, "layers": a.layers, "vocab": a.vocab,
+        args = {"root": d.root, "rounds": a.rounds, "profile": a.profile, "phases": a.phases, "layers": a.layers, "vocab": a.vocab,
                 "moe_hidden": a.moe_hidden, "moe_inter": a.moe_inter, "shard": a.shard, "layout": a.layout}
         out = run_world(os.path.abspath(__file__), 4, args,
                         {"SHARDD_SOCKET": d.socket, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}, timeout=3600)

@@ -36,7 +36,8 @@ from ._load import Checkpoint, torch_dtype
 from ._nested import series_of
 from ._save import save
 from ._hf_convert import piece_parts
-from ._torch_load import converted, fill_box
+from ._load_runs import read_boxes
+from ._torch_load import converted
 from ._tensors import Slice
 
 __all__ = ["StorageWriter", "StorageReader"]
@@ -137,6 +138,17 @@ def _series(planner):
     return {fqn: prefix for fqn, prefix in series.items() if prefix is not None}
 
 
+# The most bytes of resolved tensors StorageReader.read_data holds before it reads and commits them.
+READ_BATCH = 1 << 30
+
+
+def _read_and_commit(ck, planner, fills, resolved) -> None:
+    with torch.no_grad():
+        read_boxes(ck, fills)
+    for item, target in resolved:
+        planner.commit_tensor(item, target)
+
+
 class StorageReader(_Reader):
     """A DCP StorageReader over a shardd or save_pretrained checkpoint folder (a path on this
     machine): dcp.load fills tensors and DTensors of any layout, each rank reading its boxes.
@@ -193,6 +205,8 @@ class StorageReader(_Reader):
 
     def read_data(self, plan, planner):
         with Checkpoint(self.path) as ck:
+            table = ck.tensors()
+            fills, resolved, held = [], [], 0
             for item in plan.items:
                 if item.type == LoadItemType.BYTE_IO:
                     if self.byte_items is None:
@@ -200,19 +214,24 @@ class StorageReader(_Reader):
                     planner.load_bytes(item, io.BytesIO(self.byte_items[item.storage_index.fqn]))
                     continue
                 name = item.storage_index.fqn
-                if name not in ck and name.startswith("model.") and name[6:] in ck:
+                if name not in table and name.startswith("model.") and name[6:] in table:
                     name = name[6:]
                 start, count = tuple(item.storage_offsets), tuple(item.lengths)
                 target = planner.resolve_tensor(item).detach()
                 if name in self.held_as:
                     for source, piece in self.held_as[name]:
-                        for view, at, n in piece_parts(piece, target, [(start, count, (0,) * len(start))]):
-                            fill_box(ck, source, view, at, n)
-                elif target.device.type == "cpu" and target.is_contiguous():
-                    ck.read_into(name, target, start, count)
+                        fills.extend((source, view, at, n) for view, at, n in
+                                     piece_parts(piece, target, [(start, count, (0,) * len(start))]))
                 else:
-                    target.copy_(ck.read(name, start, count, framework="torch"))
-                planner.commit_tensor(item, target)
+                    fills.append((name, target, start, count))
+                resolved.append((item, target))
+                held += target.numel() * target.element_size()
+                # Read together, file by file; committed in batches, as a planner's resolve_tensor
+                # may hand out a buffer of its own for each item.
+                if held >= READ_BATCH:
+                    _read_and_commit(ck, planner, fills, resolved)
+                    fills, resolved, held = [], [], 0
+            _read_and_commit(ck, planner, fills, resolved)
         return _done(None)
 
     @classmethod

@@ -121,6 +121,7 @@ class Checkpoint:
         self._handle = handle
         # Where the files' names are relative to, for reads that open them again (_load_runs).
         self._folder = self.path if os.path.isdir(self.path) else (os.path.dirname(self.path) or ".")
+        self._headers: Dict[str, Any] = {}  # file -> its header as _load_runs parsed it, parsed once
         # The table stays in libshardd's compact records: a TensorInfo is made on first asking, so
         # opening costs the C check alone, even for millions of tensors.
         self._count = int(lib.shardd_ckpt_count(handle))

@@ -278,7 +278,8 @@ def _read_staged(fd: int, file: str, reads: List[_Read]) -> None:
 def read_boxes(ck, fills) -> None:
     """Fills every view of fills, [(tensor name, view, start, count)], with its box (start, count)
     of the tensor: views of any strides and devices, in the box's shape. Each file is opened once;
-    the names, shapes and dtypes are the caller's to have checked against ck."""
+    the names, shapes and dtypes are the caller's to have checked against ck. Each file's header
+    is parsed on ck's first read of it, so a caller may read in several calls."""
     table = ck.tensors()
     by_file: Dict[str, list] = {}
     for fill in fills:
@@ -288,7 +289,8 @@ def read_boxes(ck, fills) -> None:
         fd = _open_proven(ck, file, mine[0][0])
         try:
             size = os.fstat(fd).st_size
-            header, data_start = _header(fd, file, size)
+            # Parsed once a Checkpoint, as libshardd checked it once: the file is proven the same.
+            header, data_start = ck._headers.get(file) or ck._headers.setdefault(file, _header(fd, file, size))
             reads = _plan(file, mine, table, header, data_start, size)
             _read_direct(fd, file, [r for r in reads if r.direct])
             _read_staged(fd, file, [r for r in reads if not r.direct])

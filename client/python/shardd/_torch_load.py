@@ -20,7 +20,7 @@ from ._load_runs import read_boxes
 from ._nested import STATE_FILE, dotted, flatten, read_state, restore
 from ._tensors import dtype_name
 
-__all__ = ["load_state_dict", "IncompatibleKeys", "converted", "fill_box"]
+__all__ = ["load_state_dict", "IncompatibleKeys", "converted"]
 
 # What nn.Module.load_state_dict returns.
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -110,23 +110,6 @@ def _fills(plan) -> List[Tuple[str, Any, Any, Any]]:
             for source, parts in zip(table.names, table_parts(table, local, boxes)):
                 fills.extend((source, view, start, count) for view, start, count in parts)
     return fills
-
-
-def fill_box(ck: Checkpoint, source: str, view, start, count) -> None:
-    """Reads the box (start, count) of `source` into view, a tensor of any strides and device."""
-    import torch
-
-    if view.numel() == 0:
-        return
-    whole = tuple(count) == ck.info(source).shape
-    box = (None, None) if whole else (start, count)
-    if view.device.type == "cpu" and view.is_contiguous():
-        ck.read_into(source, view, *box)
-        return
-    # A strided view or a CUDA tensor: one read into host memory, then torch's own copy.
-    tmp = torch.empty(tuple(count), dtype=view.dtype, pin_memory=view.device.type == "cuda")
-    ck.read_into(source, tmp, *box)
-    view.copy_(tmp, non_blocking=False)
 
 
 def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):

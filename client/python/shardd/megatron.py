@@ -243,7 +243,8 @@ def load_hf_weights(model, path, hf_config=None, verify: bool = False) -> None:
     import torch
 
     from ._load import Checkpoint
-    from ._torch_load import _check, fill_box
+    from ._load_runs import read_boxes
+    from ._torch_load import _check
 
     path = os.fspath(path)
     if hf_config is None:
@@ -265,8 +266,7 @@ def load_hf_weights(model, path, hf_config=None, verify: bool = False) -> None:
         if verify:
             ck.verify()
         with torch.no_grad():
-            for name, view, start, shape in boxes:
-                fill_box(ck, name, view, start, tuple(view.shape))
+            read_boxes(ck, [(name, view, start, tuple(view.shape)) for name, view, start, _ in boxes])
 
 
 def _check_covered(model, boxes) -> None:
