@@ -190,6 +190,7 @@ int sd_planner_build(const sd_save *save, sd_planned *p, sd_error *err) {
       .checksums = save->d && save->d->cfg ? save->d->cfg->checksums : 1,
       .total_parameters = save->total_parameters >= 0 ? (uint64_t)save->total_parameters : 0,
       .has_total_parameters = save->total_parameters >= 0,
+      .names_unique = 1, /* a save holds each name once (its name table) */
   };
   rc = sd_plan_build(&p->plan, p->tensors, p->ntensors, &opts, err);
   if (rc) goto out;

@@ -188,14 +188,22 @@ static int names_distinct(const sd_plan *p, sd_error *err) {
  * Order
  * ------------------------------------------------------------------------ */
 
-/* Natural-order keys for every name, packed from o on (*used bytes in
- * all); 0 when they would run past end. */
-static int make_keys(const sd_tensor *t, const uint32_t *name_len, size_t n, sd_skey *k,
+/* 8 bytes of a tensor's position, big-endian: no position sorts after every one. */
+static void put_position(const sd_tensor *t, unsigned char *kb) {
+  uint64_t pos = t->index >= 0 ? (uint64_t)t->index : UINT64_MAX;
+  for (int b = 0; b < 8; b++) kb[b] = (unsigned char)(pos >> (8 * (7 - b)));
+}
+
+/* Natural-order keys for every name, each after its position when by_pos, packed from o on
+ * (*used bytes in all); 0 when they would run past end. */
+static int make_keys(const sd_tensor *t, const uint32_t *name_len, size_t n, int by_pos, sd_skey *k,
                      unsigned char *o, const unsigned char *end, size_t *used) {
   unsigned char *start = o;
+  size_t pre = by_pos ? 8 : 0;
   for (size_t i = 0; i < n; i++) {
-    if ((size_t)(end - o) < sd_natural_key_max(name_len[i])) return 0;
-    size_t len = sd_natural_key(t[i].name, name_len[i], o);
+    if ((size_t)(end - o) < pre + sd_natural_key_max(name_len[i])) return 0;
+    if (by_pos) put_position(&t[i], o);
+    size_t len = pre + sd_natural_key(t[i].name, name_len[i], o + pre);
     k[i] = (sd_skey){o, (uint32_t)len, (uint32_t)i};
     o += len;
   }
@@ -211,13 +219,15 @@ static size_t walk_scratch_min(size_t n) {
 
 /* Natural name order, which also finds duplicates: it is a total order, so
  * equal names are neighbours. Positions given by the client then come first,
- * in position order, by a stable sort on the position alone. Works in
+ * in position order, by a stable sort on the position alone; or, when the
+ * caller knows its names differ (names_unique), by one sort of keys that
+ * start with the position, which is the same order. Works in
  * scratch of at least walk_scratch_min(n) bytes: the block that later holds
  * the headers from its start and the locations at its end, so the layout
  * keeps to pages touched again there: the key array, the keys and the sort
  * space from the front, positions (rarely needed) at the back. Only keys
  * that outgrow the space get memory of their own. */
-static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, int any_index,
+static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, int any_index, int names_unique,
                       uint32_t *ord, unsigned char *scratch, size_t scratch_size, sd_error *err) {
   char shown[SD_MSGNAME_MAX];
   int rc = 0;
@@ -226,17 +236,18 @@ static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, in
   unsigned char *pos_keys = scratch + scratch_size - 8 * n, *arena = scratch + n * sizeof(sd_skey);
   unsigned char *sort_tmp = arena, *own = NULL;
   size_t keys_len = 0;
+  int by_pos = any_index && names_unique;
   /* (8 spare bytes: the sort space starts 8-aligned after the keys.) */
-  if (make_keys(t, name_len, n, k, arena, pos_keys - sd_sort_keys_scratch(n) - 8, &keys_len)) {
+  if (make_keys(t, name_len, n, by_pos, k, arena, pos_keys - sd_sort_keys_scratch(n) - 8, &keys_len)) {
     sort_tmp = arena + ((keys_len + 7) & ~(size_t)7);
   } else {
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) total += sd_natural_key_max(name_len[i]);
+    for (size_t i = 0; i < n; i++) total += (by_pos ? 8 : 0) + sd_natural_key_max(name_len[i]);
     own = sd_big_alloc(n * sizeof(sd_skey) + total);
     if (!own) goto oom;
     k = (sd_skey *)own;
     arena = own + n * sizeof(sd_skey);
-    make_keys(t, name_len, n, k, arena, arena + total, &keys_len);
+    make_keys(t, name_len, n, by_pos, k, arena, arena + total, &keys_len);
   }
   if (sd_sort_keys_in(k, n, sort_tmp, sd_sort_keys_scratch(n))) goto oom;
   for (size_t i = 0; i < n; i++) {
@@ -250,13 +261,10 @@ static int walk_order(const sd_tensor *t, const uint32_t *name_len, size_t n, in
     }
     ord[i] = k[i].idx;
   }
-  if (any_index) {
-    /* 8-byte big-endian positions; no position sorts after every one. */
+  if (any_index && !by_pos) {
     for (size_t i = 0; i < n; i++) {
-      const sd_tensor *x = &t[ord[i]];
-      uint64_t pos = x->index >= 0 ? (uint64_t)x->index : UINT64_MAX;
       unsigned char *kb = pos_keys + 8 * i;
-      for (int b = 0; b < 8; b++) kb[b] = (unsigned char)(pos >> (8 * (7 - b)));
+      put_position(&t[ord[i]], kb);
       k[i] = (sd_skey){kb, 8, ord[i]};
     }
     if (sd_sort_keys_in(k, n, sort_tmp, sd_sort_keys_scratch(n))) goto oom;
@@ -451,7 +459,7 @@ int sd_plan_build(sd_plan *p, const sd_tensor *tensors, size_t n, const sd_plan_
   /* The walk order lives at the very end, where the locations go later. */
   size_t walk_space = (block_size - 4 * alloc_n) & ~(size_t)7;
   uint32_t *ord = (uint32_t *)(block + block_size - 4 * alloc_n);
-  if ((rc = walk_order(tensors, name_len, n, any_index, ord, (unsigned char *)block, walk_space,
+  if ((rc = walk_order(tensors, name_len, n, any_index, opts->names_unique, ord, (unsigned char *)block, walk_space,
                        err)))
     goto fail;
   if (meta_rc) {

@@ -95,6 +95,9 @@ typedef struct {
    * not the buffers it saves too; at most the tensors' elements); else those elements, counted. */
   uint64_t total_parameters;
   int has_total_parameters;
+  /* The caller's names are known to differ (the daemon's name table): the walk is found by one
+   * sort of positions and names together rather than a sort of names and then of positions. */
+  int names_unique;
 } sd_plan_opts;
 
 typedef struct {

@@ -576,7 +576,8 @@ Test(plan, randomized_against_the_reference, .timeout = 60) {
     sd_tensor *t = calloc(n + 1, sizeof *t);
     char (*names)[48] = calloc(n + 1, sizeof *names);
     uint64_t *size = calloc(n + 1, sizeof *size);
-    int use_index = rand() % 3 == 0;
+    /* positions: none, some, every one (distinct, or some shared) */
+    int use_index = rand() % 3 == 0, all_index = rand() % 4, distinct = rand() % 2;
     for (size_t i = 0; i < n; i++) {
       static const char *fmt[] = {"layers.%zu.w", "blk%zu", "l.%zu.\xc3\xa9", "x%03zu"};
       snprintf(names[i], sizeof names[i], fmt[rand() % 4], i * 7 % (n + 3));
@@ -590,6 +591,8 @@ Test(plan, randomized_against_the_reference, .timeout = 60) {
       for (uint32_t d = 0; d < t[i].ndim; d++)
         t[i].shape[d] = (uint64_t)(rand() % 6 == 0 ? 0 : rand() % 9 + 1);
       t[i].index = use_index && rand() % 2 ? rand() % 50 : -1;
+      if (all_index == 0) t[i].index = distinct ? (int64_t)((i * 37 + 11) % (n + 5) + (i * 37 + 11) / (n + 5) * 1000)
+                                                : rand() % 50;
       cr_assert_eq(sd_tensor_nbytes(&t[i], &size[i], NULL), 0);
     }
     uint64_t max;
@@ -599,7 +602,8 @@ Test(plan, randomized_against_the_reference, .timeout = 60) {
       case 2: max = 1 + (uint64_t)(rand() % 2000); break;
       default: max = 0; break;
     }
-    sd_plan_opts o = {.max_shard_size = max, .metadata = meta, .nmetadata = rand() % 4};
+    /* names_unique (the names here differ) changes how the walk is found, never what it is */
+    sd_plan_opts o = {.max_shard_size = max, .metadata = meta, .nmetadata = rand() % 4, .names_unique = rand() % 2};
     sd_plan p;
     sd_error err = {0};
     cr_assert_eq(sd_plan_build(&p, t, n, &o, &err), 0, "round %d: %s", round, err.msg);
