@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from ._dcp_bytes import BYTES_FILE, bytes_part, read_bytes_files
 from ._load import Checkpoint, torch_dtype
 from ._nested import series_of
-from ._save import save
+from ._save import paused_gc, save
 from ._hf_convert import piece_parts
 from ._load_runs import read_boxes
 from ._torch_load import converted
@@ -204,7 +204,7 @@ class StorageReader(_Reader):
         return plans
 
     def read_data(self, plan, planner):
-        with Checkpoint(self.path) as ck:
+        with paused_gc(), Checkpoint(self.path) as ck:
             table = ck.tensors()
             fills, resolved, held = [], [], 0
             for item in plan.items:

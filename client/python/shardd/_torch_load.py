@@ -18,6 +18,7 @@ from ._hf_convert import piece_tables, table_parts
 from ._load import Checkpoint
 from ._load_runs import read_boxes
 from ._nested import STATE_FILE, dotted, flatten, read_state, restore
+from ._save import paused_gc
 from ._tensors import dtype_name
 
 __all__ = ["load_state_dict", "IncompatibleKeys", "converted"]
@@ -143,6 +144,13 @@ def load_state_dict(dir, state_dict, strict=True, verify=False, model=None):
     takes it) is filled the same way: its tensors in place, its plain values
     (steps, param_groups) set in their dicts from shardd_state.json.
     """
+    # Tens of thousands of tensors make hundreds of thousands of objects (headers, boxes, views):
+    # the collector's full passes over a process holding a model would cost more than the load.
+    with paused_gc():
+        return _load_state_dict(dir, state_dict, strict, verify, model)
+
+
+def _load_state_dict(dir, state_dict, strict, verify, model):
     import torch
 
     dir = os.fspath(dir)
