@@ -434,9 +434,11 @@ def again(name):
 class Again(unittest.TestCase):
     """save_pretrained of one EP model again and again, as a trainer saves: a save of the same
     tensors reuses the last one's work (its descriptions, places and copy plan), yet writes what
-    the tensors hold at that save; a parameter on new memory is worked out anew."""
+    the tensors hold at that save; a parameter on new memory is worked out anew. Then a tied
+    model of plain tensors saved again by one rank."""
 
     NAME = "deepseekv3-bf16"
+    TIED = "qwen3moe-tied-bf16"
 
     def test_again(self):
         d = Daemon()
@@ -464,6 +466,25 @@ class Again(unittest.TestCase):
                                             "%s: %s" % (folder, key))
             print("%s saved 4 times by 2 ranks: the same tensors reused the last save's work; values "
                   "changed in place were written, a parameter on new memory worked out anew" % self.NAME)
+            # One rank, plain tensors, tied weights (the tied name dropped again): saved twice, then
+            # with values changed in place, each against transformers' save_pretrained of the same.
+            from shardd import _hf
+
+            m = build(self.TIED, 1234)
+            repeats = []
+            for folder in ("first", "second", "doubled"):
+                if folder == "doubled":
+                    with torch.no_grad():
+                        m.model.embed_tokens.weight.mul_(2)
+                m.save_pretrained(os.path.join(ref, folder), max_shard_size=MAX_SHARD)
+                st.save_pretrained(m, "one/" + folder, max_shard_size=MAX_SHARD, socket=d.socket, rank=0,
+                                   world_size=1, timeout=WAIT)
+                check_same_files(self, os.path.join(ref, folder), os.path.join(d.root, "one", folder), folder)
+                repeats.append(_hf._REPEATS.get(m))
+            self.assertIsNotNone(repeats[0])
+            self.assertTrue(repeats[0] is repeats[1] is repeats[2], "the later saves did not reuse the first's work")
+            print("%s saved 3 times by one rank, the last after a change in place: the files save_pretrained "
+                  "writes each time" % self.TIED)
         finally:
             shutil.rmtree(ref, ignore_errors=True)
             self.assertEqual(d.stop(), 0)
