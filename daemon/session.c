@@ -15,8 +15,7 @@
 #include "session.h"
 #include "session_parse.h"
 
-/* A client that stops reading its replies stops being read from, so its
- * unread output cannot grow without bound; reading resumes once drained. */
+/* A client that stops reading its replies is not read from until they drain: its output stays bounded. */
 #define WRITE_HIGH_WATER (4u << 20)
 #define READ_CHUNK (64u << 10)
 #define OUT_BATCH (256u << 10)
@@ -32,8 +31,7 @@ static void maybe_finish(sd_session *s);
 static void on_closed(uv_handle_t *h);
 static void saves_forget(sd_daemon *d, sd_session *s);
 
-/* Pausing starts below the output cap, so a client that merely reads
- * slowly is throttled long before it could be dropped. */
+/* Pausing starts below the output cap: a client that merely reads slowly is throttled long before it is dropped. */
 static size_t high_water(const sd_session *s) {
   size_t cap = s->d->cfg->max_output;
   return cap && cap / 2 < WRITE_HIGH_WATER ? cap / 2 : WRITE_HIGH_WATER;
