@@ -359,10 +359,7 @@ static json_t *op_puts_scanned(sd_session *s, const sd_puts_scan *scan, json_t *
  * daemon's configured limits (the scan knows only the largest); else it is read as JSON, which
  * says what is wrong. */
 static int scan_fits(sd_session *s, const sd_puts_scan *scan) {
-  if (s->line_fd != -1) return 0;
-  for (size_t k = 0; k < scan->n; k++)
-    if (scan->slices[k].name_len > s->d->cfg->max_name_len || scan->slices[k].t.ndim > s->d->cfg->max_dims) return 0;
-  return 1;
+  return s->line_fd == -1 && sd_puts_scan_fits(scan, s->d->cfg->max_name_len, s->d->cfg->max_dims);
 }
 
 /* ------------------------------------------------------------------------ *

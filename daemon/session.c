@@ -37,8 +37,7 @@ static size_t high_water(const sd_session *s) {
   return cap && cap / 2 < WRITE_HIGH_WATER ? cap / 2 : WRITE_HIGH_WATER;
 }
 
-/* A client that never reads: its replies and events pile up in the daemon.
- * Past the cap it is dropped at once, without flushing. */
+/* A client that never reads: past max_output of unread replies and events it is dropped at once, unflushed. */
 static int over_output_cap(sd_session *s) {
   size_t queued = uv_stream_get_write_queue_size((uv_stream_t *)&s->pipe) + s->olen;
   size_t cap = s->d->cfg->max_output;
@@ -92,9 +91,6 @@ static void write_buf(sd_session *s, char *buf, size_t len) {
   over_output_cap(s);
 }
 
-static void flush(sd_session *s);
-void sd_session_flush(sd_session *s) { flush(s); }
-
 static void flush(sd_session *s) {
   if (s->olen == 0) return;
   if (s->closing) {
@@ -107,6 +103,7 @@ static void flush(sd_session *s) {
   s->olen = s->ocap = 0;
   write_buf(s, buf, len);
 }
+void sd_session_flush(sd_session *s) { flush(s); }
 
 void sd_session_send(sd_session *s, json_t *msg) {
   if (!msg) return;
@@ -186,8 +183,7 @@ void sd_session_close_all(sd_daemon *d) {
   for (sd_session *s = d->sessions; s; s = s->next) sd_session_close(s);
 }
 
-/* A half-closed peer (it sent EOF but may still read) is closed once it
- * has nothing left to hear about. */
+/* A half-closed peer (it sent EOF but may still read) is closed once it has nothing left to hear about. */
 static void maybe_finish(sd_session *s) {
   if (s->eof_handled && !s->closing && !s->pumping && !s->parse && s->pending_waits == 0) sd_session_close(s);
 }
@@ -299,8 +295,7 @@ static void read_start(sd_session *s);
  * ------------------------------------------------------------------------ */
 static void free_handle(uv_handle_t *h) { free(h); }
 
-/* The next queued descriptor as a plain fd; -1 when it could not be kept
- * (it is closed then), -3 out of memory (it stays queued; close the session). */
+/* The next queued descriptor as a plain fd; -1 when not kept (closed), -3 out of memory (queued; close the session). */
 static int fd_accept(sd_session *s) {
   uv_pipe_t *tmp = malloc(sizeof *tmp);
   if (!tmp) return -3;
@@ -360,8 +355,7 @@ static void line_fd_take(sd_session *s) {
   }
 }
 
-/* The peer sent EOF and all its lines are handled: without a way to send
- * seal, its unsealed ranks are lost now, not when the socket closes. */
+/* The peer sent EOF and all its lines are handled: unable to seal, its unsealed ranks are lost now. */
 static void peer_finished(sd_session *s) {
   if (s->eof_handled) return;
   s->eof_handled = 1;
@@ -379,6 +373,14 @@ static void peer_finished(sd_session *s) {
 }
 
 static void pump(sd_session *s);
+static void on_parsed(void *ud, json_t *req, sd_puts_scan *scan, const sd_error *err);
+
+/* A long line to a worker (NULL: it could not start), told what decides whether its scan may be used. */
+static sd_line_parse *parse_off_loop(sd_session *s, const char *line, size_t len) {
+  sd_line_scan_limits lim = {s->d->cfg->max_name_len, s->d->cfg->max_dims, 0};
+  for (size_t i = 0; i < s->nfds; i++) lim.with_fd |= s->fds[i].line == s->lines_done;
+  return sd_line_parse_start(s->d->loop, line, len, &lim, on_parsed, s);
+}
 
 /* The handler, and what the session does around it: the line's descriptor. */
 static void handle(sd_session *s, const char *line, size_t len) {
@@ -445,7 +447,7 @@ static void pump(sd_session *s) {
     s->partial_since = 0;
     s->spoke = 1;
     /* A long line goes to a worker; the lines behind it wait (handled in order). */
-    if (len > SD_PARSE_OFF_LOOP && (s->parse = sd_line_parse_start(s->d->loop, line, len, on_parsed, s))) break;
+    if (len > SD_PARSE_OFF_LOOP && (s->parse = parse_off_loop(s, line, len))) break;
     handle(s, line, len);
   }
   s->pumping = 0;
@@ -585,8 +587,7 @@ static int over_limit(sd_daemon *d, int fd, sd_error *err) {
   return 0;
 }
 
-/* The oldest connection that never sent a request and holds nothing: no
- * save, no region, no wait. Sessions are listed newest first. */
+/* The oldest connection that never sent a request and holds nothing (no save, region, wait); newest listed first. */
 static sd_session *oldest_silent(sd_daemon *d) {
   uint64_t now = uv_now(d->loop);
   sd_session *found = NULL;
@@ -613,8 +614,7 @@ static void log_refused(sd_daemon *d, rate_log *rl, pid_t pid, uid_t uid, const 
   rl->at = now ? now : 1;
 }
 
-/* No session, no queue: one line if the socket takes it now, then closed,
- * so a refusal holds no descriptor past this call. */
+/* No session, no queue: one line if the socket takes it now, then closed (no descriptor held past this call). */
 static void refuse(sd_daemon *d, int fd, const sd_error *err) {
   struct ucred cred = {0};
   socklen_t clen = sizeof cred;
@@ -630,8 +630,7 @@ static void refuse(sd_daemon *d, int fd, const sd_error *err) {
   close(fd);
 }
 
-/* Makes room for fd when the daemon is full: 0 when there is room (now or
- * once a silent connection closes), else err says which limit. */
+/* Makes room for fd when the daemon is full: 0 if there is (now or once a silent one closes), else err says why. */
 static int admit(sd_daemon *d, int fd, sd_error *err) {
   if (!over_limit(d, fd, err)) return 0;
   sd_session *victim = oldest_silent(d);

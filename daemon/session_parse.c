@@ -11,6 +11,7 @@ struct sd_line_parse {
   size_t len;
   json_t *out;
   sd_puts_scan *scan;
+  sd_line_scan_limits lim;
   sd_error err;
   sd_line_parsed_cb cb;    /* NULL once orphaned */
   void *ud;
@@ -19,11 +20,16 @@ struct sd_line_parse {
 static void parse_work(uv_work_t *req) {
   sd_line_parse *p = req->data;
   /* A puts line of libshardd's shape costs a tenth as much scanned as parsed into a tree. */
+  /* One the scan takes but the daemon would not (a descriptor came with it, a slice over the
+   * configured limits) is parsed here too: on the loop, a long line's parse stalls every client. */
   p->scan = malloc(sizeof *p->scan);
   if (p->scan && sd_puts_scan_line(p->line, p->len, p->scan)) {
-    sd_puts_scan_take(p->scan, p->line, p->len); /* kept: the loop reads it as JSON if its limits are lower */
-    p->line = NULL;
-    return;
+    if (!p->lim.with_fd && sd_puts_scan_fits(p->scan, p->lim.max_name_len, p->lim.max_dims)) {
+      sd_puts_scan_take(p->scan, p->line, p->len); /* kept: limits lowered meanwhile (SIGHUP) read it as JSON */
+      p->line = NULL;
+      return;
+    }
+    sd_puts_scan_free(p->scan);
   }
   free(p->scan);
   p->scan = NULL;
@@ -50,7 +56,8 @@ void sd_line_scan_free(sd_puts_scan *scan) {
   free(scan);
 }
 
-sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len, sd_line_parsed_cb cb, void *ud) {
+sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len, const sd_line_scan_limits *lim,
+                                   sd_line_parsed_cb cb, void *ud) {
   sd_line_parse *p = calloc(1, sizeof *p);
   if (p) p->line = malloc(len ? len : 1);
   if (!p || !p->line) {
@@ -59,6 +66,7 @@ sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len
   }
   memcpy(p->line, line, len);
   p->len = len;
+  p->lim = *lim;
   p->cb = cb;
   p->ud = ud;
   p->req.data = p;

@@ -18,6 +18,13 @@
 
 typedef struct sd_line_parse sd_line_parse;
 
+/* What decides whether a scanned puts line may be used as scanned: the daemon's limits, and
+ * whether a descriptor came with the line (puts takes none). */
+typedef struct {
+  size_t max_name_len, max_dims;
+  int with_fd;
+} sd_line_scan_limits;
+
 /* scan: a puts line of libshardd's shape, read by sd_puts_scan_line, which keeps the line (the
  * callee's: free it with sd_line_scan_free); else req: the parsed request object (the reference
  * is the callee's), or NULL and err (bad_request, as sd_msg_parse says it). */
@@ -26,7 +33,8 @@ typedef void (*sd_line_parsed_cb)(void *ud, json_t *req, sd_puts_scan *scan, con
 /* Copies line (len bytes) and parses it on libuv's thread pool; cb runs on
  * the loop, once. NULL when it could not start (no memory, the pool
  * refused): the caller parses it itself. */
-sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len, sd_line_parsed_cb cb, void *ud);
+sd_line_parse *sd_line_parse_start(uv_loop_t *loop, const char *line, size_t len, const sd_line_scan_limits *lim,
+                                   sd_line_parsed_cb cb, void *ud);
 /* Frees a scan cb was given (NULL: nothing). */
 void sd_line_scan_free(sd_puts_scan *scan);
 /* The caller is going away: cb is never called; the parse frees itself. */

@@ -225,6 +225,12 @@ void sd_puts_scan_take(sd_puts_scan *p, char *line, size_t len) {
   p->len = len;
 }
 
+int sd_puts_scan_fits(const sd_puts_scan *p, size_t max_name_len, size_t max_dims) {
+  for (size_t k = 0; k < p->n; k++)
+    if (p->slices[k].name_len > max_name_len || p->slices[k].t.ndim > max_dims) return 0;
+  return 1;
+}
+
 void sd_puts_scan_free(sd_puts_scan *p) {
   free(p->slices);
   free(p->pool);

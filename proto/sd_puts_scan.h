@@ -38,6 +38,10 @@ int sd_puts_scan_line(const char *line, size_t len, sd_puts_scan *out);
 /* Takes over line (malloc'd, len bytes) into a scan that answered 1, so its owner can read the
  * line the slow way later (the daemon's configured limits are below the scan's). */
 void sd_puts_scan_take(sd_puts_scan *p, char *line, size_t len);
+/* 1 when every slice of the scan is within a daemon's configured limits (names of at most
+ * max_name_len bytes, at most max_dims dimensions), below the scan's own; 0: read the line with
+ * sd_msg_parse, whose checks name the slice over them. */
+int sd_puts_scan_fits(const sd_puts_scan *p, size_t max_name_len, size_t max_dims);
 void sd_puts_scan_free(sd_puts_scan *p);
 
 #endif

@@ -22,9 +22,11 @@ TestSuite(memfd, .init = x_init, .fini = x_fini, .timeout = 120);
 
 /* Sends line ('\n' appended) in one sendmsg carrying the n descriptors fds. */
 static void send_with_fds(x_conn *c, const char *line, const int *fds, int n) {
-  char buf[4096];
-  int len = snprintf(buf, sizeof buf, "%s\n", line);
-  cr_assert(len > 0 && (size_t)len < sizeof buf);
+  size_t cap = strlen(line) + 2;
+  char *buf = malloc(cap);
+  cr_assert_not_null(buf);
+  int len = snprintf(buf, cap, "%s\n", line);
+  cr_assert(len > 0 && (size_t)len < cap);
   cr_assert(n <= 128);
   union {
     char b[CMSG_SPACE(128 * sizeof(int))];
@@ -43,6 +45,21 @@ static void send_with_fds(x_conn *c, const char *line, const int *fds, int n) {
     memcpy(CMSG_DATA(cm), fds, (size_t)n * sizeof(int));
   }
   cr_assert_eq(sendmsg(c->fd, &m, MSG_NOSIGNAL), len, "sendmsg: %s", strerror(errno));
+  free(buf);
+}
+
+/* A puts line of libshardd's shape with n slices (heap): the daemon scans it without a JSON tree,
+ * on the loop, or on a worker past 16 KiB. */
+static char *puts_line(int n) {
+  size_t cap = 64 + (size_t)n * 80, len = 0;
+  char *s = malloc(cap);
+  cr_assert_not_null(s);
+  len += (size_t)snprintf(s, cap, "{\"op\":\"puts\",\"id\":5,\"save\":\"nosuch\",\"slices\":[");
+  for (int k = 0; k < n; k++)
+    len += (size_t)snprintf(s + len, cap - len, "%s{\"name\":\"t%05d\",\"dtype\":\"F32\",\"shape\":[4],\"region\":1,"
+                            "\"offset\":0}", k ? "," : "", k);
+  snprintf(s + len, cap - len, "]}");
+  return s;
 }
 
 static json_t *call_fd(x_conn *c, const char *line, int fd) {
@@ -300,7 +317,12 @@ Test(memfd, stray_descriptors_are_closed_and_refused) {
   int before = x_fd_count(H.pid);
   int fd = memfd_make("stray", 4096, 1, F_SEAL_SHRINK);
   int two[2] = {fd, fd};
+  /* puts, scanned on the loop and (long) on a worker: the descriptor is seen all the same */
+  char *puts_short = puts_line(4), *puts_long = puts_line(400);
+  cr_assert_gt(strlen(puts_long), 16u << 10);
   for (int i = 0; i < 50; i++) {
+    x_err(call_fd(c, puts_short, fd), "invalid_argument", "takes no descriptor", "short puts + fd");
+    x_err(call_fd(c, puts_long, fd), "invalid_argument", "takes no descriptor", "long puts + fd");
     x_err(call_fd(c, "{\"op\":\"status\"}", fd), "invalid_argument", "takes no descriptor", "status + fd");
     x_err(call_fd(c, "{\"op\":\"detach\",\"region\":1}", fd), "invalid_argument", "takes no descriptor",
           "detach + fd");
@@ -314,6 +336,8 @@ Test(memfd, stray_descriptors_are_closed_and_refused) {
     x_err(x_call(c, "{\"op\":\"attach\",\"fd\":true}"), "invalid_argument", "no descriptor came", "no fd");
     x_err(call_fd(c, "{\"op\":\"attach\",\"fd\":1}", fd), "invalid_argument", "'fd' must be a boolean", "fd:1");
   }
+  free(puts_short);
+  free(puts_long);
   /* 100 with one line: more than the daemon reads at once (the kernel drops the rest) */
   int many[100];
   for (int i = 0; i < 100; i++) many[i] = fd;
