@@ -230,9 +230,12 @@ def _prepared(model, state_dict, limit, prefix, prefixes) -> Tuple[Prepared, int
     took longer than copying their bytes."""
     import torch
 
+    # Which names are one tensor goes by the Parameter objects that own them (_stand_ins): one
+    # replaced by another object over the same memory unties them, and the work is redone.
+    owners = tuple(id(p) for _name, p in model.named_parameters(remove_duplicate=False))
     options = (limit, prefix, None if prefixes is None else tuple(prefixes.items()),
                id(getattr(model, "_weight_conversions", None)),
-               tuple(getattr(model, "_keys_to_ignore_on_save", None) or ()))
+               tuple(getattr(model, "_keys_to_ignore_on_save", None) or ()), owners)
     held = _held(state_dict, options)
     repeat = _REPEATS.get(model)
     if held is not None and repeat is not None and repeat.signature == held[1]:

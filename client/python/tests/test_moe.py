@@ -483,6 +483,12 @@ class Again(unittest.TestCase):
                 repeats.append(_hf._REPEATS.get(m))
             self.assertIsNotNone(repeats[0])
             self.assertTrue(repeats[0] is repeats[1] is repeats[2], "the later saves did not reuse the first's work")
+            # The tie undone by a Parameter object of its own over the same memory: two names sharing
+            # memory, refused as a first save refuses them, not saved by the tied work left behind.
+            m.lm_head.weight = torch.nn.Parameter(m.model.embed_tokens.weight.data, requires_grad=False)
+            with self.assertRaisesRegex(ValueError, "share memory"):
+                st.save_pretrained(m, "one/untied", max_shard_size=MAX_SHARD, socket=d.socket, rank=0,
+                                   world_size=1, timeout=WAIT)
             print("%s saved 3 times by one rank, the last after a change in place: the files save_pretrained "
                   "writes each time" % self.TIED)
         finally:
