@@ -223,12 +223,15 @@ int sd_node_fail_io(sd_csave *cs, int code, const char *fmt, ...) {
   va_end(ap);
   if (cs->failing || !folder_gone(cs)) return fail_err_held(cs, &e);
   /* Failing here would tell this node's ranks a consequence (an open's ENOENT) for the cause, which
-   * only the leader knows, or its loss tells (peer_lost): as for an assignment whose folder is gone,
-   * tell the leader and wait for its word. */
-  cs->stalled = 1;
-  sd_log_info("save '%s': %s; the temporary folder is gone: waiting for the leader's word", cs->save->id, e.msg);
-  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", sd_err_name(e.code), "message", e.msg));
+   * only the leader knows, or its loss tells (peer_lost). */
+  sd_node_await_leader(cs, e.code, e.msg, "; the temporary folder is gone");
   return 0;
+}
+
+void sd_node_await_leader(sd_csave *cs, int code, const char *why, const char *context) {
+  cs->stalled = 1;
+  sd_log_info("save '%s': %s%s; waiting for the leader's word", cs->save->id, why, context);
+  sd_node_to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", sd_err_name(code), "message", why));
 }
 
 /* ------------------------------------------------------------------------ *

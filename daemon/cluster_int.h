@@ -262,6 +262,9 @@ int sd_node_fail_held(sd_csave *cs, int code, const char *fmt, ...) __attribute_
  * gone from under it (withdrawn by a node that lost the leader, or removed by the leader failing the
  * save), it tells the leader and waits for its word instead (stalled; returns 0). */
 int sd_node_fail_io(sd_csave *cs, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The node's folder is gone, a consequence whose cause the leader knows: tells it `fail` (code,
+ * why) and waits for its word (stalled), logging why and context. */
+void sd_node_await_leader(sd_csave *cs, int code, const char *why, const char *context);
 /* Every write of a failed save has stopped: close, clean up, finish it (frees cs). */
 void sd_node_finish_failed(sd_csave *cs);
 void sd_node_to_leader(sd_csave *cs, json_t *m);

@@ -391,9 +391,7 @@ static void on_assign(sd_csave *cs, json_t *h, uint8_t *payload, size_t plen) {
     /* Tell the leader and let it decide: it has failed the save already
      * (its abort carries the cause), or it is lost (so is the link), or,
      * if someone else removed the folder, it fails the save with this. */
-    cs->stalled = 1;
-    sd_log_info("save '%s': %s; waiting for the leader's word", save->id, why);
-    sd_node_to_leader(cs, json_pack("{s:s,s:s,s:s}", "t", "fail", "code", "io_error", "message", why));
+    sd_node_await_leader(cs, SHARDD_E_IO, why, "");
     return;
   }
   if (rc) {

@@ -239,7 +239,7 @@ Test(outcome, a_node_whose_folder_went_hears_the_leader_lost) {
   save_cut_off(&s, "gone", dir, sizeof dir, 36, 1, "stall point filejob", remove_tmp_folders);
   print_moment("(cut off) while node 1's folder went", &s, dir);
   expect_node(&s, 1, SHARDD_E_PEER_LOST, "node 0 (the leader");
-  cr_assert(log_has(1, "the temporary folder is gone: waiting for the leader's word"));
+  cr_assert(log_has(1, "the temporary folder is gone; waiting for the leader's word"));
   /* node 2 heard the same, whether its files were written already (then it looked at the root) or not */
   expect_node(&s, 2, SHARDD_E_PEER_LOST, NULL);
   for (int r = 0; r < PER_NODE; r++) cr_assert_neq(heard(&s, r, &(const char *){0}), 0, "rank %d committed", r);
