@@ -40,6 +40,12 @@ def path(*parts):
     return os.path.join(D.root, *parts)
 
 
+def index_of(folder):
+    """The checkpoint folder's model.safetensors.index.json, parsed."""
+    with open(path(folder, "model.safetensors.index.json")) as f:
+        return json.load(f)
+
+
 def worker(args):
     """One rank in its own process."""
     r = shardd.save(two_rank_state(args["rank"]), args["dir"], rank=args["rank"], world_size=2,
@@ -125,8 +131,7 @@ class SaveTest(unittest.TestCase):
         t = {"z": np.full(100, 1, np.float32), "a": np.full(100, 2, np.float32),
              "m": np.full(100, 3, np.float32)}
         shardd.save(t, "order", client=self.client, max_shard_size=400, timeout=WAIT)
-        with open(path("order", "model.safetensors.index.json")) as f:
-            index = json.load(f)
+        index = index_of("order")
         self.assertEqual(index["weight_map"], {"z": "model-00001-of-00003.safetensors",
                                                "a": "model-00002-of-00003.safetensors",
                                                "m": "model-00003-of-00003.safetensors"})
@@ -136,16 +141,14 @@ class SaveTest(unittest.TestCase):
             self.assertEqual(arrays[k].tobytes(), t[k].tobytes())
         # ordered=False hands the order to the daemon: natural name order.
         shardd.save(t, "natural", client=self.client, max_shard_size=400, ordered=False, timeout=WAIT)
-        with open(path("natural", "model.safetensors.index.json")) as f:
-            wm = json.load(f)["weight_map"]
+        wm = index_of("natural")["weight_map"]
         self.assertEqual(wm["a"], "model-00001-of-00003.safetensors")
         self.assertEqual(wm["z"], "model-00003-of-00003.safetensors")
         # Names given one index are one entry (the views of one storage): z and a, 800 bytes
         # together, stay in one file; total_parameters is what the index records.
         shardd.save(t, "shared", client=self.client, max_shard_size=400, ordered={"z": 0, "a": 0, "m": 1},
                     total_parameters=250, timeout=WAIT)
-        with open(path("shared", "model.safetensors.index.json")) as f:
-            index = json.load(f)
+        index = index_of("shared")
         self.assertEqual(index["weight_map"], {"z": "model-00001-of-00002.safetensors",
                                                "a": "model-00001-of-00002.safetensors",
                                                "m": "model-00002-of-00002.safetensors"})
