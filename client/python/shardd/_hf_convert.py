@@ -21,6 +21,8 @@ import functools
 import sys
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from ._tensors import row_major_strides
+
 __all__ = ["Piece", "PieceTable", "whole", "reverted_pieces", "piece_parts", "piece_tables", "table_parts",
            "refuse_local_experts"]
 
@@ -118,9 +120,7 @@ def _box_layout(shape: Tuple[int, ...], size: Tuple[int, ...], stride: Tuple[int
     """(row-major strides of shape, count, dims) of a view of that size and stride in a contiguous
     tensor of that shape, or None when no box reads so. The same for every expert of one fused
     parameter: only the offset differs, so a model's 44,544 expert views are worked out a few times."""
-    strides = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
+    strides = row_major_strides(shape)
     count = [1] * len(shape)
     dims: List[Optional[int]] = []
     for n, st in zip(size, stride):
@@ -132,7 +132,7 @@ def _box_layout(shape: Tuple[int, ...], size: Tuple[int, ...], stride: Tuple[int
             return None
         dims.append(held[0])
         count[held[0]] = n
-    return tuple(strides), tuple(count), tuple(dims)
+    return strides, tuple(count), tuple(dims)
 
 
 def _box(name: str, base, view, model_name: str) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[Optional[int], ...]]:

@@ -29,6 +29,7 @@ import struct
 from typing import Dict, List, Tuple
 
 from ._errors import refusal
+from ._tensors import DTYPE_SIZES, row_major_strides
 
 __all__ = ["read_boxes"]
 
@@ -36,10 +37,6 @@ GAP = 32 << 10          # a hole up to this many bytes between two wanted stretc
 STAGE = 64 << 20        # the most bytes one staged run holds (a larger box is a run of its own)
 HEADER_MAX = 100 << 20  # safetensors' own limit on a header
 IOV_MAX = 1024          # buffers per preadv (Linux's UIO_MAXIOV)
-
-_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
-             "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
-             "C64": 8, "F64": 8, "I64": 8, "U64": 8}
 
 
 class _Read:
@@ -49,13 +46,6 @@ class _Read:
     def __init__(self, lo, hi, view, count, strides, itemsize, direct):
         self.lo, self.hi, self.view, self.count = lo, hi, view, count
         self.strides, self.itemsize, self.direct = strides, itemsize, direct
-
-
-def _row_major(shape) -> Tuple[int, ...]:
-    strides = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    return tuple(strides)
 
 
 def _changed(file: str, why: str):
@@ -123,7 +113,7 @@ def _open_proven(ck, file: str, probe: str) -> int:
         if not stat.S_ISREG(mine.st_mode):
             raise refusal("bad_format", "%s: not a regular file" % file)
         shape = ck.info(probe).shape
-        one = bytearray(_ITEMSIZE[ck.info(probe).dtype])
+        one = bytearray(DTYPE_SIZES[ck.info(probe).dtype])
         ck.read_into(probe, one, (0,) * len(shape), (1,) * len(shape))
         now = os.stat(path)
         if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
@@ -151,8 +141,8 @@ def _plan(file: str, fills, table, header: dict, data_start: int, size: int) -> 
             raise _changed(file, "tensor %r" % source)
         strides = strides_of.get(info.shape)
         if strides is None:
-            strides = strides_of[info.shape] = _row_major(info.shape)
-        itemsize = _ITEMSIZE[info.dtype]
+            strides = strides_of[info.shape] = row_major_strides(info.shape)
+        itemsize = DTYPE_SIZES[info.dtype]
         lo = data_start + begin
         count = tuple(count)
         if tuple(view.shape) != count or len(start) != len(count) or \

@@ -4,11 +4,20 @@ import sys
 
 __all__ = ["Slice", "dtype_name", "DTYPES"]
 
-# Every dtype the daemon accepts (proto/PROTOCOL.md, put).
-DTYPES = frozenset([
-    "BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
-    "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64",
-])
+# Every dtype the daemon accepts (proto/PROTOCOL.md, put), and the bytes of one element.
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "C64": 8, "F64": 8, "I64": 8, "U64": 8,
+}
+DTYPES = frozenset(DTYPE_SIZES)
+
+
+def row_major_strides(shape) -> tuple:
+    """The element strides of a contiguous (row-major) tensor of shape."""
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return tuple(strides)
 
 # numpy kind + item size -> safetensors name.
 _NUMPY = {
